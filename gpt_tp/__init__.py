@@ -1,0 +1,1 @@
+"""gpt_tp: tensor-parallel GPT-2 training on PyTorch Lightning."""
