@@ -1,0 +1,58 @@
+"""gpt_tp command line: `python cli.py fit --config configs/tp2.yaml` (see README)."""
+
+import importlib.util
+
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.cli import lazy_instance
+
+from gpt_tp.data import GPTDataModule
+from gpt_tp.model import GPTConfig
+from gpt_tp.module import GPTModule, check_total_batch
+from gpt_tp.parallel import validate_layout
+
+
+def default_loggers(save_dir: str = "logs") -> list:
+    """CSV always; TensorBoard too where it is installed."""
+    loggers = [lazy_instance(CSVLogger, save_dir=save_dir, name="gpt_tp")]
+    if importlib.util.find_spec("tensorboard") is not None:
+        loggers.append(lazy_instance(TensorBoardLogger, save_dir=save_dir, name="gpt_tp"))
+    return loggers
+
+
+class GPTCLI(LightningCLI):
+    def before_fit(self) -> None:
+        """Check the layout and the batch arithmetic in every process before any process group or model exists."""
+        cfg = self.config[self.subcommand]
+        model = cfg.model.model
+        config = GPTConfig.from_name(model) if isinstance(model, str) else GPTConfig(**vars(model))
+        strategy = self.trainer.strategy
+        world = self.trainer.num_devices * self.trainer.num_nodes
+        dp = tp = 1
+        if isinstance(strategy, ModelParallelStrategy):
+            args = cfg.trainer.strategy.init_args
+            tp = self.trainer.num_devices if args.tensor_parallel_size == "auto" else int(args.tensor_parallel_size)
+            dp = self.trainer.num_nodes if args.data_parallel_size == "auto" else int(args.data_parallel_size)
+        elif world > 1:
+            dp = world
+        validate_layout(config, tp=tp, dp=dp, world_size=world, seq_len=cfg.data.seq_len)
+        check_total_batch(cfg.model.total_batch_size, cfg.data.batch_size, cfg.data.seq_len, dp, self.trainer.accumulate_grad_batches)
+
+
+def main(args=None) -> GPTCLI:
+    return GPTCLI(
+        GPTModule,
+        GPTDataModule,
+        trainer_defaults={
+            "logger": default_loggers(),
+            "inference_mode": False,  # DTensors do not support inference_mode on GPUs
+            "gradient_clip_val": 1.0,
+        },
+        save_config_kwargs={"overwrite": True},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""GPT-2 as plain single-device PyTorch (build-nanogpt's model, laid out for tensor parallelism).
+
+The model knows nothing of parallelism. Two layout choices make it shard cleanly (see gpt_tp/parallel.py):
+- `c_attn` is one fused projection whose output rows are ordered per head, [h0: q k v | h1: q k v | ...],
+  so splitting its rows over TP ranks hands every rank whole heads with their own q, k and v.
+- every reshape infers the number of heads (`view(B, T, -1, ...)`), so a sharded module that holds
+  n_head / tp heads runs the same code unchanged.
+The parameter layout never depends on the TP degree. The loss lives outside the model (gpt_tp/module.py).
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    """Model shape. Defaults are GPT-2 124M with build-nanogpt's padded vocabulary."""
+
+    block_size: int = 1024
+    """Longest sequence the learned position embedding covers."""
+    vocab_size: int = 50304
+    """50257 BPE tokens padded to a multiple of 64 (and of 128): faster matmuls, divisible by TP degrees 1-8."""
+    n_layer: int = 12
+    """Number of transformer blocks."""
+    n_head: int = 12
+    """Attention heads per block; tensor parallelism gives each rank n_head / tp whole heads."""
+    n_embd: int = 768
+    """Width of the residual stream."""
+    dropout: float = 0.0
+    """Dropout after embeddings, attention and MLP; 0 for pre-training as in build-nanogpt."""
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "GPTConfig":
+        """A named size (see SIZES), with optional field overrides."""
+        if name not in SIZES:
+            raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(SIZES)} or give the fields")
+        return cls(**{**SIZES[name], **overrides})
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; wte is tied to lm_head, wpe is left out with non_embedding (as nanoGPT reports)."""
+        C, L = self.n_embd, self.n_layer
+        per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)
+        n = L * per_block + 2 * C + self.vocab_size * C + self.block_size * C
+        return n - self.block_size * C if non_embedding else n
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (forward + backward): 6 N for the matmuls (N counts lm_head through the tied
+        wte, not wpe) plus 12 L C T for attention scores, as nanoGPT's estimate_mfu (PaLM appendix B)."""
+        return 6 * self.num_params(non_embedding=True) + 12 * self.n_layer * self.n_embd * seq_len
+
+
+SIZES = {
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+    # tests and the CPU demo: 4 heads so TP=2 and TP=4 both split whole heads
+    "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=128),
+}
+
+
+def config_fields() -> list[str]:
+    return [f.name for f in fields(GPTConfig)]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.dropout = config.dropout
+        # q, k, v for all heads in one matmul; output rows are grouped per head: [h: q(hd) k(hd) v(hd)]
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE_INIT = True
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        qkv = self.c_attn(x)  # (B, T, 3 * nh * hd), nh = heads held here
+        qkv = qkv.view(B, T, -1, 3, self.head_dim)  # (B, T, nh, 3, hd)
+        q, k, v = qkv.transpose(1, 2).unbind(dim=3)  # each (B, nh, T, hd)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, nh, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh * hd)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE_INIT = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.init_weights()
+
+    def tie_weights(self) -> None:
+        """lm_head shares wte's matrix (GPT-2 ties them). Call again after anything that replaces parameters."""
+        self.lm_head.weight = self.transformer.wte.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """build-nanogpt's init: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 * n_layer)), zero biases,
+        LayerNorm weight 1. Works on plain and on sharded (DTensor) parameters alike."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                std = 0.02
+                if getattr(module, "RESIDUAL_SCALE_INIT", False):
+                    std *= (2 * self.config.n_layer) ** -0.5
+                if module is not self.lm_head:  # lm_head.weight is wte.weight, initialised as an embedding
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) token ids -> logits (B, T, vocab_size)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds model.block_size={self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        return self.lm_head(x)  # (B, T, vocab_size)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hugging Face GPT-2 state dicts. HF keeps OpenAI's Conv1D layout: weights are (in, out), the transpose of
+# nn.Linear's (out, in), and c_attn's output columns are [q(all heads) | k(all heads) | v(all heads)].
+# HF's vocabulary is the unpadded 50257.
+
+HF_VOCAB_SIZE = 50257
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def qkv_to_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Rows [q | k | v] (each n_head blocks of hd) -> rows grouped per head [h: q k v]. Works for weight and bias."""
+    rest = w.shape[1:]
+    w = w.view(3, n_head, -1, *rest)  # (3, nh, hd, ...)
+    return w.transpose(0, 1).reshape(-1, *rest)  # (nh * 3 * hd, ...)
+
+
+def qkv_from_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Inverse of qkv_to_per_head."""
+    rest = w.shape[1:]
+    w = w.view(n_head, 3, -1, *rest)  # (nh, 3, hd, ...)
+    return w.transpose(0, 1).reshape(-1, *rest)  # (3 * nh * hd, ...)
+
+
+def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    """Map a transformers GPT2LMHeadModel state dict onto ours (vocab padded with zero rows)."""
+    out = {}
+    for k, v in sd.items():
+        if k.endswith(".attn.bias") or k.endswith(".attn.masked_bias"):  # causal-mask buffers of old versions
+            continue
+        k = k.removeprefix("transformer.") if k.startswith("transformer.") else k
+        if k == "lm_head.weight":
+            continue  # tied to wte
+        name = "transformer." + k
+        if k.endswith(_CONV1D):
+            v = v.t()
+        if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
+            v = qkv_to_per_head(v, config.n_head)
+        if k == "wte.weight" and v.shape[0] < config.vocab_size:
+            v = torch.cat([v, v.new_zeros(config.vocab_size - v.shape[0], v.shape[1])])
+        out[name] = v.contiguous()
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
+
+
+def to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    """Our (full, unsharded) state dict -> transformers GPT2LMHeadModel layout, vocab cut back to 50257."""
+    out = {}
+    for name, v in sd.items():
+        if name == "lm_head.weight":
+            continue
+        k = name.removeprefix("transformer.")
+        if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
+            v = qkv_from_per_head(v, config.n_head)
+        if k.endswith(_CONV1D):
+            v = v.t()
+        if k == "wte.weight":
+            v = v[:HF_VOCAB_SIZE]
+        out["transformer." + k] = v.contiguous()
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
+
+
+def hf_config_dict(config: GPTConfig) -> dict:
+    """The config.json transformers expects for this model (vocabulary 50257)."""
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": HF_VOCAB_SIZE,
+        "n_positions": config.block_size,
+        "n_ctx": config.block_size,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "activation_function": "gelu_new",
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "tie_word_embeddings": True,
+    }
+
+
+def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
+    """GPTConfig from a transformers GPT-2 config.json dict; refuses other architectures."""
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
+    return GPTConfig(
+        block_size=hf["n_positions"], vocab_size=max(vocab_size, hf["vocab_size"]),
+        n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+    )
+
+
+def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """Read a local Hugging Face GPT-2 directory (config.json + model.safetensors) into our layout."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    cfg_file, weights = p / "config.json", p / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.is_file():
+            raise FileNotFoundError(f"{f} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors")
+    config = config_from_hf(json.loads(cfg_file.read_text()), vocab_size)
+    return config, from_hf_state_dict(load_file(str(weights)), config)

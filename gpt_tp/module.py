@@ -1,0 +1,215 @@
+"""The LightningModule: GPT-2 trained the build-nanogpt way, tensor-parallel under ModelParallelStrategy."""
+
+import math
+import time
+from contextlib import nullcontext
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from gpt_tp.model import GPT, GPTConfig, load_hf_dir
+from gpt_tp.optim import get_lr, make_adamw
+from gpt_tp.parallel import materialize, parallelize, reduce_partial_grads, validate_layout
+
+# dense bf16 peak FLOP/s per device, for MFU; matched against torch.cuda.get_device_name()
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "3090": 71e12, "4090": 165e12, "A6000": 155e12}
+
+
+def detect_peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy. Vocab-sharded DTensor logits are handled by loss_parallel() without gathering."""
+    ctx = loss_parallel() if isinstance(logits, DTensor) else nullcontext()
+    with ctx:
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B*T, V), (B*T,)
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (loss, norm) as a plain tensor; plain tensors pass through."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) -> None:
+    """B x T x dp x accum must be the tokens per optimizer step the run asks for (None skips the check)."""
+    if total is None or B * T * dp * accum == total:
+        return
+    per_step = B * T * dp
+    hint = (
+        f"set trainer.accumulate_grad_batches={total // per_step}"
+        if total % per_step == 0
+        else f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}"
+    )
+    raise ValueError(
+        f"model.total_batch_size={total} tokens, but data.batch_size={B} x data.seq_len={T} x data-parallel size "
+        f"{dp} x trainer.accumulate_grad_batches={accum} = {per_step * accum}: {hint} "
+        f"(or set model.total_batch_size=null to skip this check)"
+    )
+
+
+class GPTModule(L.LightningModule):
+    def __init__(
+        self,
+        model: str | GPTConfig = "gpt2",
+        max_lr: float = 6e-4,
+        min_lr: float = 6e-5,
+        warmup_steps: int = 715,
+        max_steps: int = 19073,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        fused: bool | None = None,
+        total_batch_size: int | None = 524288,
+        compile: bool = False,
+        meta_init: bool = False,
+        init_from: str | None = None,
+        peak_flops: float | None = None,
+    ):
+        """
+        Args:
+            model: a named size (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny) or the GPTConfig fields.
+            max_lr, min_lr, warmup_steps, max_steps: the warmup + cosine schedule, per optimizer step.
+            weight_decay: applied to >= 2-D parameters only.
+            betas, eps: AdamW's.
+            fused: fused AdamW; None picks it where the device supports it.
+            total_batch_size: tokens per optimizer step; checked against data.batch_size x data.seq_len x
+                data-parallel size x trainer.accumulate_grad_batches. None skips the check.
+            compile: torch.compile each block (applied after TP, before FSDP2).
+            meta_init: build on the meta device and initialise the shards after parallelizing, for models that
+                do not fit one device (same distribution as the single-device init, not the same numbers).
+            init_from: a local Hugging Face GPT-2 directory (config.json + model.safetensors) to start from.
+            peak_flops: the device's peak FLOP/s for MFU; None detects known GPUs (MFU is NaN on CPU).
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        config = GPTConfig.from_name(model) if isinstance(model, str) else model
+        hf_state = None
+        if init_from is not None:
+            config, hf_state = load_hf_dir(init_from, vocab_size=config.vocab_size)
+        self.config = config
+        with torch.device("meta") if meta_init and hf_state is None else nullcontext():
+            self.model = GPT(config)
+        if hf_state is not None:
+            self.model.load_state_dict(hf_state)
+        self._batch_checked = False
+        self._loss_sum = None  # sum of micro-batch losses since the last optimizer step
+        self._tokens = 0  # tokens this rank processed since the last optimizer step
+        self._t_last = None
+
+    # ---- model setup -----------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """Apply the TP plan (+ FSDP2) on the strategy's mesh, then initialise any meta-device shards."""
+        if self.device_mesh is not None:
+            parallelize(self.model, self.device_mesh, compile=self.hparams.compile)
+        elif self.hparams.compile:
+            for block in self.model.transformer.h:
+                block.compile()
+        materialize(self.model, self.device)
+
+    def configure_optimizers(self):
+        h = self.hparams
+        opt = make_adamw(self.model, h.max_lr, h.weight_decay, tuple(h.betas), h.eps, h.fused)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: get_lr(step, h.max_lr, h.min_lr, h.warmup_steps, h.max_steps) / h.max_lr
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    # ---- training --------------------------------------------------------------------------------------------
+    def _dp_size(self) -> int:
+        kwargs = self.trainer.strategy.distributed_sampler_kwargs if self._trainer is not None else None
+        return (kwargs or {}).get("num_replicas", 1)
+
+    def _check_batch(self, x: torch.Tensor) -> None:
+        """Before the first step: T fits the model and the TP degree, and the batch adds up to total_batch_size."""
+        B, T = x.shape
+        if T > self.config.block_size:
+            raise ValueError(f"data.seq_len={T} exceeds model.block_size={self.config.block_size}")
+        if self.device_mesh is not None:
+            tp, dp = self.device_mesh["tensor_parallel"].size(), self.device_mesh["data_parallel"].size()
+            validate_layout(self.config, tp=tp, dp=dp, seq_len=T)
+        check_total_batch(self.hparams.total_batch_size, B, T, self._dp_size(), self.trainer.accumulate_grad_batches)
+        self._batch_checked = True
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        if not self._batch_checked:
+            self._check_batch(x)
+        if self._t_last is None:
+            self._t_last = time.perf_counter()
+        self._seq_len = x.shape[1]
+        loss = cross_entropy(self.model(x), y)
+        detached = local_value(loss.detach())
+        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        self._tokens += x.numel()
+        return loss
+
+    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        # loss_parallel's backward of the vocab-sharded cross-entropy must run under the same context
+        with loss_parallel() if isinstance(loss, DTensor) else nullcontext():
+            super().backward(loss, *args, **kwargs)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Runs once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware),
+        clipping at trainer.gradient_clip_val, the finite check, and the step's metrics."""
+        if gradient_clip_algorithm not in (None, "norm"):
+            raise ValueError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
+        reduce_partial_grads(self.model)  # sequence-parallel replicated params: one coalesced all-reduce
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if gradient_clip_val:
+            torch.nn.utils.clip_grads_with_norm_(self.parameters(), gradient_clip_val, norm, foreach=True)
+        # the DTensor norm's local value is a partial sum: full_tensor() gives the global norm
+        self._log_step(local_value(norm), optimizer)
+
+    def _log_step(self, grad_norm: torch.Tensor, optimizer) -> None:
+        dp = self._dp_size()
+        loss = self._loss_sum / self.trainer.accumulate_grad_batches
+        if dp > 1:  # each data-parallel rank saw its own micro-batches: average their losses (as build-nanogpt)
+            loss = loss.clone()
+            torch.distributed.all_reduce(loss, group=self.device_mesh["data_parallel"].get_group())
+            loss = loss / dp
+        loss, grad_norm = torch.stack([loss, grad_norm.float()]).tolist()  # the step's one host sync
+        step = self.global_step
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise RuntimeError(
+                f"non-finite training at step {step}: loss={loss}, grad_norm={grad_norm}. The run is stopped so no "
+                f"checkpoint holds NaNs; resume from the last good checkpoint with a lower model.max_lr, check the "
+                f"data, or use bf16 rather than fp16 precision."
+            )
+        now = time.perf_counter()
+        tokens = self._tokens * dp
+        tok_s = tokens / (now - self._t_last) if self._t_last is not None else float("nan")
+        peak = self.hparams.peak_flops or detect_peak_flops(self.device)
+        flops = self.config.flops_per_token(self._seq_len) * tok_s
+        mfu = flops / (peak * self.trainer.world_size) if peak else float("nan")
+        self.log_dict(
+            {
+                "train/loss": loss,
+                "train/lr": optimizer.param_groups[0]["lr"],
+                "train/grad_norm": grad_norm,
+                "train/tokens_per_sec": tok_s,
+                "train/mfu": mfu,
+            },
+            on_step=True, on_epoch=False, rank_zero_only=True,
+        )
+        self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
+        self.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
+        self._loss_sum, self._tokens, self._t_last = None, 0, now
+
+    # ---- validation ------------------------------------------------------------------------------------------
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        loss = local_value(cross_entropy(self.model(x), y))
+        # sync_dist averages over all ranks: TP ranks hold equal copies, so this is the mean over DP ranks
+        self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
+        return loss

@@ -1,0 +1,41 @@
+"""Optimizer and learning-rate schedule (build-nanogpt's defaults)."""
+
+import math
+
+import torch
+import torch.nn as nn
+
+# device types with a fused AdamW kernel in PyTorch
+FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
+
+
+def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: int = 715, max_steps: int = 19073) -> float:
+    """Learning rate at optimizer step `step` (0-based): linear warmup to max_lr, cosine decay to min_lr at
+    max_steps, then min_lr. A pure function, exactly build-nanogpt's get_lr."""
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step > max_steps:
+        return min_lr
+    decay_ratio = (step - warmup_steps) / (max_steps - warmup_steps)  # 0 -> 1
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
+    return min_lr + coeff * (max_lr - min_lr)
+
+
+def make_adamw(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    fused: bool | None = None,
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on >= 2-D parameters only (matmul weights and embeddings; not biases or LayerNorms).
+    fused=None uses the fused kernel where the parameters' device has one. Works on plain and DTensor parameters
+    alike, provided they are not mixed (gpt_tp.parallel puts every parameter on the mesh)."""
+    params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head appears once
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    if fused is None:
+        fused = all(p.device.type in FUSED_ADAMW_DEVICES for p in params)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)

@@ -1,0 +1,205 @@
+"""The tensor-parallel plan for gpt_tp.model.GPT, and how it is applied: TP -> compile -> FSDP2.
+
+Megatron-style tensor parallelism with sequence parallelism on the mesh's "tensor_parallel" dim:
+between blocks the residual stream is split along the sequence (Shard(1), a plain local tensor of shape
+(B, T/tp, C)); LayerNorms and dropouts run on that slice. Before attention and the MLP an all-gather makes the
+full sequence (Shard(1) -> Replicate); q/k/v and c_fc are column-parallel (each rank holds whole heads / a
+slice of the 4C hidden units), the output projections are row-parallel and reduce-scatter straight back to
+Shard(1). The token embedding is vocab-parallel, lm_head is column-parallel over the vocabulary and feeds
+cross-entropy under loss_parallel(), so full [B, T, vocab] logits never exist on one rank. Every parameter,
+wpe and the LayerNorms included, becomes a DTensor on the mesh, which clip_grad_norm_ and fused AdamW need.
+
+The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks up n_head / tp heads.
+"""
+
+from math import gcd
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from gpt_tp.model import GPT, GPTConfig
+
+
+class LayoutError(ValueError):
+    """A model / device layout that cannot work; the message says what to change."""
+
+
+class PositionEmbeddingParallel(ParallelStyle):
+    """wpe: weight replicated on the mesh, positions split along the sequence, so each rank looks up only its
+    own slice (T/tp, C), which adds onto the sequence-sharded token embedding. No communication in forward;
+    the weight gradient comes out Partial and joins the one coalesced reduction of replicated-parameter
+    gradients (reduce_partial_grads)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicate_params(name, mod, mesh):
+            for pname, p in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(pname, nn.Parameter(distribute_tensor(p, mesh, [Replicate()])))
+
+        def input_fn(mod, inputs, mesh):  # positions (T,), the same on every rank -> this rank's (T/tp,)
+            return tuple(DTensor.from_local(t, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(0)]) for t in inputs)
+
+        def output_fn(mod, out, mesh):  # (T/tp, C) local
+            return out.to_local()
+
+        return distribute_module(module, device_mesh, replicate_params, input_fn, output_fn)
+
+
+# The plan, keyed by module path. Order within the dict does not matter: each entry parallelizes its own module.
+TP_PLAN: dict[str, ParallelStyle] = {
+    # token ids (replicated) -> vocab-parallel lookup -> reduce-scatter to the sequence-sharded residual stream
+    "transformer.wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+    "transformer.wpe": PositionEmbeddingParallel(),
+    "transformer.drop": SequenceParallel(use_local_output=True),
+    # attention: LayerNorm on the sequence slice, all-gather, whole heads per rank, reduce-scatter back
+    "transformer.h.*.ln_1": SequenceParallel(),
+    "transformer.h.*.attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    "transformer.h.*.attn.c_attn": ColwiseParallel(),
+    "transformer.h.*.attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
+    "transformer.h.*.attn.resid_dropout": SequenceParallel(use_local_output=True),
+    # MLP: the same pattern, the 4C hidden units split over ranks
+    "transformer.h.*.ln_2": SequenceParallel(),
+    "transformer.h.*.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    "transformer.h.*.mlp.c_fc": ColwiseParallel(),
+    "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
+    "transformer.h.*.mlp.dropout": SequenceParallel(use_local_output=True),
+    # head: all-gather the sequence, vocab-sharded logits stay a DTensor for loss_parallel()
+    "transformer.ln_f": SequenceParallel(),
+    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def valid_tp_sizes(config: GPTConfig, seq_len: int | None = None) -> list[int]:
+    """TP degrees this model can be split over: each must divide the heads, the widths, the vocab and T."""
+    g = gcd(config.n_head, config.n_embd, 4 * config.n_embd, config.vocab_size)
+    if seq_len is not None:
+        g = gcd(g, seq_len)
+    return _divisors(g)
+
+
+def fitting_layouts(config: GPTConfig, world_size: int, seq_len: int | None = None) -> list[tuple[int, int]]:
+    """(dp, tp) pairs with dp * tp == world_size and a valid tp, smallest TP first."""
+    return [(world_size // tp, tp) for tp in valid_tp_sizes(config, seq_len) if world_size % tp == 0]
+
+
+def _layouts_text(config: GPTConfig, world_size: int, seq_len: int | None) -> str:
+    fits = fitting_layouts(config, world_size, seq_len)
+    s = ", ".join(f"DP={dp} x TP={tp}" for dp, tp in fits)
+    return f"Layouts that fit {world_size} devices: {s}." if fits else f"No DP x TP layout fits {world_size} devices."
+
+
+def validate_layout(
+    config: GPTConfig, tp: int, dp: int = 1, world_size: int | None = None, seq_len: int | None = None
+) -> None:
+    """Raise LayoutError naming the flag to change if this model cannot run as dp x tp on world_size devices."""
+    world_size = dp * tp if world_size is None else world_size
+    if tp < 1 or dp < 1:
+        raise LayoutError(f"tensor_parallel_size={tp} and data_parallel_size={dp} must be >= 1")
+    if dp * tp != world_size:
+        raise LayoutError(
+            f"data_parallel_size={dp} x tensor_parallel_size={tp} = {dp * tp}, but the run has {world_size} devices "
+            f"(trainer.devices x trainer.num_nodes). {_layouts_text(config, world_size, seq_len)}"
+        )
+    checks = [
+        ("model.n_head", config.n_head, "every rank holds whole attention heads"),
+        ("model.n_embd", config.n_embd, "row-parallel projections split the width"),
+        ("4 * model.n_embd", 4 * config.n_embd, "the MLP's hidden units are split"),
+        ("model.vocab_size", config.vocab_size, "the embedding and lm_head are split over the vocabulary; pad it"),
+    ]
+    if seq_len is not None:
+        checks.append(("the sequence length (data.seq_len)", seq_len, "sequence parallelism splits T"))
+    for name, value, why in checks:
+        if value % tp:
+            raise LayoutError(
+                f"tensor_parallel_size={tp} must divide {name}={value} ({why}); it divides by "
+                f"{', '.join(map(str, _divisors(value)[:12]))}. Valid TP sizes for this model: "
+                f"{', '.join(map(str, valid_tp_sizes(config, seq_len)))}. {_layouts_text(config, world_size, seq_len)}"
+            )
+
+
+def is_parallelized(model: nn.Module) -> bool:
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def parallelize(model: GPT, mesh: DeviceMesh, compile: bool = False) -> GPT:
+    """Apply TP (on mesh["tensor_parallel"]), then torch.compile per block, then FSDP2 (on mesh["data_parallel"]).
+
+    The fixed order matters: compile must see the TP-annotated blocks, and FSDP2 wraps the compiled blocks and
+    composes with the TP DTensors into one 2-D (dp, tp) mesh. Idempotent: an already-parallelized model is left as is.
+    """
+    if is_parallelized(model):
+        return model
+    tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
+    validate_layout(model.config, tp=tp_mesh.size(), dp=dp_mesh.size())
+
+    # 1. Tensor parallelism. parallelize_module registers new Parameters, which unties wte and lm_head:
+    #    both are Shard(0) over the vocabulary, so the tie is restored by pointing lm_head at wte's new DTensor.
+    if tp_mesh.size() > 1:
+        parallelize_module(model, tp_mesh, TP_PLAN)
+        model.tie_weights()
+
+    # 2. torch.compile each block in place (keeps parameter names free of _orig_mod).
+    if compile:
+        for block in model.transformer.h:
+            block.compile()
+
+    # 3. FSDP2 over the data-parallel dim: each block is a unit, the root takes embeddings, ln_f and lm_head.
+    if dp_mesh.size() > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.transformer.h:
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+    return model
+
+
+@torch.no_grad()
+def reduce_partial_grads(model: nn.Module) -> int:
+    """Sum every Partial gradient over its mesh dim in one all-reduce per process group.
+
+    Under sequence parallelism the replicated parameters (LayerNorms, wpe) see only this rank's slice of the
+    sequence, so their gradients are Partial sums. Left alone, DTensor reduces each one separately, and twice:
+    once inside the grad-norm and again in the optimizer step. Megatron instead all-reduces them together once;
+    so do we, before the norm. Returns the number of gradients reduced.
+    """
+    buckets: dict = {}  # (mesh, mesh dim) -> [param]
+    for p in model.parameters():
+        g = p.grad
+        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+            dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_partial())
+            buckets.setdefault((g.device_mesh, dims), []).append(p)
+    for (mesh, dims), params in buckets.items():
+        flat = torch.cat([p.grad.to_local().reshape(-1) for p in params])  # one buffer, one collective per dim
+        for d in dims:
+            torch.distributed.all_reduce(flat, group=mesh.get_group(d))
+        offset = 0
+        for p in params:
+            g = p.grad
+            n = g.to_local().numel()
+            local = flat[offset : offset + n].view_as(g.to_local())
+            offset += n
+            placements = [Replicate() if pl.is_partial() else pl for pl in g.placements]
+            p.grad = DTensor.from_local(local, mesh, placements, run_check=False, shape=g.shape, stride=g.stride())
+    return sum(len(v) for v in buckets.values())
+
+
+def materialize(model: GPT, device: torch.device) -> None:
+    """After building on the meta device and parallelizing: allocate the local shards and give them GPT-2's init
+    (not PyTorch's reset_parameters). Nothing happens if no parameter is on meta."""
+    if not any(p.is_meta for p in model.parameters()):
+        return
+    model.to_empty(device=device)
+    model.init_weights()
