@@ -125,10 +125,17 @@ class Block(nn.Module):
         return x
 
 
+def copy_full(param: torch.Tensor, full: torch.Tensor) -> None:
+    param.copy_(full)
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        # drawn from the global RNG before any module exists, so a model built on the meta device and initialised
+        # after sharding (gpt_tp.parallel.materialize) gets exactly the numbers of the single-device init
+        self.init_seed = int(torch.randint(0, 2**62, (), device="cpu"))
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
@@ -140,30 +147,42 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.tie_weights()
-        self.init_weights()
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights()
 
     def tie_weights(self) -> None:
         """lm_head shares wte's matrix (GPT-2 ties them). Call again after anything that replaces parameters."""
         self.lm_head.weight = self.transformer.wte.weight
 
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """build-nanogpt's init: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 * n_layer)), zero biases,
-        LayerNorm weight 1. Works on plain and on sharded (DTensor) parameters alike."""
+    def init_plan(self) -> list[tuple[torch.Tensor, float | None, float]]:
+        """build-nanogpt's init as (parameter, std, constant): N(0, 0.02); residual projections
+        N(0, 0.02 / sqrt(2 * n_layer)); zero biases; LayerNorm weight 1. std None means fill with the constant."""
+        plan = []
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 std = 0.02
                 if getattr(module, "RESIDUAL_SCALE_INIT", False):
                     std *= (2 * self.config.n_layer) ** -0.5
                 if module is not self.lm_head:  # lm_head.weight is wte.weight, initialised as an embedding
-                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                    plan.append((module.weight, std, 0.0))
                 if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+                    plan.append((module.bias, None, 0.0))
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                plan.append((module.weight, 0.02, 0.0))
             elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                plan += [(module.weight, None, 1.0), (module.bias, None, 0.0)]
+        return plan
+
+    @torch.no_grad()
+    def init_weights(self, fill=copy_full) -> None:
+        """Initialise every parameter from a generator seeded with init_seed. Each value is drawn at the full
+        (unsharded) shape, one parameter at a time on the CPU, and handed to fill(param, full): the same numbers
+        whatever the device or the sharding (gpt_tp.parallel passes a fill that keeps the local shard)."""
+        gen = torch.Generator().manual_seed(self.init_seed)
+        for param, std, const in self.init_plan():
+            full = torch.empty(param.shape, device="cpu")  # float32 draws, then cast: same numbers in any dtype
+            full.normal_(0.0, std, generator=gen) if std is not None else full.fill_(const)
+            fill(param, full)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab_size)."""

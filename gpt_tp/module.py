@@ -12,7 +12,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.optim import get_lr, make_adamw
-from gpt_tp.parallel import materialize, parallelize, reduce_partial_grads, validate_layout
+from gpt_tp.parallel import data_parallel_rank_size, materialize, parallelize, reduce_partial_grads, validate_layout
 
 # dense bf16 peak FLOP/s per device, for MFU; matched against torch.cuda.get_device_name()
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "3090": 71e12, "4090": 165e12, "A6000": 155e12}
@@ -126,8 +126,7 @@ class GPTModule(L.LightningModule):
 
     # ---- training --------------------------------------------------------------------------------------------
     def _dp_size(self) -> int:
-        kwargs = self.trainer.strategy.distributed_sampler_kwargs if self._trainer is not None else None
-        return (kwargs or {}).get("num_replicas", 1)
+        return data_parallel_rank_size(self._trainer)[1]
 
     def _check_batch(self, x: torch.Tensor) -> None:
         """Before the first step: T fits the model and the TP degree, and the batch adds up to total_batch_size."""

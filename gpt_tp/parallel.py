@@ -130,6 +130,14 @@ def validate_layout(
             )
 
 
+def data_parallel_rank_size(trainer) -> tuple[int, int]:
+    """(rank, size) of this process among the data-parallel replicas: the DP dim of ModelParallelStrategy's mesh,
+    all processes for DDP-like strategies, (0, 1) without a trainer or on one device."""
+    kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None) if trainer is not None else None
+    kwargs = kwargs or {}
+    return kwargs.get("rank", 0), kwargs.get("num_replicas", 1)
+
+
 def is_parallelized(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
@@ -196,10 +204,20 @@ def reduce_partial_grads(model: nn.Module) -> int:
     return sum(len(v) for v in buckets.values())
 
 
+def _fill_local_shard(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Write this rank's shard of the full tensor into a (possibly) DTensor parameter, without communication."""
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(full)
+
+
 def materialize(model: GPT, device: torch.device) -> None:
     """After building on the meta device and parallelizing: allocate the local shards and give them GPT-2's init
-    (not PyTorch's reset_parameters). Nothing happens if no parameter is on meta."""
+    (not PyTorch's reset_parameters): the same numbers as the single-device init, since each parameter is drawn
+    at full size from the model's init_seed and cut to the local shard. Nothing happens if no parameter is meta."""
     if not any(p.is_meta for p in model.parameters()):
         return
     model.to_empty(device=device)
-    model.init_weights()
+    model.init_weights(fill=_fill_local_shard)

@@ -5,6 +5,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from gpt_tp.parallel import data_parallel_rank_size
+
 
 class SyntheticTokens(IterableDataset):
     """Rows of learnable sequences: each row counts up from a random start with a random stride (mod `vocab`),
@@ -43,16 +45,11 @@ class SyntheticDataModule(L.LightningDataModule):
         super().__init__()
         self.batch_size, self.seq_len, self.vocab, self.seed, self.val_batches = batch_size, seq_len, vocab, seed, val_batches
 
-    def _dp(self) -> tuple[int, int]:
-        kwargs = self.trainer.strategy.distributed_sampler_kwargs if self.trainer is not None else None
-        kwargs = kwargs or {}
-        return kwargs.get("rank", 0), kwargs.get("num_replicas", 1)
-
     def train_dataloader(self):
-        rank, size = self._dp()
+        rank, size = data_parallel_rank_size(self.trainer)
         return DataLoader(SyntheticTokens(self.batch_size, self.seq_len, self.vocab, self.seed, rank, size), batch_size=None)
 
     def val_dataloader(self):
-        rank, size = self._dp()
+        rank, size = data_parallel_rank_size(self.trainer)
         ds = SyntheticTokens(self.batch_size, self.seq_len, self.vocab, self.seed + 1, rank, size, length=self.val_batches)
         return DataLoader(ds, batch_size=None)

@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.module import cross_entropy, local_value
@@ -38,6 +40,37 @@ def clip(model, max_norm):
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
     return local_value(norm).item()
+
+
+def naive_errors(config, mesh):
+    """The obvious recipe: parallelize only the Linear/embedding layers, leaving wpe and the LayerNorms as plain
+    tensors. Returns the errors its grad-norm and its fused AdamW step raise (None where one does not)."""
+    plan = {
+        "transformer.wte": RowwiseParallel(input_layouts=Replicate()),
+        "transformer.h.*.attn.c_attn": ColwiseParallel(),
+        "transformer.h.*.attn.c_proj": RowwiseParallel(),
+        "transformer.h.*.mlp.c_fc": ColwiseParallel(),
+        "transformer.h.*.mlp.c_proj": RowwiseParallel(),
+        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+    }
+    model = GPT(config)
+    parallelize_module(model, mesh["tensor_parallel"], plan)
+    if mesh["data_parallel"].size() > 1:
+        fully_shard(model, mesh=mesh["data_parallel"])
+    x, y = SyntheticTokens(2, 16, vocab=1024, seed=5).batch(0)
+    with loss_parallel():
+        cross_entropy(model(x), y).backward()
+    errors = []
+    for fn in (
+        lambda: torch.nn.utils.get_total_norm([p.grad for p in model.parameters()], foreach=True).full_tensor(),
+        lambda: make_adamw(model, lr=1e-3, fused=True).step(),
+    ):
+        try:
+            fn()
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001 - we want the message whatever the type
+            errors.append(f"{type(e).__name__}: {e}"[:500])
+    return errors
 
 
 def main():
@@ -93,6 +126,7 @@ def main():
             o.step()
             o.zero_grad(set_to_none=True)
     res["final_param_absdiff"] = max((full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
+    res["naive_errors"] = naive_errors(config, mesh)
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()

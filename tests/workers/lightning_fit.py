@@ -1,0 +1,72 @@
+"""Train the tiny GPT through Lightning's Trainer, single-device or under torchrun with ModelParallelStrategy.
+
+Writes <out>.json on rank 0: per-optimizer-step train/loss, train/grad_norm, train/lr, the gathered initial
+and final parameters' checksums, and (with --dump) the gathered parameters themselves to <out>.pt.
+"""
+
+import argparse
+import json
+import os
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.tensor import DTensor
+
+from gpt_tp.module import GPTModule
+from gpt_tp.synthetic import SyntheticDataModule
+
+
+def gathered(module) -> dict[str, torch.Tensor]:
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in module.model.named_parameters()}
+
+
+class Record(Callback):
+    def __init__(self):
+        self.rows, self.init = [], None
+
+    def on_train_start(self, trainer, pl_module):
+        self.init = gathered(pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        m = trainer.callback_metrics
+        if len(self.rows) < trainer.global_step and "train/loss" in m:
+            self.rows.append({k: float(m[k]) for k in ("train/loss", "train/grad_norm", "train/lr")})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--accum", type=int, default=2)
+    ap.add_argument("--meta", action="store_true")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    world = args.tp * args.dp
+    strategy = ModelParallelStrategy(data_parallel_size=args.dp, tensor_parallel_size=args.tp) if world > 1 else "auto"
+    trainer = L.Trainer(
+        accelerator="cpu", devices=world, strategy=strategy, max_steps=args.steps,
+        accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record()],
+    )
+    L.seed_everything(1234, verbose=False)
+    global_batch = 4
+    B, T = global_batch // args.dp, 32
+    model = GPTModule(
+        "tiny", max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=args.steps,
+        total_batch_size=global_batch * T * args.accum, meta_init=args.meta,
+    )
+    data = SyntheticDataModule(batch_size=B, seq_len=T, vocab=1024, seed=7)
+    trainer.fit(model, data)
+    final = gathered(model)
+    if trainer.global_rank == 0:
+        with open(args.out + ".json", "w") as f:
+            json.dump({"rows": rec.rows, "fused": model.optimizers().optimizer.defaults["fused"]}, f)
+        torch.save({"init": rec.init, "final": final}, args.out + ".pt")
+
+
+if __name__ == "__main__":
+    main()
