@@ -1,0 +1,366 @@
+"""Tokenize a text dataset into GPT-2 token shards in build-nanogpt's format.
+
+    python -m gpt_tp.prepare                                   # FineWeb-Edu sample-10BT -> edu_fineweb10B/
+    python -m gpt_tp.prepare --config sample-100BT --out edu_fineweb100B
+    python -m gpt_tp.prepare --local corpus/*.jsonl --out my_shards --prefix mydata   # no internet needed
+
+Each document becomes ``[<|endoftext|>] + enc.encode_ordinary(text)`` with tiktoken's ``r50k_base``
+encoding, which is byte-identical to GPT-2's BPE (tiktoken's ``gpt2``). Documents are tokenized in
+worker processes and packed into ``uint16`` ``.npy`` shards of ``--shard-size`` tokens named
+``{prefix}_val_000000.npy``, ``{prefix}_train_000001.npy``, ... (shard 0 is the validation split), the
+same bytes build-nanogpt's fineweb.py writes for the same documents. A document that overflows a
+shard continues at the start of the next one.
+
+Rerunnable: each shard is written under a temporary name and renamed, then recorded in
+``{prefix}_prepare.json``; a rerun keeps the complete shards, skips the documents they hold without
+tokenizing them again, and carries on.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import deque
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from gpt_tp.data import REPO_ROOT, SHARD_RE, DataError, _SHARD_LIKE_RE, shard_header, shard_name, write_shard
+
+DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
+DEFAULT_CONFIG = "sample-10BT"
+DEFAULT_OUT = "edu_fineweb10B"
+DEFAULT_PREFIX = "edufineweb"
+DEFAULT_SHARD_SIZE = 100_000_000
+DEFAULT_ENCODING = "r50k_base"  # == tiktoken's "gpt2": GPT-2's BPE, <|endoftext|> = 50256
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+COMPRESSION = {".gz", ".bz2", ".xz", ".zst", ".lz4"}
+CHUNK_DOCS = 64  # documents per task sent to a worker
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def get_encoding(name: str = DEFAULT_ENCODING):
+    """tiktoken encoding ``name``. Offline, falls back to the repository's ``../shared/tiktoken_cache``
+    when TIKTOKEN_CACHE_DIR is unset."""
+    import tiktoken
+
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:
+        shared = REPO_ROOT.parent / "shared" / "tiktoken_cache"
+        if "TIKTOKEN_CACHE_DIR" not in os.environ and shared.is_dir():
+            os.environ["TIKTOKEN_CACHE_DIR"] = str(shared)
+            return get_encoding(name)
+        raise DataError(
+            f"cannot load tiktoken encoding {name!r} ({type(e).__name__}: {e}); offline, set TIKTOKEN_CACHE_DIR "
+            "to a folder holding its ranks file (e.g. ../shared/tiktoken_cache for r50k_base)"
+        ) from e
+
+
+_enc = None
+
+
+def _init_worker(encoding: str) -> None:
+    global _enc
+    _enc = get_encoding(encoding)
+
+
+def _tokenize(index: int, text: str) -> np.ndarray:
+    """``[eot] + encode_ordinary(text)`` as uint16; DataError if an id does not fit uint16."""
+    tokens = np.array([_enc.eot_token] + _enc.encode_ordinary(text), dtype=np.int64)
+    if tokens.max() >= 2**16:
+        raise DataError(
+            f"document {index}: token id {int(tokens.max())} of encoding {_enc.name!r} does not fit uint16 "
+            "(0..65535) shards: use --encoding r50k_base (GPT-2's BPE, 50257 ids)"
+        )
+    return tokens.astype(np.uint16)
+
+
+def _tokenize_chunk(chunk):
+    return [_tokenize(i, t) for i, t in chunk]
+
+
+def tokenized(texts, workers: int, encoding: str, first_index: int = 0):
+    """Yield each text's uint16 tokens, in order; ``workers`` > 1 tokenizes in that many processes,
+    with a bounded number of chunks in flight (memory does not grow with the dataset)."""
+    it = enumerate(texts, first_index)
+    chunks = iter(lambda: list(islice(it, CHUNK_DOCS)), [])
+    if workers <= 1:
+        _init_worker(encoding)
+        for chunk in chunks:
+            yield from _tokenize_chunk(chunk)
+        return
+    import multiprocessing as mp
+
+    with mp.Pool(workers, initializer=_init_worker, initargs=(encoding,)) as pool:
+        pending = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_tokenize_chunk, (chunk,)))
+            if len(pending) >= 4 * workers:
+                yield from pending.popleft().get()
+        while pending:
+            yield from pending.popleft().get()
+
+
+# ----------------------------------------------------------------------------------------------
+# input
+
+
+def local_files(paths) -> tuple[list[str], str]:
+    """Expand files and folders (sorted, recursively) to data files, skipping empty ones; return
+    them and the ``datasets`` builder for their type (json / parquet / text)."""
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*") if q.is_file() and _builder(q) is not None)
+            if not found:
+                raise DataError(f"--local {p}: folder holds no {'/'.join(LOCAL_BUILDERS)} files")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise DataError(f"--local {p}: no such file or folder")
+    files = [f for f in files if f.stat().st_size > 0]  # empty files hold no documents
+    if not files:
+        raise DataError(f"--local {' '.join(map(str, paths))}: empty input, all files are empty")
+    kinds = {_builder(f) for f in files}
+    if None in kinds:
+        bad = next(f for f in files if _builder(f) is None)
+        raise DataError(f"--local {bad}: unknown file type; use {', '.join(LOCAL_BUILDERS)} (optionally compressed)")
+    if len(kinds) > 1:
+        raise DataError(f"--local mixes file types {sorted(kinds)}: prepare one type at a time")
+    return [str(f) for f in files], kinds.pop()
+
+
+def _builder(path: Path):
+    suffixes = [s.lower() for s in path.suffixes]
+    while suffixes and suffixes[-1] in COMPRESSION:
+        suffixes.pop()
+    return LOCAL_BUILDERS.get(suffixes[-1]) if suffixes else None
+
+
+def load_rows(dataset=None, config=None, split="train", local=None):
+    """The input as a streaming ``datasets`` iterable of rows; errors mapped to DataError."""
+    import datasets
+
+    if local:
+        files, builder = local_files(local)
+        kwargs = {"sample_by": "document"} if builder == "text" else {}  # a .txt file is one document
+        try:
+            return datasets.load_dataset(builder, data_files=files, split="train", streaming=True, **kwargs)
+        except Exception as e:
+            raise DataError(f"--local: cannot read {len(files)} {builder} file(s) ({type(e).__name__}: {e})") from e
+    try:
+        return datasets.load_dataset(dataset, name=config, split=split, streaming=True)
+    except datasets.exceptions.DatasetNotFoundError as e:
+        raise DataError(f"--dataset {dataset!r}: not found on the Hugging Face Hub or not accessible ({e}); "
+                        "check the name, log in for gated data, or use --local FILES") from e
+    except ConnectionError as e:
+        raise DataError(f"--dataset {dataset!r}: cannot reach the Hugging Face Hub ({e}); without internet use "
+                        "--local FILES, or HF_DATASETS_OFFLINE=1 if it is in the datasets cache") from e
+    except ValueError as e:
+        msg = str(e)
+        if "split" in msg.lower():
+            raise DataError(f"--split {split!r}: no such split of {dataset!r} ({msg})") from e
+        if "config" in msg.lower():
+            raise DataError(f"--config {config!r}: no such config of {dataset!r} ({msg})") from e
+        raise DataError(f"--dataset {dataset!r} --config {config!r}: {msg}") from e
+
+
+def texts_of(rows, text_column: str, where: str):
+    """Iterate the ``text_column`` strings of ``rows``; DataError if the column is missing or empty input."""
+    n = 0
+    for row in rows:
+        if text_column not in row:
+            raise DataError(f"{where}: no text column {text_column!r} (columns: {sorted(row)}); set --text-column")
+        text = row[text_column]
+        if not isinstance(text, str):
+            raise DataError(f"{where}: row {n} column {text_column!r} is {type(text).__name__}, not text")
+        n += 1
+        yield text
+    if n == 0:
+        raise DataError(f"{where}: empty input, no documents")
+
+
+# ----------------------------------------------------------------------------------------------
+# output folder and resume state
+
+
+def _state_path(out: Path, prefix: str) -> Path:
+    return out / f"{prefix}_prepare.json"
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
+    """Check the output folder and return the resume state (the shards already complete).
+
+    DataError if it holds shards of another format or dataset, or of a run with other settings.
+    """
+    ours = []
+    for name in sorted(os.listdir(out)) if out.is_dir() else []:
+        m = SHARD_RE.match(name)
+        if m is None:
+            if _SHARD_LIKE_RE.match(name) and not name.endswith((".tmp", ".json")):
+                raise DataError(f"--out {out} holds {name}, a shard of another format (not uint16 .npy): "
+                                "use an empty --out folder")
+            continue
+        shard_header(out / name)  # DataError for non-uint16 .npy
+        if m.group("prefix") != prefix:
+            raise DataError(f"--out {out} holds shards of prefix {m.group('prefix')!r}, not {prefix!r}: "
+                            "use an empty --out folder (or that --prefix to resume them)")
+        ours.append(name)
+    sp = _state_path(out, prefix)
+    if not sp.exists():
+        if ours:
+            raise DataError(f"--out {out} holds {prefix} shards without {sp.name} (made by another tool, e.g. "
+                            "build-nanogpt's fineweb.py): they are usable as is; to prepare again use an empty --out")
+        return {"settings": settings, "shards": [], "complete": False}
+    state = json.loads(sp.read_text())
+    if state.get("settings") != settings:
+        old = state.get("settings") or {}
+        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        raise DataError(f"--out {out} holds shards prepared with other settings ({', '.join(diff)} differ, see "
+                        f"{sp.name}): use another --out, or delete the folder to start over")
+    good = []
+    for entry in state["shards"]:  # keep the leading shards that are on disk, complete
+        p = out / entry["file"]
+        if not p.exists() or shard_header(p)[0] != entry["tokens"]:
+            break
+        good.append(entry)
+    complete = state.get("complete", False) and len(good) == len(state["shards"])
+    return {**state, "shards": good, "complete": complete}
+
+
+# ----------------------------------------------------------------------------------------------
+# preparation
+
+
+def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local=None, text_column="text",
+            shard_size=DEFAULT_SHARD_SIZE, prefix=DEFAULT_PREFIX, workers=None, encoding=DEFAULT_ENCODING,
+            progress=True) -> dict:
+    """Tokenize the input into shards under ``out_dir``; return the final state (shards, totals).
+
+    Input: ``local`` files/folders (jsonl/json, parquet, or txt = one document per file), or else
+    the Hugging Face dataset ``dataset`` (default FineWeb-Edu) / ``config`` (default sample-10BT) /
+    ``split``, streamed.
+    """
+    if local and (dataset or config):
+        raise DataError("--local reads local files: do not also give --dataset/--config")
+    if not local:
+        dataset, config = dataset or DEFAULT_DATASET, config or (DEFAULT_CONFIG if not dataset else None)
+    if shard_size < 1:
+        raise DataError(f"--shard-size must be positive, got {shard_size}")
+    if not prefix or not SHARD_RE.match(shard_name(prefix, "val", 0)) or "/" in prefix:
+        raise DataError(f"--prefix {prefix!r}: use a plain file-name prefix such as edufineweb")
+    workers = workers or max(1, (os.cpu_count() or 2) // 2)
+    if local:
+        files, _ = local_files(local)
+        source = {"local": [[Path(f).name, os.path.getsize(f)] for f in files]}
+        where = f"--local {' '.join(map(str, local))}"
+    else:
+        source = {"dataset": dataset, "config": config, "split": split}
+        where = f"--dataset {dataset} --config {config} --split {split}"
+    settings = {**source, "text_column": text_column, "encoding": encoding, "shard_size": shard_size, "prefix": prefix}
+    get_encoding(encoding)  # fail early (and set the offline cache) before any worker starts
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = check_out_dir(out, prefix, settings)
+    if state["complete"]:
+        _log(progress, f"{out}: already complete, {len(state['shards'])} shards, {state['tokens']:,} tokens")
+        return state
+    shards = state["shards"]
+    index = len(shards)
+    next_doc, skip = (shards[-1]["next_doc"], shards[-1]["next_doc_token"]) if shards else (0, 0)
+    if shards:
+        _log(progress, f"{out}: resuming after {index} complete shards, at document {next_doc:,}")
+
+    rows = load_rows(dataset, config, split, local)
+    texts = islice(texts_of(rows, text_column, where), next_doc, None)
+    buf = np.empty(shard_size, dtype=np.uint16)
+    fill, ndocs, ntok, t0 = 0, next_doc, sum(s["tokens"] for s in shards), time.time()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(unit="tok", unit_scale=True, desc=f"{prefix} shard {index}", disable=not progress, initial=ntok)
+
+    def flush(next_at):
+        nonlocal fill, index
+        name = shard_name(prefix, "val" if index == 0 else "train", index)
+        write_shard(out / name, buf[:fill])
+        shards.append({"file": name, "tokens": fill, "next_doc": next_at[0], "next_doc_token": next_at[1]})
+        _write_json(_state_path(out, prefix), {**state, "shards": shards, "complete": False})
+        fill, index = 0, index + 1
+        bar.set_description(f"{prefix} shard {index}")
+
+    for doc, tokens in enumerate(tokenized(texts, workers, encoding, next_doc), next_doc):
+        done = 0
+        if doc == next_doc and skip:
+            done = skip  # these tokens already ended the last complete shard
+        while done < len(tokens):
+            n = min(shard_size - fill, len(tokens) - done)
+            buf[fill : fill + n] = tokens[done : done + n]
+            fill, done = fill + n, done + n
+            if fill == shard_size:
+                flush((doc, done) if done < len(tokens) else (doc + 1, 0))
+        ndocs, ntok = doc + 1, ntok + len(tokens) - (skip if doc == next_doc else 0)
+        bar.update(len(tokens))
+        if ndocs % 256 == 0:
+            bar.set_postfix(docs=f"{ndocs:,}", docs_s=f"{(ndocs - next_doc) / (time.time() - t0 + 1e-9):,.0f}")
+    if fill:
+        flush((ndocs, 0))
+    bar.set_description(f"{prefix} {index} shards")
+    bar.set_postfix(docs=f"{ndocs:,}", docs_s=f"{(ndocs - next_doc) / (time.time() - t0 + 1e-9):,.0f}")
+    bar.close()
+    state = {**state, "shards": shards, "complete": True, "documents": ndocs, "tokens": ntok}
+    _write_json(_state_path(out, prefix), state)
+    _log(progress, f"{out}: {len(shards)} shards, {ndocs:,} documents, {ntok:,} tokens")
+    return state
+
+
+def _log(on: bool, msg: str) -> None:
+    if on:
+        print(msg, file=sys.stderr)
+
+
+def _int(s: str) -> int:
+    v = float(s)  # accepts 1e8
+    if v != int(v):
+        raise argparse.ArgumentTypeError(f"not an integer: {s}")
+    return int(v)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m gpt_tp.prepare", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", help=f"Hugging Face dataset (default {DEFAULT_DATASET})")
+    p.add_argument("--config", help=f"dataset config (default {DEFAULT_CONFIG} for {DEFAULT_DATASET})")
+    p.add_argument("--split", default="train", help="dataset split to read (default train)")
+    p.add_argument("--local", nargs="+", metavar="PATH",
+                   help="local .jsonl/.json/.parquet/.txt files or folders instead of the Hub (a .txt file is one document)")
+    p.add_argument("--text-column", default="text", help="column holding the text (default text)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--shard-size", type=_int, default=DEFAULT_SHARD_SIZE, help="tokens per shard (default 1e8)")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"shard file prefix (default {DEFAULT_PREFIX})")
+    p.add_argument("--workers", type=int, help="tokenizer processes (default half the CPUs)")
+    p.add_argument("--encoding", default=DEFAULT_ENCODING, help="tiktoken encoding (default r50k_base = GPT-2 BPE)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    try:
+        prepare(a.out, a.dataset, a.config, a.split, a.local, a.text_column, a.shard_size, a.prefix, a.workers,
+                a.encoding, progress=not a.quiet)
+    except DataError as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""Tests of gpt_tp.prepare: build-nanogpt-identical shards from local jsonl/parquet/txt, resume, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(REPO.parent / "shared" / "tiktoken_cache"))
+CORPUS = REPO.parent / "shared" / "corpora" / "shakespeare"
+
+import tiktoken  # noqa: E402
+
+from gpt_tp import prepare as prep  # noqa: E402
+from gpt_tp.data import DataError, GPTDataModule, read_shard, write_shard  # noqa: E402
+
+
+def documents(n=120):
+    """Real text: the first ``n`` paragraphs of Hamlet, plus a non-ASCII one and an empty one."""
+    paras = [p for p in (CORPUS / "hamlet_gut.txt").read_text().split("\n\n") if p.strip()][:n]
+    return paras + ["Façade — naïve “quotes” ☃ 日本語", ""]
+
+
+def write_jsonl(path: Path, docs, column="text"):
+    with open(path, "w") as f:
+        for d in docs:
+            f.write(json.dumps({column: d, "id": len(d)}) + "\n")
+    return path
+
+
+def nanogpt_shards(docs, out: Path, shard_size: int, prefix="edufineweb"):
+    """build-nanogpt fineweb.py's shard-writing loop, transcribed (single process)."""
+    enc = tiktoken.get_encoding("r50k_base")  # == tiktoken.get_encoding("gpt2")
+    eot = enc._special_tokens["<|endoftext|>"]
+    shard_index, token_count = 0, 0
+    all_tokens_np = np.empty((shard_size,), dtype=np.uint16)
+    for doc in docs:
+        tokens = np.array([eot] + enc.encode_ordinary(doc)).astype(np.uint16)
+        if token_count + len(tokens) < shard_size:
+            all_tokens_np[token_count : token_count + len(tokens)] = tokens
+            token_count += len(tokens)
+        else:
+            split = "val" if shard_index == 0 else "train"
+            remainder = shard_size - token_count
+            all_tokens_np[token_count : token_count + remainder] = tokens[:remainder]
+            np.save(out / f"{prefix}_{split}_{shard_index:06d}", all_tokens_np)
+            shard_index += 1
+            all_tokens_np[0 : len(tokens) - remainder] = tokens[remainder:]
+            token_count = len(tokens) - remainder
+    if token_count != 0:
+        split = "val" if shard_index == 0 else "train"
+        np.save(out / f"{prefix}_{split}_{shard_index:06d}", all_tokens_np[:token_count])
+
+
+def shard_bytes(d: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(d.glob("*.npy"))}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The documents as jsonl, and build-nanogpt's shards of them (shard size 1000)."""
+    d = tmp_path_factory.mktemp("ref")
+    docs = documents()
+    write_jsonl(d / "docs.jsonl", docs)
+    (d / "nanogpt").mkdir()
+    nanogpt_shards(docs, d / "nanogpt", 1000)
+    return d, docs
+
+
+def test_gpt2_encoding_is_r50k_base():
+    enc = prep.get_encoding()
+    assert enc.eot_token == 50256 and enc.n_vocab == 50257
+    assert enc.encode_ordinary("Hello world") == [15496, 995]  # GPT-2's ids
+
+
+def test_local_jsonl_matches_build_nanogpt_byte_for_byte(tmp_path, reference):
+    d, docs = reference
+    state = prep.prepare(tmp_path, local=[d / "docs.jsonl"], shard_size=1000, workers=1, progress=False)
+    ref = shard_bytes(d / "nanogpt")
+    assert len(ref) >= 4 and shard_bytes(tmp_path) == ref
+    assert state["complete"] and state["documents"] == len(docs)
+    assert [s["file"] for s in state["shards"]][:2] == ["edufineweb_val_000000.npy", "edufineweb_train_000001.npy"]
+    # the stream decodes back to the documents, each preceded by <|endoftext|>
+    enc = prep.get_encoding()
+    stream = np.concatenate([read_shard(tmp_path / s["file"]) for s in state["shards"]])
+    assert state["tokens"] == len(stream) and (stream == 50256).sum() == len(docs)
+    assert enc.decode(stream.tolist()) == "".join("<|endoftext|>" + t for t in docs)
+
+
+def test_local_parquet_and_workers(tmp_path, reference):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d, docs = reference
+    pq.write_table(pa.table({"body": docs}), tmp_path / "docs.parquet")
+    out = tmp_path / "out"
+    prep.prepare(out, local=[tmp_path / "docs.parquet"], text_column="body", shard_size=1000, workers=2, progress=False)
+    assert shard_bytes(out) == shard_bytes(d / "nanogpt")
+
+
+def test_local_txt_folder_one_document_per_file(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    texts = {"b.txt": "Second file.\n\nWith two paragraphs.\n", "a.txt": "First file.\n", "c.txt": "Third."}
+    for name, t in texts.items():
+        (src / name).write_text(t)
+    (src / "notes.md").write_text("ignored: not a data file type")
+    state = prep.prepare(tmp_path / "out", local=[src], shard_size=10**6, prefix="t", workers=1, progress=False)
+    assert state["documents"] == 3 and [s["file"] for s in state["shards"]] == ["t_val_000000.npy"]
+    stream = read_shard(tmp_path / "out" / "t_val_000000.npy")
+    want = "".join("<|endoftext|>" + texts[n] for n in sorted(texts))  # sorted file order
+    assert prep.get_encoding().decode(stream.tolist()) == want
+
+
+def test_rerun_skips_complete_shards_and_resumes(tmp_path, reference, monkeypatch):
+    d, docs = reference
+    out = tmp_path / "out"
+    real_write, calls = prep.write_shard, []
+
+    def crash_on_fourth(path, tokens):
+        calls.append(Path(path).name)
+        if len(calls) == 4:  # dies while writing the 4th shard, after its temporary file exists
+            Path(str(path) + ".tmp").write_bytes(b"partial")
+            raise KeyboardInterrupt
+        real_write(path, tokens)
+
+    monkeypatch.setattr(prep, "write_shard", crash_on_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare(out, local=[d / "docs.jsonl"], shard_size=1000, workers=1, progress=False)
+    assert {p.name for p in out.glob("*.npy")} == set(calls[:3])  # no partial shard under a final name
+    monkeypatch.setattr(prep, "write_shard", real_write)
+
+    tokenized = []
+    real_chunk = prep._tokenize_chunk
+    monkeypatch.setattr(prep, "_tokenize_chunk", lambda chunk: tokenized.extend(i for i, _ in chunk) or real_chunk(chunk))
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.npy")}
+    state = prep.prepare(out, local=[d / "docs.jsonl"], shard_size=1000, workers=1, progress=False)
+    assert shard_bytes(out) == shard_bytes(d / "nanogpt")  # same result as one clean run
+    assert all((out / n).stat().st_mtime_ns == t for n, t in before.items())  # complete shards kept
+    assert tokenized[0] == state["shards"][2]["next_doc"] > 0  # earlier documents not tokenized again
+    tokenized.clear()
+    again = prep.prepare(out, local=[d / "docs.jsonl"], shard_size=1000, workers=1, progress=False)
+    assert again["complete"] and not tokenized  # complete: nothing to do
+
+
+def test_cli_help_and_run(tmp_path, reference):
+    d, _ = reference
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.prepare", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and "--local" in r.stdout and "--shard-size" in r.stdout
+    prep.main(["--local", str(d / "docs.jsonl"), "--out", str(tmp_path), "--shard-size", "1e3", "--workers", "1", "--quiet"])
+    assert shard_bytes(tmp_path) == shard_bytes(d / "nanogpt")
+    with pytest.raises(SystemExit, match=r"error: --local .*nope.*no such file"):
+        prep.main(["--local", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o2"), "--quiet"])
+
+
+def test_prepared_shards_feed_the_data_module(tmp_path, reference):
+    d, _ = reference
+    dm = GPTDataModule(d / "nanogpt", batch_size=2, seq_len=32, val_batches=2)
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (2, 32) and int(x[0, 0]) == int(read_shard(next((d / "nanogpt").glob("*_train_000001.npy")))[0])
+
+
+def test_bundled_sample_is_reproducible(tmp_path):
+    r = subprocess.run([sys.executable, "scripts/build_sample.py", "--out", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    committed = REPO / "data" / "sample"
+    assert shard_bytes(tmp_path) == shard_bytes(committed) and len(shard_bytes(committed)) >= 2
+    assert (tmp_path / "shakespeare_prepare.json").read_text() == (committed / "shakespeare_prepare.json").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.mark.parametrize("raised, pattern", [
+    ("notfound", r"--dataset 'nobody/nothing': not found on the Hugging Face Hub"),
+    ("offline", r"--dataset 'nobody/nothing': cannot reach the Hugging Face Hub.*--local.*HF_DATASETS_OFFLINE"),
+    ("config", r"--config 'nope': no such config of 'nobody/nothing'"),
+    ("split", r"--split 'nope': no such split of 'nobody/nothing'"),
+])
+def test_hub_errors_are_clear(tmp_path, monkeypatch, raised, pattern):
+    import datasets
+
+    def fake_load_dataset(path, name=None, split=None, streaming=False, **kw):
+        assert streaming
+        raise {
+            "notfound": datasets.exceptions.DatasetNotFoundError(f"Dataset '{path}' doesn't exist on the Hub"),
+            "offline": ConnectionError(f"Couldn't reach '{path}' on the Hub (LocalEntryNotFoundError)"),
+            "config": ValueError(f"BuilderConfig '{name}' not found. Available: ['default', 'sample-10BT']"),
+            "split": ValueError(f"Bad split: {split}. Available splits: ['train']"),
+        }[raised]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    with pytest.raises(DataError, match=pattern):
+        prep.prepare(tmp_path, dataset="nobody/nothing", config="nope", split="nope", workers=1, progress=False)
+
+
+def test_error_missing_text_column(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", ["a", "b"], column="content")
+    with pytest.raises(DataError, match=r"no text column 'text' \(columns: \['content', 'id'\]\); set --text-column"):
+        prep.prepare(tmp_path / "o", local=[tmp_path / "d.jsonl"], workers=1, progress=False)
+
+
+def test_error_empty_input(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"empty.jsonl: empty input"):
+        prep.prepare(tmp_path / "o", local=[tmp_path / "empty.jsonl"], workers=1, progress=False)
+    (tmp_path / "blank.jsonl").write_text("\n\n")  # a file without a single row
+    with pytest.raises(DataError, match=r"blank.jsonl: empty input, no documents"):
+        prep.prepare(tmp_path / "o", local=[tmp_path / "blank.jsonl"], workers=1, progress=False)
+    assert not list((tmp_path / "o").glob("*.npy"))
+    (tmp_path / "nodata").mkdir()
+    with pytest.raises(DataError, match=r"--local .*nodata: folder holds no"):
+        prep.prepare(tmp_path / "o", local=[tmp_path / "nodata"], workers=1, progress=False)
+
+
+def test_error_token_id_over_uint16(tmp_path, monkeypatch):
+    class BigVocab:  # an encoding with ids past 65535, like cl100k_base
+        name, eot_token = "big", 100257
+
+        def encode_ordinary(self, text):
+            return [70000] * len(text)
+
+    monkeypatch.setattr(prep, "get_encoding", lambda name="big": BigVocab())
+    write_jsonl(tmp_path / "d.jsonl", ["hi"])
+    with pytest.raises(DataError, match=r"document 0: token id 100257 of encoding 'big' does not fit uint16"):
+        prep.prepare(tmp_path / "o", local=[tmp_path / "d.jsonl"], workers=1, encoding="big", progress=False)
+
+
+@pytest.mark.parametrize("existing", ["bin", "int32", "nanogpt", "prefix", "settings"])
+def test_error_out_dir_holds_other_shards(tmp_path, reference, existing):
+    d, _ = reference
+    out = tmp_path / "out"
+    out.mkdir()
+    kw = dict(local=[d / "docs.jsonl"], shard_size=1000, workers=1, progress=False)
+    if existing == "bin":  # llm.c's .bin shards
+        (out / "edufineweb_train_000001.bin").write_bytes(np.array([20240520, 1, 3, 1, 2, 3], np.int32).tobytes())
+        match = r"edufineweb_train_000001.bin, a shard of another format"
+    elif existing == "int32":
+        np.save(out / "edufineweb_train_000001.npy", np.arange(10, dtype=np.int32))
+        match = r"edufineweb_train_000001.npy: expected a 1-D uint16 token array"
+    elif existing == "nanogpt":  # build-nanogpt's own output: no record of how it was made
+        write_shard(out / "edufineweb_val_000000.npy", np.arange(10))
+        match = r"without edufineweb_prepare.json .*use an empty --out"
+    elif existing == "prefix":
+        write_shard(out / "other_val_000000.npy", np.arange(10))
+        match = r"holds shards of prefix 'other', not 'edufineweb'"
+    else:
+        prep.prepare(out, **kw)
+        kw["shard_size"] = 2000
+        match = r"other settings \(shard_size differ"
+    with pytest.raises(DataError, match=match):
+        prep.prepare(out, **kw)
