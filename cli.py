@@ -3,9 +3,7 @@
 import importlib.util
 
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import ModelParallelStrategy
-from lightning.pytorch.cli import lazy_instance
 
 from gpt_tp.data import GPTDataModule
 from gpt_tp.model import GPTConfig
@@ -15,9 +13,10 @@ from gpt_tp.parallel import validate_layout
 
 def default_loggers(save_dir: str = "logs") -> list:
     """CSV always; TensorBoard too where it is installed."""
-    loggers = [lazy_instance(CSVLogger, save_dir=save_dir, name="gpt_tp")]
-    if importlib.util.find_spec("tensorboard") is not None:
-        loggers.append(lazy_instance(TensorBoardLogger, save_dir=save_dir, name="gpt_tp"))
+    loggers = [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": save_dir, "name": "gpt_tp"}}]
+    if importlib.util.find_spec("tensorboard"):  # its own folder, so both number their versions alike
+        tb_dir = f"{save_dir}/tensorboard"
+        loggers.append({"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": tb_dir, "name": "gpt_tp"}})
     return loggers
 
 
@@ -50,6 +49,7 @@ def main(args=None) -> GPTCLI:
             "gradient_clip_val": 1.0,
         },
         save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,  # GPTModule.configure_optimizers: AdamW + warmup/cosine
         args=args,
     )
 

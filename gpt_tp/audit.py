@@ -53,7 +53,7 @@ def _kinds(mode: CommDebugMode) -> Counter:
 
 def step_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_norm: float = 1.0) -> dict[str, dict[str, int]]:
     """Run one full training step (forward, loss_parallel backward, grad reduction, clip, optimizer step) and
-    return the collectives of each phase by kind, plus 'total'."""
+    return the collectives of each phase by kind, plus 'total'. Gradients are left in place (peak memory)."""
     phases = {}
     with CommDebugMode() as mode:
         loss = cross_entropy(model(x), y)
@@ -69,7 +69,6 @@ def step_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_nor
     phases["grad_sync_and_clip"] = _kinds(mode)
     with CommDebugMode() as mode:
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
     phases["optimizer"] = _kinds(mode)
     phases["total"] = sum(phases.values(), Counter())
     return {k: dict(v) for k, v in phases.items()}

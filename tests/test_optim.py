@@ -1,0 +1,40 @@
+"""get_lr as a pure function, and AdamW's parameter groups."""
+
+import math
+
+import pytest
+import torch
+
+from gpt_tp.model import GPT, GPTConfig
+from gpt_tp.optim import get_lr, make_adamw
+
+
+def test_get_lr_build_nanogpt_values():
+    assert get_lr(0) == pytest.approx(6e-4 / 715)
+    assert get_lr(714) == pytest.approx(6e-4)  # last warmup step reaches max_lr
+    assert get_lr(715) == pytest.approx(6e-4)  # cosine starts at max_lr
+    mid = 715 + (19073 - 715) // 2
+    assert get_lr(mid) == pytest.approx(6e-5 + 0.5 * (6e-4 - 6e-5) * (1 + math.cos(math.pi * 0.5)), rel=1e-4)
+    assert get_lr(19073) == pytest.approx(6e-5)
+    assert get_lr(10**6) == 6e-5
+
+
+def test_get_lr_shape():
+    lrs = [get_lr(s, max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100) for s in range(120)]
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))  # warmup rises to max_lr at step 9
+    assert all(a >= b for a, b in zip(lrs[10:101], lrs[11:101]))  # cosine never rises
+    assert min(lrs) == pytest.approx(0.1) and max(lrs) == pytest.approx(1.0)
+
+
+def test_adamw_groups_and_fused():
+    m = GPT(GPTConfig.from_name("tiny"))
+    opt = make_adamw(m, lr=1e-3)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    n_unique = len({id(p) for p in m.parameters()})
+    assert len(decay["params"]) + len(no_decay["params"]) == n_unique  # the tied wte/lm_head once
+    assert sum(p is m.transformer.wte.weight for p in decay["params"]) == 1
+    assert opt.defaults["fused"] is True  # CPU has a fused AdamW kernel
+    assert (opt.defaults["betas"], opt.defaults["eps"]) == ((0.9, 0.95), 1e-8)
+    assert make_adamw(m, lr=1e-3, fused=False).defaults["fused"] is False
