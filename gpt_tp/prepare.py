@@ -161,8 +161,10 @@ def load_rows(dataset=None, config=None, split="train", local=None):
         raise DataError(f"--dataset {dataset!r}: not found on the Hugging Face Hub or not accessible ({e}); "
                         "check the name, log in for gated data, or use --local FILES") from e
     except ConnectionError as e:
+        hint = ("offline mode is on (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE) and it is not in the datasets cache"
+                if "OfflineModeIsEnabled" in str(e) else "HF_DATASETS_OFFLINE=1 reads it from the datasets cache if there")
         raise DataError(f"--dataset {dataset!r}: cannot reach the Hugging Face Hub ({e}); without internet use "
-                        "--local FILES, or HF_DATASETS_OFFLINE=1 if it is in the datasets cache") from e
+                        f"--local FILES; {hint}") from e
     except ValueError as e:
         msg = str(e)
         if "split" in msg.lower():
@@ -206,6 +208,8 @@ def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
 
     DataError if it holds shards of another format or dataset, or of a run with other settings.
     """
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file, not a folder: give a folder for the shards")
     ours = []
     for name in sorted(os.listdir(out)) if out.is_dir() else []:
         m = SHARD_RE.match(name)
@@ -274,7 +278,6 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
     get_encoding(encoding)  # fail early (and set the offline cache) before any worker starts
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     state = check_out_dir(out, prefix, settings)
     if state["complete"]:
         _log(progress, f"{out}: already complete, {len(state['shards'])} shards, {state['tokens']:,} tokens")
@@ -286,6 +289,7 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
         _log(progress, f"{out}: resuming after {index} complete shards, at document {next_doc:,}")
 
     rows = load_rows(dataset, config, split, local)
+    out.mkdir(parents=True, exist_ok=True)
     texts = islice(texts_of(rows, text_column, where), next_doc, None)
     buf = np.empty(shard_size, dtype=np.uint16)
     fill, ndocs, ntok, t0 = 0, next_doc, sum(s["tokens"] for s in shards), time.time()

@@ -179,18 +179,18 @@ def test_bundled_sample_corpus():
 
 def test_resume_without_trainer_continues_exactly(tmp_path):
     make_shards(tmp_path, [100, 700, 600])
-    ref = GPTDataModule(tmp_path, batch_size=2, seq_len=8)
+    ref = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
     ref.setup("fit")
     it = iter(ref.train_dataloader())
     want = [next(it)[0] for _ in range(200)]  # several epochs
-    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=8)
+    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
     dm.setup("fit")
     it = iter(dm.train_dataloader())
     for _ in range(130):
         next(it)
     state = dm.state_dict()
     assert state["train_batches"] == 130
-    dm2 = GPTDataModule(tmp_path, batch_size=2, seq_len=8)
+    dm2 = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
     dm2.load_state_dict(state)
     dm2.setup("fit")
     it = iter(dm2.train_dataloader())

@@ -198,7 +198,8 @@ def test_hub_errors_are_clear(tmp_path, monkeypatch, raised, pattern):
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     with pytest.raises(DataError, match=pattern):
-        prep.prepare(tmp_path, dataset="nobody/nothing", config="nope", split="nope", workers=1, progress=False)
+        prep.prepare(tmp_path / "out", dataset="nobody/nothing", config="nope", split="nope", workers=1, progress=False)
+    assert not (tmp_path / "out").exists()  # nothing created on error
 
 
 def test_error_missing_text_column(tmp_path):
