@@ -1,0 +1,425 @@
+"""Layout planner: which data-parallel x tensor-parallel layouts can train this GPT on these devices, and how much
+memory each needs per device.
+
+    python -m gpt_tp.planner --model gpt2-xl --devices-per-node 8 --memory-gib 24 --batch-size 4 --seq-len 1024
+    python -m gpt_tp.planner --config configs/tp2.yaml --memory-gib 24
+
+Rules (the same as gpt_tp.parallel): TP stays inside a node (it talks every layer), so TP divides the devices per node
+and is a valid TP size of the model (it divides heads, widths, vocabulary and T); DP = world size / TP runs FSDP2, which
+shards parameters, gradients and AdamW state over DP as well. Among the layouts that fit, the smallest TP wins: TP costs
+four collectives per layer on the critical path, DP costs one reduce-scatter/all-gather per block that overlaps compute.
+
+Memory per device (bytes; t = TP, d = DP, B = micro-batch per DP rank, T = sequence, C = width, L = layers, V = vocab):
+  params     sum over parameters of ceil(rows_tp / d) x cols_tp x param bytes: TP splits the matmuls, the vocab-
+             parallel embedding (tied to lm_head) and the column-parallel biases; LayerNorms, wpe and the row-parallel
+             biases stay whole under TP; FSDP2 then shards every tensor's first dim over d (padded to a multiple of d).
+  grads      the same count, in the parameter dtype.
+  optimizer  AdamW exp_avg + exp_avg_sq: 2 x params.
+  activations, saved for backward in one forward (no recomputation), per layer, with sequence parallelism:
+             B T C [2 r / t  +  2 m  +  12 m / t]  +  B T (4 x 4 / t)  +  B (a / t) T x 4
+               2 r / t:  the LayerNorm inputs (residual stream, sequence-sharded; r = residual bytes)
+               2 m:      the inputs of c_attn and c_fc, all-gathered to the full sequence (torch's TP saves the gathered
+                         tensor; Megatron saves the shard and gathers again in backward, hence its smaller 34/t term)
+               12 m / t: qkv (3C), the attention output that c_proj reads (C, the same storage), the MLP hidden (4C)
+                         before and after GELU (m = matmul activation bytes)
+               LayerNorm mean/rstd (fp32), and the attention logsumexp (fp32) of flash / memory-efficient SDPA. The
+               math SDPA kernel (sdpa="math") keeps the (a/t) T x T attention probabilities as well.
+             Compare Korthikanti et al. 2022 (Reducing Activation Recomputation), s b h (34 + 5 a s / h) / t bytes with
+             2-byte activations, dropout masks and the a s^2 scores; GPT-2 here trains without dropout and SDPA keeps no
+             score matrix, so those terms vanish.
+             Plus the head: ln_f input B T C r / t, lm_head input B T C m (gathered), the vocab-parallel log-softmax
+             B T (V / t) x 4 (cross-entropy runs in fp32 under autocast) and the token ids / targets (int64).
+             Under bf16-mixed autocast also keeps a bf16 copy of every TP-local matmul weight for backward (FSDP2 frees
+             the gathered fp32 weight, not the copy): 2 bytes x TP-local matmul parameters.
+  transient  not saved but alive at the peak: the logits and their gradient at the loss, B T (V / t) x (m + 4); with
+             FSDP2 (d > 1) the gathered parameters of two blocks (current + prefetched) and one block's unsharded
+             gradient, and the root unit (wte, wpe, ln_f), which FSDP2 keeps gathered through the step.
+  overhead   CUDA context, NCCL buffers and allocator slack: `overhead_gib` (default 1.5 GiB) is added, and a layout
+             fits when the total is at most `usable_fraction` (default 0.95) of the device memory.
+The saved-activation and state terms are checked against tensors measured on CPU in tests/test_planner.py.
+"""
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from math import gcd
+
+from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.parallel import LayoutError, valid_tp_sizes
+
+GIB = 1024**3
+
+# precision -> (parameter/grad/optimizer bytes, residual-stream activation bytes, matmul activation bytes,
+#               log-softmax bytes, bytes of the autocast weight copies kept for backward)
+PRECISIONS = {
+    "32-true": (4, 4, 4, 4, 0),
+    "32": (4, 4, 4, 4, 0),
+    "bf16-mixed": (4, 4, 2, 4, 2),
+    "16-mixed": (4, 4, 2, 4, 2),
+    "bf16-true": (2, 2, 2, 2, 0),
+    "16-true": (2, 2, 2, 2, 0),
+}
+
+
+class PlanError(ValueError):
+    """No layout can work (or an input is wrong); the message says why and what to change."""
+
+
+@dataclass
+class Memory:
+    """Estimated bytes per device for one layout."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int  # saved for backward in one forward (incl. autocast weight copies)
+    transient: int  # logits + their grad at the loss; FSDP2's gathered blocks
+    overhead: int
+
+    @property
+    def states(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.states + self.activations + self.transient + self.overhead
+
+
+@dataclass
+class Layout:
+    dp: int
+    tp: int
+    memory: Memory | None = None
+    fits: bool = False
+    reason: str = ""  # why the layout is invalid or does not fit; empty when it fits
+
+
+@dataclass
+class Plan:
+    config: GPTConfig
+    devices_per_node: int
+    num_nodes: int
+    batch_size: int
+    seq_len: int
+    device_memory_gib: float | None
+    precision: str
+    layouts: list[Layout] = field(default_factory=list)  # every TP size that divides the devices per node
+    choice: Layout | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.devices_per_node * self.num_nodes
+
+
+def _precision(precision: str) -> tuple[int, int, int, int, int]:
+    p = str(precision)
+    if p not in PRECISIONS:
+        raise PlanError(f"precision={p!r} is not known to the planner; use one of {', '.join(PRECISIONS)}")
+    return PRECISIONS[p]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def param_shapes(config: GPTConfig, tp: int) -> list[tuple[tuple[int, ...], bool]]:
+    """Each parameter's TP-local shape (the tied wte/lm_head once) and whether it is a matmul weight (cast to bf16
+    by autocast). Mirrors gpt_tp.parallel.TP_PLAN: colwise splits rows, rowwise splits columns, LayerNorms, wpe and
+    row-parallel biases stay whole."""
+    C, V, t = config.n_embd, config.vocab_size, tp
+    block = [
+        ((C,), False), ((C,), False),  # ln_1
+        ((3 * C // t, C), True), ((3 * C // t,), False),  # attn.c_attn (colwise)
+        ((C, C // t), True), ((C,), False),  # attn.c_proj (rowwise; bias whole)
+        ((C,), False), ((C,), False),  # ln_2
+        ((4 * C // t, C), True), ((4 * C // t,), False),  # mlp.c_fc (colwise)
+        ((C, 4 * C // t), True), ((C,), False),  # mlp.c_proj (rowwise)
+    ]
+    head = [
+        ((V // t, C), True),  # wte, vocab-parallel; lm_head is the same tensor (the lm_head matmul casts it)
+        ((config.block_size, C), False),  # wpe, replicated
+        ((C,), False), ((C,), False),  # ln_f
+    ]
+    return block * config.n_layer + head
+
+
+def _fsdp_local(shape: tuple[int, ...], dp: int) -> int:
+    """Elements FSDP2 allocates per rank for one tensor: dim 0 split into dp chunks, padded to equal size."""
+    rows = math.ceil(shape[0] / dp)
+    return rows * math.prod(shape[1:])
+
+
+def state_bytes(config: GPTConfig, dp: int, tp: int, precision: str = "bf16-mixed") -> dict[str, int]:
+    """Parameters, gradients and AdamW state per device, in bytes (compare gpt_tp.audit.state_bytes)."""
+    pb = _precision(precision)[0]
+    n = sum(_fsdp_local(shape, dp) for shape, _ in param_shapes(config, tp))
+    return {"params": n * pb, "grads": n * pb, "optimizer": 2 * n * pb}
+
+
+def activation_bytes(
+    config: GPTConfig, batch_size: int, seq_len: int, tp: int, precision: str = "bf16-mixed", sdpa: str = "flash"
+) -> dict[str, int]:
+    """Bytes saved for backward by one forward on one device (see the module docstring for the terms).
+
+    sdpa: "flash" (flash / memory-efficient / CPU flash kernels: a logsumexp per query) or "math" (also the
+    (a/t) x T x T attention probabilities)."""
+    _, r, m, lsm, wcopy = _precision(precision)
+    B, T, C, t = batch_size, seq_len, config.n_embd, tp
+    heads = config.n_head // t
+    if sdpa not in ("flash", "math"):
+        raise PlanError(f"sdpa={sdpa!r}: use 'flash' (GPU flash / memory-efficient kernels, CPU) or 'math'")
+    attn_extra = B * heads * T * 4  # logsumexp, fp32
+    if sdpa == "math":
+        attn_extra += 2 * B * heads * T * T * m  # softmax probabilities and their dropout/cast copy
+    per_layer = 2 * B * T * C * r // t + 2 * B * T * C * m + 12 * B * T * C * m // t
+    per_layer += 2 * 2 * (B * T // t) * 4 + attn_extra  # LayerNorm mean + rstd, fp32, on the sequence slice
+    head = B * T * C * r // t + 2 * (B * T // t) * 4  # ln_f input + stats
+    head += B * T * C * m  # lm_head input, gathered
+    head += B * T * (config.vocab_size // t) * lsm  # log-softmax output
+    head += 2 * B * T * 8 + 2 * (T // t) * 8  # token ids, targets (int64), position ids
+    weights = sum(math.prod(s) for s, mm in param_shapes(config, tp) if mm) * wcopy
+    return {"layers": config.n_layer * per_layer, "head": head, "weight_copies": weights}
+
+
+def transient_bytes(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed") -> int:
+    """Peak-time memory that is not saved for backward: logits and their gradient at the loss, FSDP2's gathered
+    parameters (two blocks + the root unit) and one block's unsharded gradient when dp > 1."""
+    pb, _, m, _, _ = _precision(precision)
+    out = batch_size * seq_len * (config.vocab_size // tp) * (m + 4)
+    if dp > 1:
+        shapes = param_shapes(config, tp)
+        block = sum(math.prod(s) for s, _ in shapes[:12])
+        root = sum(math.prod(s) for s, _ in shapes[12 * config.n_layer :])
+        out += (2 * block + block + 2 * root) * pb  # 2 gathered blocks + 1 block's grads; root params + grads
+    return out
+
+
+def estimate(
+    config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed",
+    sdpa: str = "flash", overhead_gib: float = 1.5,
+) -> Memory:
+    """The memory estimate of one layout, per device."""
+    s = state_bytes(config, dp, tp, precision)
+    a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa)
+    return Memory(
+        params=s["params"], grads=s["grads"], optimizer=s["optimizer"], activations=sum(a.values()),
+        transient=transient_bytes(config, dp, tp, batch_size, seq_len, precision), overhead=int(overhead_gib * GIB),
+    )
+
+
+def padded_vocab(vocab_size: int, tp: int, multiple: int = 128) -> int:
+    """The smallest vocabulary >= vocab_size divisible by tp and by `multiple` (fast matmuls)."""
+    step = tp * multiple // gcd(tp, multiple)
+    return -(-vocab_size // step) * step
+
+
+def _invalid_reason(config: GPTConfig, tp: int, seq_len: int) -> str:
+    checks = [("n_head", config.n_head), ("n_embd", config.n_embd), ("vocab_size", config.vocab_size), ("seq_len", seq_len)]
+    bad = [f"{name}={v}" for name, v in checks if v % tp]
+    return f"TP={tp} does not divide {', '.join(bad)}"
+
+
+def plan(
+    config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
+    device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
+    overhead_gib: float = 1.5, usable_fraction: float = 0.95,
+) -> Plan:
+    """Every TP size that divides the devices per node, with its memory estimate, validity and fit; and the choice:
+    the valid layout with the smallest TP that fits (all fit when device_memory_gib is None)."""
+    for name, v in [("devices_per_node", devices_per_node), ("num_nodes", num_nodes), ("batch_size", batch_size), ("seq_len", seq_len)]:
+        if not isinstance(v, int) or v < 1:
+            raise PlanError(f"{name}={v!r} must be a positive integer")
+    if seq_len > config.block_size:
+        raise PlanError(f"seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
+    _precision(precision)
+    out = Plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, str(precision))
+    world = devices_per_node * num_nodes
+    budget = None if device_memory_gib is None else device_memory_gib * GIB * usable_fraction
+    valid = set(valid_tp_sizes(config, seq_len))
+    for tp in _divisors(devices_per_node):
+        lay = Layout(dp=world // tp, tp=tp)
+        if tp not in valid:
+            lay.reason = _invalid_reason(config, tp, seq_len)
+        else:
+            lay.memory = estimate(config, lay.dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib)
+            lay.fits = budget is None or lay.memory.total <= budget
+            if not lay.fits:
+                lay.reason = f"needs {lay.memory.total / GIB:.1f} GiB > {usable_fraction:.0%} of {device_memory_gib:g} GiB"
+        out.layouts.append(lay)
+    out.choice = next((lay for lay in out.layouts if lay.fits), None)
+
+    bad_tp = [lay.tp for lay in out.layouts if lay.memory is None]
+    if bad_tp:
+        ok = sorted(valid)
+        out.notes.append(
+            f"valid TP sizes for this model (n_head={config.n_head}, n_embd={config.n_embd}, vocab_size="
+            f"{config.vocab_size}, seq_len={seq_len}): {', '.join(map(str, ok))}; TP={', '.join(map(str, bad_tp))} "
+            "would split a head or the vocabulary"
+        )
+        for tp in _divisors(config.n_head):  # TP sizes that whole heads allow, with a padded vocabulary / other T
+            if 1 < tp <= max(devices_per_node, 8) and tp not in valid and config.n_embd % tp == 0:
+                needs = []
+                if config.vocab_size % tp:
+                    needs.append(f"model.vocab_size={padded_vocab(config.vocab_size, tp)} (padded)")
+                if seq_len % tp:
+                    needs.append(f"data.seq_len a multiple of {tp} (sequence parallelism splits T), e.g. {seq_len // tp * tp}")
+                if devices_per_node % tp:
+                    needs.append(f"{tp} or a multiple of {tp} devices per node")
+                out.notes.append(f"TP={tp} would split whole heads with " + ", ".join(needs))
+    if out.choice is None:
+        fitting = [lay for lay in out.layouts if lay.memory is not None]
+        hint = "lower data.batch_size (raise trainer.accumulate_grad_batches to keep the tokens per step)"
+        if max(valid) > max((lay.tp for lay in fitting), default=1):
+            hint += f", or use a node with {max(valid)} devices (TP={max(valid)})"
+        out.notes.append(f"no layout fits {device_memory_gib:g} GiB per device: {hint}")
+    return out
+
+
+def format_plan(p: Plan) -> str:
+    """A human-readable table of the plan."""
+    c = p.config
+    mem = "unlimited" if p.device_memory_gib is None else f"{p.device_memory_gib:g} GiB"
+    lines = [
+        f"model: {c.n_layer} layers, {c.n_head} heads, n_embd={c.n_embd}, vocab={c.vocab_size}, "
+        f"{c.num_params(non_embedding=False) / 1e6:.0f}M parameters",
+        f"devices: {p.num_nodes} node(s) x {p.devices_per_node} = {p.world_size}, {mem} each; micro-batch "
+        f"B={p.batch_size} x T={p.seq_len} per DP rank; precision {p.precision}",
+        f"{'layout':<14}{'params':>8}{'grads':>8}{'adamw':>8}{'activ.':>8}{'transient':>10}{'overhead':>9}{'total GiB':>11}  status",
+    ]
+    for lay in p.layouts:
+        name = f"DP={lay.dp} x TP={lay.tp}"
+        if lay.memory is None:
+            lines.append(f"{name:<14}{'-':>62}  invalid: {lay.reason}")
+            continue
+        m = lay.memory
+        g = [x / GIB for x in (m.params, m.grads, m.optimizer, m.activations, m.transient, m.overhead, m.total)]
+        status = "fits" if lay.fits else lay.reason
+        if lay is p.choice:
+            status += "  <- chosen"
+        lines.append(f"{name:<14}{g[0]:8.2f}{g[1]:8.2f}{g[2]:8.2f}{g[3]:8.2f}{g[4]:10.2f}{g[5]:9.2f}{g[6]:11.2f}  {status}")
+    lines += [f"note: {n}" for n in p.notes]
+    if p.choice is not None:
+        lines.append(f"choice: data_parallel_size={p.choice.dp}, tensor_parallel_size={p.choice.tp}")
+    return "\n".join(lines)
+
+
+def resolve_layout(
+    config: GPTConfig, world_size: int, devices_per_node: int, num_nodes: int, batch_size: int, seq_len: int,
+    device_memory_gib: float | None = None, precision: str = "bf16-mixed", dp: int | str = "auto", tp: int | str = "auto",
+) -> tuple[int, int]:
+    """(dp, tp) for ModelParallelStrategy when either size is "auto": the planner's choice (smallest TP that fits;
+    without a memory size, the smallest valid TP). A size given as a number is kept and the other one derived.
+    Raises LayoutError (with the valid layouts) when nothing works, before any process group exists."""
+    if world_size != devices_per_node * num_nodes:
+        raise LayoutError(f"world_size={world_size} != devices_per_node={devices_per_node} x num_nodes={num_nodes}")
+    if dp != "auto" and tp != "auto":
+        return int(dp), int(tp)
+    p = plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, precision)
+    candidates = [lay for lay in p.layouts if lay.memory is not None]
+    if tp != "auto":
+        candidates = [lay for lay in candidates if lay.tp == int(tp)]
+    if dp != "auto":
+        candidates = [lay for lay in candidates if lay.dp == int(dp)]
+    fits = [lay for lay in candidates if lay.fits]
+    if fits:
+        return fits[0].dp, fits[0].tp
+    raise LayoutError(
+        f"no data_parallel_size x tensor_parallel_size layout for {world_size} devices "
+        f"(given dp={dp}, tp={tp}) works for this model:\n{format_plan(p)}"
+    )
+
+
+def detect_device_memory_gib() -> float | None:
+    """Memory of CUDA device 0 in GiB, or None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+def _config_from_yaml(path: str) -> dict:
+    """Model, batch and device settings from a `python cli.py fit --config` YAML file."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            cfg = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise PlanError("no such file") from None
+    trainer, model, data = cfg.get("trainer", {}), cfg.get("model", {}), cfg.get("data", {})
+    m = model.get("model", "gpt2")
+    out = {
+        "config": GPTConfig.from_name(m) if isinstance(m, str) else GPTConfig(**m),
+        "devices_per_node": trainer.get("devices"),
+        "num_nodes": trainer.get("num_nodes", 1),
+        "batch_size": data.get("batch_size", 16),
+        "seq_len": data.get("seq_len", 1024),
+        "precision": str(trainer.get("precision", "32-true")),
+    }
+    if not isinstance(out["devices_per_node"], int):
+        raise PlanError("trainer.devices must be a number of devices; give --devices-per-node")
+    return out
+
+
+def main(argv: list[str] | None = None) -> Plan:
+    ap = argparse.ArgumentParser(
+        prog="python -m gpt_tp.planner",
+        description="List the DP x TP layouts of a GPT-2 on a cluster, with estimated memory per device, and pick "
+        "the one with the smallest tensor-parallel size that fits.",
+    )
+    ap.add_argument("--config", help="read model, devices, num_nodes, batch size, seq_len and precision from a cli.py YAML")
+    ap.add_argument("--model", choices=list(SIZES), help="named model size (default gpt2)")
+    ap.add_argument("--vocab-size", type=int, help="override the vocabulary (e.g. padded for a TP size)")
+    ap.add_argument("--devices-per-node", type=int, help="GPUs per node (TP stays within a node)")
+    ap.add_argument("--nodes", type=int, help="number of nodes (default 1)")
+    ap.add_argument("--memory-gib", type=float, help="memory per device in GiB (default: CUDA device 0's, else no limit)")
+    ap.add_argument("--batch-size", type=int, help="micro-batch per data-parallel rank (data.batch_size)")
+    ap.add_argument("--seq-len", type=int, help="sequence length T (data.seq_len)")
+    ap.add_argument("--precision", choices=list(PRECISIONS), help="trainer.precision (default bf16-mixed)")
+    ap.add_argument("--sdpa", choices=["flash", "math"], default="flash", help="attention kernel (math keeps T x T scores)")
+    ap.add_argument("--overhead-gib", type=float, default=1.5, help="CUDA context + NCCL + allocator slack per device")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = ap.parse_args(argv)
+
+    settings = {
+        "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
+        "seq_len": 1024, "precision": "bf16-mixed",
+    }
+    if args.config:
+        try:
+            settings = _config_from_yaml(args.config)
+        except (PlanError, ValueError, TypeError) as e:
+            ap.error(f"--config {args.config}: {e}")
+    if args.model:
+        settings["config"] = GPTConfig.from_name(args.model)
+    if args.vocab_size:
+        settings["config"].vocab_size = args.vocab_size
+    for key, val in [("devices_per_node", args.devices_per_node), ("num_nodes", args.nodes), ("batch_size", args.batch_size),
+                     ("seq_len", args.seq_len), ("precision", args.precision)]:
+        if val is not None:
+            settings[key] = val
+    if settings["devices_per_node"] is None:
+        ap.error("give --devices-per-node (or --config with trainer.devices)")
+    memory = args.memory_gib if args.memory_gib is not None else detect_device_memory_gib()
+    try:
+        p = plan(settings.pop("config"), **settings, device_memory_gib=memory, sdpa=args.sdpa, overhead_gib=args.overhead_gib)
+    except PlanError as e:
+        ap.error(str(e))
+    if args.json:
+        rows = [
+            {"dp": lay.dp, "tp": lay.tp, "fits": lay.fits, "reason": lay.reason,
+             "memory": None if lay.memory is None else {**asdict(lay.memory), "total": lay.memory.total}}
+            for lay in p.layouts
+        ]
+        choice = None if p.choice is None else {"dp": p.choice.dp, "tp": p.choice.tp}
+        print(json.dumps({"layouts": rows, "choice": choice, "notes": p.notes}, indent=1))
+    else:
+        print(format_plan(p))
+    return p
+
+
+if __name__ == "__main__":
+    main()
