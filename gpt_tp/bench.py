@@ -1,0 +1,589 @@
+"""Benchmark: what a training step costs per layout (DP x TP), precision and compile setting, and why.
+
+    python -m gpt_tp.bench --model gpt2 --layouts 1x1,1x2,2x2 --precision bf16-mixed --compile off,on \
+        --batch-size 16 --seq-len 1024 --out bench_out
+
+Every run is one torchrun job of dp x tp processes training on generated tokens: `--warmup` steps, then
+`--steps` timed ones. Each step is the real training step (forward, vocab-parallel cross-entropy, backward,
+the coalesced replicated-gradient all-reduce, grad-norm clipping at 1.0, fused AdamW) with no host sync inside;
+the step time is the slowest rank's. One more step runs under a TorchDispatchMode that records every collective
+with its size. Reported per run: tokens/s (global batch / median step time), step time min/median/max, MFU
+(GPTConfig.flops_per_token over the device's peak), peak memory per rank (CUDA max_memory_allocated on GPU,
+max RSS on CPU) and the collectives per step by mesh dim and kind with bytes. Written to <out>/bench.md,
+<out>/bench.json and <out>/bench.png.
+
+Layouts are DPxTP: "1x2" is TP=2, "2x1" is DP=2 (FSDP2), "2x2" both. --batch-size is the micro-batch per
+data-parallel rank, so every layout gives each TP group the same work.
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.module import PEAK_FLOPS
+
+PRECISIONS = ("32-true", "bf16-mixed")
+
+# collectives by the op's name (functional and c10d in-place ops alike) -> kind
+KINDS = {
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "all_to_all_single": "all_to_all",
+    "alltoall_base_": "all_to_all",
+    "broadcast": "broadcast",
+    "broadcast_": "broadcast",
+}
+_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d")
+
+
+def wire_bytes(kind: str, nbytes: int, group_size: int) -> float:
+    """Bytes each rank sends for a collective over a tensor of nbytes (the full, unsharded size), with the ring
+    algorithm: all-gather and reduce-scatter (p-1)/p N, all-reduce twice that (reduce-scatter + all-gather)."""
+    p = group_size
+    if p <= 1:
+        return 0.0
+    factor = {"all_reduce": 2.0}.get(kind, 1.0)
+    return factor * (p - 1) / p * nbytes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recording collectives with their sizes
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _nbytes(x) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(x))
+
+
+class CollectiveRecorder(TorchDispatchMode):
+    """Records every collective issued inside it as (mesh dim, kind, bytes): functional collectives (what DTensor
+    emits) and c10d ops (torch.distributed.all_reduce, FSDP2's all-gathers and reduce-scatters).
+
+    bytes is the size of the full tensor a collective produces or consumes (all-gather: its output, reduce-scatter:
+    its input, all-reduce: the buffer); `groups` maps process-group names to (label, size), e.g. from
+    groups_of(mesh). Like CommDebugMode, DTensor ops are let through so their collectives are seen once desugared.
+    """
+
+    def __init__(self, groups: dict[str, tuple[str, int]]):
+        super().__init__()
+        self.groups = groups
+        self.records: list[tuple[str, str, int, int]] = []  # (label, kind, group_size, nbytes)
+
+    def _group(self, args) -> tuple[str, int]:
+        for a in args:
+            if isinstance(a, str) and a in self.groups:
+                return self.groups[a]
+            if isinstance(a, torch.ScriptObject):  # c10d ops carry the ProcessGroup boxed
+                try:
+                    pg = torch.distributed.ProcessGroup.unbox(a)
+                except Exception:  # noqa: BLE001 - a boxed ReduceOp or Work, not the group
+                    continue
+                return self.groups.get(pg.group_name, (pg.group_name, pg.size()))
+        return ("?", 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        if any(t is DTensor or (isinstance(t, type) and issubclass(t, DTensor)) for t in types):
+            return NotImplemented
+        out = func(*args, **kwargs)
+        ns, _, name = func.name().partition("::")
+        name = name.split(".")[0]
+        if ns in _NAMESPACES and name in KINDS:
+            kind = KINDS[name]
+            label, size = self._group(args)
+            if kind == "all_gather":
+                if ns == "c10d":  # (output(s), input(s), pg, ...)
+                    nbytes = _nbytes(args[0])
+                else:  # (input(s), group_size, group_name)
+                    nbytes = _nbytes(args[0]) * args[1]
+            elif kind == "reduce_scatter" and ns == "c10d":
+                nbytes = _nbytes(args[1])
+            else:
+                nbytes = _nbytes(args[0])
+            self.records.append((label, kind, size, nbytes))
+        return out
+
+    def summary(self) -> list[dict]:
+        """Per (mesh dim, kind): count, bytes (full tensors) and wire_bytes (sent per rank, ring algorithm)."""
+        out: dict[tuple[str, str], dict] = {}
+        for label, kind, size, nbytes in self.records:
+            row = out.setdefault((label, kind), {"dim": label, "kind": kind, "group_size": size, "count": 0, "bytes": 0, "wire_bytes": 0.0})
+            row["count"] += 1
+            row["bytes"] += nbytes
+            row["wire_bytes"] += wire_bytes(kind, nbytes, size)
+        return sorted(out.values(), key=lambda r: (r["dim"], r["kind"]))
+
+
+def groups_of(mesh) -> dict[str, tuple[str, int]]:
+    """Process-group name -> (mesh dim name, size) for every dim of a DeviceMesh."""
+    out = {}
+    for dim in mesh.mesh_dim_names:
+        g = mesh[dim].get_group()
+        out[g.group_name] = (dim, g.size())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Async TP (GPU + compile only)
+
+
+def enable_async_tp(tp_mesh) -> None:
+    """Turn on asynchronous tensor parallelism for compiled blocks: Inductor's micro-pipelining pass
+    (torch._inductor.config._micro_pipeline_tp) fuses each all-gather with the matmul that consumes it, and each
+    matmul with the reduce-scatter after it, over symmetric memory on the TP group. Call before the first
+    compiled forward. Needs CUDA devices and torch.compile; refused elsewhere with the reason."""
+    if tp_mesh.device_type != "cuda":
+        raise RuntimeError(
+            f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on '{tp_mesh.device_type}'. "
+            "Leave async TP off on CPU."
+        )
+    if tp_mesh.size() < 2:
+        raise RuntimeError("async TP needs tensor_parallel_size >= 2: there is nothing to overlap at TP=1")
+    import torch._inductor.config as inductor_config
+    from torch.distributed import _symmetric_memory  # no public API for this yet (torchtitan does the same)
+
+    inductor_config._micro_pipeline_tp = True
+    with warnings.catch_warnings():  # deprecated in recent torch, but the Inductor pass still checks for it
+        warnings.simplefilter("ignore", FutureWarning)
+        _symmetric_memory.enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One training step
+
+
+def autocast_context(precision: str, device: torch.device):
+    if precision == "bf16-mixed":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def build(config: GPTConfig, mesh, device: torch.device, compile: bool):
+    """A GPT built on the meta device, parallelized on the (data_parallel, tensor_parallel) mesh (TP -> compile ->
+    FSDP2) and initialised shard by shard, with its fused AdamW."""
+    from gpt_tp.model import GPT
+    from gpt_tp.optim import make_adamw
+    from gpt_tp.parallel import materialize, parallelize
+
+    with torch.device("meta"):
+        model = GPT(config)
+    parallelize(model, mesh, compile=compile)
+    materialize(model, device)
+    model.train()
+    return model, make_adamw(model, lr=6e-4, fused=True)
+
+
+def train_step(model, opt, x, y, precision: str, max_norm: float = 1.0) -> torch.Tensor:
+    """The training step gpt_tp.module runs, without Lightning: returns the loss tensor (no host sync)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from gpt_tp.module import cross_entropy
+    from gpt_tp.parallel import reduce_partial_grads
+
+    with autocast_context(precision, x.device):
+        logits = model(x)
+    loss = cross_entropy(logits, y)
+    with loss_parallel() if isinstance(loss, DTensor) else nullcontext():
+        loss.backward()
+    reduce_partial_grads(model)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device: torch.device) -> int:
+    """Bytes: CUDA's max allocated on GPU; the process's max resident set size on CPU (Linux reports KiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def mfu(config: GPTConfig, seq_len: int, tokens_per_s: float, peak: float | None, world: int) -> float | None:
+    """Model FLOPs utilisation: flops_per_token (matmuls + attention, fwd + bwd) x tokens/s over world x peak."""
+    if not peak:
+        return None
+    return config.flops_per_token(seq_len) * tokens_per_s / (peak * world)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Worker: one run (under torchrun)
+
+
+def worker(spec: dict) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from gpt_tp.synthetic import SyntheticTokens
+
+    cuda = spec["device"] == "cuda"
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls in "32-true", as build-nanogpt
+    else:
+        torch.set_num_threads(spec["threads"])
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dp, tp = spec["dp"], spec["tp"]
+    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    config = GPTConfig(**spec["config"])
+    torch.manual_seed(spec["seed"])
+    model, opt = build(config, mesh, device, spec["compile"])
+    if spec.get("async_tp"):
+        enable_async_tp(mesh["tensor_parallel"])
+    dp_rank = mesh["data_parallel"].get_local_rank()
+    B, T = spec["batch_size"], spec["seq_len"]
+    data = SyntheticTokens(B, T, vocab=min(config.vocab_size, 50257), seed=spec["seed"], dp_rank=dp_rank, dp_size=dp)
+    batches = [tuple(t.to(device) for t in data.batch(i)) for i in range(4)]
+
+    times, losses = [], []
+    for i in range(spec["warmup"] + spec["steps"]):
+        x, y = batches[i % len(batches)]
+        sync(device)
+        t0 = time.perf_counter()
+        loss = train_step(model, opt, x, y, spec["precision"])
+        sync(device)
+        if i >= spec["warmup"]:
+            times.append(time.perf_counter() - t0)
+        losses.append(loss)
+    # the step ends when the slowest rank ends
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    times = t.tolist()
+    from gpt_tp.module import local_value
+
+    losses = [local_value(l).float().item() for l in (losses[0], losses[-1])]
+    mem = peak_memory(device)
+
+    rec = CollectiveRecorder(groups_of(mesh))
+    x, y = batches[0]
+    try:
+        with rec:
+            train_step(model, opt, x, y, spec["precision"])
+        collectives = rec.summary()
+    except Exception as e:  # noqa: BLE001 - e.g. a compiled region that cannot run under a dispatch mode
+        collectives = {"error": f"{type(e).__name__}: {e}"[:300]}
+
+    mems = [None] * world
+    dist.all_gather_object(mems, mem)
+    if rank == 0:
+        tokens = B * T * dp
+        median = statistics.median(times)
+        tok_s = tokens / median
+        result = {
+            **{k: spec[k] for k in ("name", "dp", "tp", "precision", "compile", "batch_size", "seq_len", "device", "threads")},
+            "async_tp": bool(spec.get("async_tp")),
+            "model": spec["model"],
+            "world_size": world,
+            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "tokens_per_step": tokens,
+            "step_time_s": stats(times),
+            "step_times_s": times,
+            "tokens_per_s": tok_s,
+            "flops_per_token": config.flops_per_token(T),
+            "peak_flops": spec["peak_flops"],
+            "mfu": mfu(config, T, tok_s, spec["peak_flops"], world),
+            "peak_memory_bytes": mems,
+            "collectives": collectives,
+            "loss_first_last": losses,
+        }
+        Path(spec["result"]).write_text(json.dumps(result, indent=1))
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launcher
+
+
+class BenchError(ValueError):
+    """A bad flag; the message says what to change."""
+
+
+def parse_layouts(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        parts = item.split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise BenchError(f"--layouts: {item!r} is not DPxTP (e.g. 1x1 for one device, 1x2 for TP=2, 2x2 for DP=2 x TP=2)")
+        out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+def parse_onoff(text: str, flag: str) -> list[bool]:
+    vals = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
+    out = []
+    for item in text.split(","):
+        if item.strip().lower() not in vals:
+            raise BenchError(f"{flag}: {item!r} is not on/off (give e.g. 'off' or 'off,on')")
+        out.append(vals[item.strip().lower()])
+    return out
+
+
+def resolve_peak(args, device: str) -> float | None:
+    """--peak-flops wins; else --gpu names a PEAK_FLOPS entry; else the CUDA device name is matched; CPU: None."""
+    if args.peak_flops is not None:
+        if args.peak_flops <= 0:
+            raise BenchError(f"--peak-flops={args.peak_flops} must be > 0 (FLOP/s per device, e.g. 989e12 for an H100)")
+        return args.peak_flops
+    if args.gpu is not None:
+        if args.gpu not in PEAK_FLOPS:
+            raise BenchError(f"--gpu={args.gpu!r} is not known; choose one of {', '.join(PEAK_FLOPS)} or give --peak-flops")
+        return PEAK_FLOPS[args.gpu]
+    if device == "cuda":
+        name = torch.cuda.get_device_name(0)
+        return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    return None
+
+
+def model_config(args) -> GPTConfig:
+    if args.model not in SIZES:
+        raise BenchError(f"--model={args.model!r} is unknown; choose one of {', '.join(SIZES)}")
+    overrides = {k: v for k, v in (("n_layer", args.layers), ("block_size", args.block_size)) if v is not None}
+    config = GPTConfig.from_name(args.model, **overrides)
+    if args.seq_len > config.block_size:
+        raise BenchError(f"--seq-len={args.seq_len} exceeds the model's block_size={config.block_size}; lower --seq-len")
+    return config
+
+
+def specs_from_args(args) -> list[dict]:
+    """Validate every flag and return one spec per run (layout x precision x compile)."""
+    from dataclasses import asdict
+
+    from gpt_tp.parallel import LayoutError, validate_layout
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device=cuda but torch sees no CUDA GPU; use --device cpu")
+    config = model_config(args)
+    layouts = parse_layouts(args.layouts)
+    precisions = [p.strip() for p in args.precision.split(",")]
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise BenchError(f"--precision: {p!r} is not one of {', '.join(PRECISIONS)}")
+    compiles = parse_onoff(args.compile, "--compile")
+    if args.async_tp and (device != "cuda" or not all(compiles)):
+        raise BenchError("--async-tp needs CUDA GPUs and --compile on (it is an Inductor pass over symmetric memory); "
+                         "drop --async-tp on CPU")
+    if args.steps < 1 or args.warmup < 0 or args.batch_size < 1 or args.seq_len < 1 or args.threads < 1:
+        raise BenchError("--steps, --batch-size, --seq-len and --threads must be >= 1 and --warmup >= 0")
+    peak = resolve_peak(args, device)
+    for dp, tp in layouts:
+        try:
+            validate_layout(config, tp=tp, dp=dp, seq_len=args.seq_len)
+        except LayoutError as e:
+            raise BenchError(f"--layouts {dp}x{tp}: {e}") from None
+        if device == "cuda" and dp * tp > torch.cuda.device_count():
+            raise BenchError(f"--layouts {dp}x{tp} needs {dp * tp} GPUs, this machine has {torch.cuda.device_count()}")
+    specs = []
+    for dp, tp in layouts:
+        for precision in precisions:
+            for comp in compiles:
+                name = f"dp{dp}xtp{tp} {precision}{' compile' if comp else ''}"
+                specs.append(dict(
+                    name=name, dp=dp, tp=tp, precision=precision, compile=comp, async_tp=args.async_tp and tp > 1,
+                    device=device, threads=args.threads, model=args.model, config=asdict(config),
+                    batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
+                    seed=args.seed, peak_flops=peak,
+                ))
+    return specs
+
+
+def launch(spec: dict, workdir: Path, timeout: float) -> dict:
+    """Run one spec as a torchrun job of dp x tp processes; return its result or {'error': ...}."""
+    nproc = spec["dp"] * spec["tp"]
+    safe = spec["name"].replace(" ", "_")
+    spec = {**spec, "result": str(workdir / f"{safe}.json")}
+    spec_file = workdir / f"{safe}.spec.json"
+    spec_file.write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "gpt_tp.bench", "--worker", str(spec_file)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**spec, "error": f"timed out after {timeout:.0f}s"}
+    if proc.returncode != 0 or not Path(spec["result"]).exists():
+        lines = [l for l in (proc.stderr + proc.stdout).splitlines() if "Error" in l or "error" in l]
+        return {**spec, "error": (lines[-1] if lines else proc.stderr[-500:]).strip()[:500]}
+    return json.loads(Path(spec["result"]).read_text())
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def collectives_text(colls) -> str:
+    if isinstance(colls, dict):
+        return colls.get("error", "?")
+    short = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "broadcast": "BC"}
+    dims = {"tensor_parallel": "TP", "data_parallel": "DP"}
+    return "; ".join(f"{dims.get(c['dim'], c['dim'])} {short.get(c['kind'], c['kind'])} {c['count']}x {_mb(c['bytes'])}"
+                     for c in colls) or "none"
+
+
+def markdown(results: list[dict]) -> str:
+    head = ("| run | tokens/s | step ms min / median / max | MFU | peak mem/rank (max) | collectives per step "
+            "(count, full-tensor bytes) |\n|---|---:|---|---:|---:|---|\n")
+    rows = []
+    for r in results:
+        if "error" in r:
+            rows.append(f"| {r['name']} | failed: {r['error']} | | | | |")
+            continue
+        s = r["step_time_s"]
+        m = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        rows.append(f"| {r['name']} | {r['tokens_per_s']:,.0f} | {1e3 * s['min']:.1f} / {1e3 * s['median']:.1f} / "
+                    f"{1e3 * s['max']:.1f} | {m} | {_mb(max(r['peak_memory_bytes']))} | {collectives_text(r['collectives'])} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def chart(results: list[dict], path: Path, title: str) -> None:
+    """Bars of tokens/s per run with the step-time spread as error bars, MFU written on the bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if "error" not in r]
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(ok) + 2), 4))
+    names = [r["name"].replace(" ", "\n") for r in ok]
+    tok = [r["tokens_per_s"] for r in ok]
+    # tokens/s at the fastest and slowest step around the median
+    lo = [t - r["tokens_per_step"] / r["step_time_s"]["max"] for t, r in zip(tok, ok)]
+    hi = [r["tokens_per_step"] / r["step_time_s"]["min"] - t for t, r in zip(tok, ok)]
+    bars = ax.bar(range(len(ok)), tok, yerr=[lo, hi], capsize=4, color="tab:blue")
+    for b, r in zip(bars, ok):
+        if r["mfu"] is not None:
+            ax.annotate(f"MFU {100 * r['mfu']:.0f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
+                        ha="center", va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points")
+    ax.set_xticks(range(len(ok)), names, fontsize=8)
+    ax.set_ylabel("tokens / s (median step; bars: fastest / slowest step)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> list[dict]:
+    specs = specs_from_args(args)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise BenchError(f"--out={out} is a file; give a directory")
+    work = out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for spec in specs:
+        print(f"[bench] {spec['name']}: {spec['dp'] * spec['tp']} process(es) ...", flush=True)
+        r = launch(spec, work, args.timeout)
+        print(f"[bench] {spec['name']}: " + (f"failed: {r['error']}" if "error" in r else
+              f"{r['tokens_per_s']:,.0f} tok/s, median step {1e3 * r['step_time_s']['median']:.1f} ms"), flush=True)
+        results.append(r)
+    first = specs[0]
+    title = (f"{first['model']} B={first['batch_size']} T={first['seq_len']} on {first['device']}"
+             + (f" ({first['threads']} thread/process)" if first["device"] == "cpu" else ""))
+    md = f"### {title}\n\n" + markdown(results)
+    (out / "bench.md").write_text(md)
+    (out / "bench.json").write_text(json.dumps({"title": title, "runs": results}, indent=1))
+    chart(results, out / "bench.png", title)
+    print(md)
+    print(f"[bench] wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}")
+    return results
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2", help=f"model size: {', '.join(SIZES)} (default gpt2, 124M)")
+    ap.add_argument("--layers", type=int, help="override the number of blocks (quick runs)")
+    ap.add_argument("--block-size", type=int, help="override block_size")
+    ap.add_argument("--layouts", default="1x1,1x2", help="comma-separated DPxTP layouts (default 1x1,1x2)")
+    ap.add_argument("--precision", default=None, help=f"comma-separated, from {', '.join(PRECISIONS)} "
+                    "(default bf16-mixed on GPU, 32-true on CPU)")
+    ap.add_argument("--compile", default="off", help="torch.compile per block: off, on or off,on (default off)")
+    ap.add_argument("--async-tp", action="store_true", help="async TP (GPU, TP>1, compile on only)")
+    ap.add_argument("--batch-size", type=int, default=4, help="micro-batch rows per data-parallel rank (default 4)")
+    ap.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps (default 10); the median is reported")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3; more with compile)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per process (default 1)")
+    ap.add_argument("--peak-flops", type=float, help="peak FLOP/s per device for MFU (overrides --gpu)")
+    ap.add_argument("--gpu", help=f"take the peak from a known GPU: {', '.join(PEAK_FLOPS)} (default: detect on CUDA)")
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is stopped (default 1800)")
+    ap.add_argument("--out", default="bench_out", help="directory for bench.md, bench.json, bench.png")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.worker:
+        worker(json.loads(Path(args.worker).read_text()))
+        return 0
+    if args.precision is None:
+        args.precision = "bf16-mixed" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "32-true"
+    try:
+        results = run(args)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
