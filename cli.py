@@ -1,7 +1,10 @@
 """gpt_tp command line: `python cli.py fit --config configs/tp2.yaml` (see README)."""
 
 import importlib.util
+import os
 
+import torch
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -23,6 +26,9 @@ def default_loggers(save_dir: str = "logs") -> list:
 class GPTCLI(LightningCLI):
     def before_fit(self) -> None:
         """Check the layout and the batch arithmetic in every process before any process group or model exists."""
+        if self.trainer.num_devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
+            # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.trainer.num_devices))
         cfg = self.config[self.subcommand]
         model = cfg.model.model
         config = GPTConfig.from_name(model) if isinstance(model, str) else GPTConfig(**vars(model))
