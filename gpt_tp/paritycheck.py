@@ -1,0 +1,292 @@
+"""Parity check: is the tensor-parallel model the same model as the single-device one?
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.paritycheck --config configs/cpu.yaml
+    torchrun --nproc_per_node=4 -m gpt_tp.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
+
+Every rank builds the model from one seed, keeps an unsharded copy (it must fit on one device) and shards the
+other with gpt_tp's plan (TP -> FSDP2, as in training) or with --plan module:attribute (a dict of module path ->
+ParallelStyle, or a function config -> such a dict). Then one batch goes through both: the sharded model gets
+its data-parallel slice, the copy the whole batch. It prints the loss of each, their difference, and per
+parameter the worst difference between the gathered sharded weight / gradient and the copy's, relative to the
+copy's largest value. Exit code 0 within --tol, 1 beyond it (or if the sharded model fails to run), 2 on bad input.
+Runs in float32; a correct plan agrees to ~1e-6, a wrong one typically by O(1).
+"""
+
+import argparse
+import copy
+import json
+import sys
+from contextlib import nullcontext
+from importlib import import_module
+from pathlib import Path
+
+import torch
+
+from gpt_tp.model import SIZES, GPTConfig, config_fields
+
+
+class ParityInputError(ValueError):
+    """A bad flag or config; the message says what to change."""
+
+
+def load_plan(spec: str, config: GPTConfig) -> dict:
+    """--plan module:attribute -> {module path: ParallelStyle}; a callable attribute is called with the config."""
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise ParityInputError(f"--plan={spec!r} must be module:attribute, e.g. gpt_tp.parallel:TP_PLAN")
+    try:
+        mod = import_module(mod_name)
+    except ImportError as e:
+        raise ParityInputError(f"--plan={spec!r}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    if not hasattr(mod, attr):
+        raise ParityInputError(f"--plan={spec!r}: module {mod_name!r} has no attribute {attr!r}")
+    plan = getattr(mod, attr)
+    if callable(plan) and not isinstance(plan, dict):
+        plan = plan(config)
+    if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, ParallelStyle) for k, v in plan.items()):
+        raise ParityInputError(f"--plan={spec!r} is not a dict of module path -> ParallelStyle (like gpt_tp.parallel.TP_PLAN)")
+    return plan
+
+
+def apply_plan(model, mesh, plan: dict | None):
+    """gpt_tp.parallel.parallelize for the default plan; for a custom one the same steps with that plan."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from gpt_tp.parallel import parallelize, validate_layout
+
+    if plan is None:
+        return parallelize(model, mesh)
+    tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
+    validate_layout(model.config, tp=tp_mesh.size(), dp=dp_mesh.size())
+    if tp_mesh.size() > 1:
+        parallelize_module(model, tp_mesh, plan)
+        model.tie_weights()
+    if dp_mesh.size() > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.transformer.h:
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+    return model
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |a - ref| / max |ref| (inf if the shapes differ)."""
+    if a.shape != ref.shape:
+        return float("inf")
+    return ((a.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()
+
+
+def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, plan: dict | None, device) -> dict:
+    """Run one batch through the sharded model and an unsharded copy; return losses and per-parameter diffs."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from gpt_tp.model import GPT
+    from gpt_tp.module import cross_entropy, local_value
+    from gpt_tp.parallel import reduce_partial_grads
+    from gpt_tp.synthetic import SyntheticTokens
+
+    dp = mesh["data_parallel"].size()
+    dp_rank = mesh["data_parallel"].get_local_rank()
+    torch.manual_seed(seed)
+    with torch.device(device):
+        ref = GPT(config)
+    model = apply_plan(copy.deepcopy(ref), mesh, plan)
+    ref_params = dict(ref.named_parameters())  # the tied lm_head appears once, as wte
+    weights = {n: rel_diff(_full(p.detach()), ref_params[n].detach()) for n, p in model.named_parameters() if n in ref_params}
+
+    x, y = SyntheticTokens(batch_size * dp, seq_len, vocab=min(config.vocab_size, 50257), seed=seed).batch(0)
+    x, y = x.to(device), y.to(device)
+    rows = slice(dp_rank * batch_size, (dp_rank + 1) * batch_size)
+    loss_ref = cross_entropy(ref(x), y)
+    loss_ref.backward()
+    loss = cross_entropy(model(x[rows]), y[rows])
+    with loss_parallel() if isinstance(loss, DTensor) else nullcontext():
+        loss.backward()
+    reduce_partial_grads(model)
+    loss = local_value(loss.detach()).clone()
+    if dp > 1:
+        dist.all_reduce(loss, group=mesh["data_parallel"].get_group())
+        loss = loss / dp
+    grads = {}
+    for n, p in model.named_parameters():
+        if n not in ref_params:
+            continue
+        r = ref_params[n].grad
+        if p.grad is None or r is None:
+            grads[n] = 0.0 if p.grad is None and r is None else float("inf")
+        else:
+            grads[n] = rel_diff(_full(p.grad), r)
+    return {"loss": loss.item(), "ref_loss": loss_ref.item(), "weights": weights, "grads": grads}
+
+
+def report(res: dict, tol: float, top: int) -> tuple[str, bool]:
+    loss_rel = abs(res["loss"] - res["ref_loss"]) / max(abs(res["ref_loss"]), 1e-12)
+    lines = [f"loss  sharded {res['loss']:.6f}  unsharded {res['ref_loss']:.6f}  "
+             f"difference {res['loss'] - res['ref_loss']:+.3e} (relative {loss_rel:.2e})"]
+    bad_w = {n: v for n, v in res["weights"].items() if not v <= tol}
+    if bad_w:
+        lines.append("weights differ after sharding (the plan changes the model):")
+        lines += [f"  {n:<45} {v:.2e}" for n, v in sorted(bad_w.items(), key=lambda kv: -kv[1])[:top]]
+    worst = sorted(res["grads"].items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else float("-inf"))
+    lines.append(f"worst gradient difference per parameter (max |g - g_ref| / max |g_ref|), {min(top, len(worst))} "
+                 f"of {len(worst)}:")
+    lines += [f"  {n:<45} {v:.2e}{'  <-- beyond tolerance' if not v <= tol else ''}" for n, v in worst[:top]]
+    ok = loss_rel <= tol and not bad_w and all(v <= tol for v in res["grads"].values())
+    lines.append(f"{'PASS' if ok else 'FAIL'}: tolerance {tol:g}" + ("" if ok else
+                 " -- the tensor-parallel model is not the single-device model; check the plan for the parameters above"))
+    return "\n".join(lines), ok
+
+
+def config_from_yaml(path: str) -> dict:
+    """Pick model, layout and batch shape out of a `python cli.py fit --config` YAML."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ParityInputError(f"--config {path}: no such file")
+    try:
+        cfg = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ParityInputError(f"--config {path} is not valid YAML: {e}") from None
+    out = {}
+    model = (cfg.get("model") or {}).get("model")
+    if isinstance(model, str):
+        out["model"] = model
+    elif isinstance(model, dict):
+        unknown = set(model) - set(config_fields())
+        if unknown:
+            raise ParityInputError(f"--config {path}: model.model has unknown fields {sorted(unknown)}; "
+                                   f"known: {', '.join(config_fields())}")
+        out["model_fields"] = model
+    strategy = (cfg.get("trainer") or {}).get("strategy")
+    if isinstance(strategy, dict):
+        args = strategy.get("init_args") or {}
+        if "tensor_parallel_size" in args:
+            out["tp"] = args["tensor_parallel_size"]
+        if "data_parallel_size" in args:
+            out["dp"] = args["data_parallel_size"]
+    data = cfg.get("data") or {}
+    for k in ("batch_size", "seq_len"):
+        if k in data:
+            out[k] = data[k]
+    return out
+
+
+def settings(args, world: int) -> dict:
+    """Flags over the YAML over defaults; validated against the world size."""
+    s = {"model": "tiny", "model_fields": None, "tp": None, "dp": 1, "batch_size": 2, "seq_len": 64}
+    if args.config:
+        s.update(config_from_yaml(args.config))
+    for k in ("model", "tp", "dp", "batch_size", "seq_len"):
+        if getattr(args, k) is not None:
+            s[k] = getattr(args, k)
+            if k == "model":
+                s["model_fields"] = None
+    if s["model_fields"] is not None:
+        config = GPTConfig(**s["model_fields"])
+    else:
+        if s["model"] not in SIZES:
+            raise ParityInputError(f"--model={s['model']!r} is unknown; choose one of {', '.join(SIZES)}")
+        config = GPTConfig.from_name(s["model"])
+    if args.layers is not None:
+        config.n_layer = args.layers
+    if s["tp"] is None:
+        s["tp"] = world // s["dp"]
+    if s["dp"] * s["tp"] != world:
+        raise ParityInputError(f"--dp {s['dp']} x --tp {s['tp']} = {s['dp'] * s['tp']} but torchrun started {world} "
+                               f"processes; set --nproc_per_node={s['dp'] * s['tp']} or change --dp/--tp")
+    if s["batch_size"] < 1 or s["seq_len"] < 1 or s["seq_len"] > config.block_size:
+        raise ParityInputError(f"--batch-size={s['batch_size']} must be >= 1 and --seq-len={s['seq_len']} in "
+                               f"1..block_size={config.block_size}")
+    from gpt_tp.parallel import LayoutError, validate_layout
+
+    try:
+        validate_layout(config, tp=s["tp"], dp=s["dp"], seq_len=s["seq_len"])
+    except LayoutError as e:
+        raise ParityInputError(str(e)) from None
+    s["config"] = config
+    return s
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m gpt_tp.paritycheck", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="a training YAML (python cli.py fit --config ...): model, layout, batch shape")
+    ap.add_argument("--model", help=f"a named size: {', '.join(SIZES)} (default tiny)")
+    ap.add_argument("--layers", type=int, help="override the number of blocks (a quicker check of a big model)")
+    ap.add_argument("--tp", type=int, help="tensor-parallel size (default: processes / dp)")
+    ap.add_argument("--dp", type=int, help="data-parallel size (default 1)")
+    ap.add_argument("--batch-size", type=int, help="rows per data-parallel rank (default 2)")
+    ap.add_argument("--seq-len", type=int, help="tokens per row (default 64)")
+    ap.add_argument("--plan", help="module:attribute of a custom TP plan (dict, or function of the GPTConfig)")
+    ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance for loss, weights and gradients (1e-4)")
+    ap.add_argument("--top", type=int, default=10, help="parameters to list, worst first (default 10)")
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--json", help="also write the figures here (rank 0)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    args = parser().parse_args(argv)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        print("error: run under torchrun, e.g. python -m torch.distributed.run --standalone --nproc_per_node=2 "
+              "-m gpt_tp.paritycheck --config configs/cpu.yaml", file=sys.stderr)
+        return 2
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    try:
+        s = settings(args, world)
+        plan = load_plan(args.plan, s["config"]) if args.plan else None
+        if args.tol <= 0:
+            raise ParityInputError(f"--tol={args.tol} must be > 0")
+    except ParityInputError as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # compare in true float32
+        torch.backends.cudnn.allow_tf32 = False
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    mesh = init_device_mesh(device.type, (s["dp"], s["tp"]), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    try:
+        res = compare(s["config"], mesh, s["batch_size"], s["seq_len"], args.seed, plan, device)
+    except Exception as e:  # noqa: BLE001 - a broken plan fails in many ways; say so and exit 1
+        print(f"FAIL (rank {rank}): the tensor-parallel model did not run: {type(e).__name__}: {e}"[:2000], file=sys.stderr)
+        dist.destroy_process_group()
+        return 1
+    text, ok = report(res, args.tol, args.top)
+    if rank == 0:
+        c = s["config"]
+        print(f"parity check: n_layer={c.n_layer} n_head={c.n_head} n_embd={c.n_embd} vocab={c.vocab_size}, "
+              f"DP={s['dp']} x TP={s['tp']}, batch {s['batch_size']}x{s['seq_len']} per DP rank, "
+              f"plan {args.plan or 'gpt_tp.parallel.TP_PLAN'}")
+        print(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps({**res, "ok": ok, "dp": s["dp"], "tp": s["tp"]}, indent=1))
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
