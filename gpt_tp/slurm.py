@@ -1,0 +1,229 @@
+"""Running on a cluster: preemption-safe checkpoints for Slurm, failing fast when a rank dies, finding the checkpoint
+to resume from. Used by scripts/slurm/*.sbatch (see docs/scale.md).
+
+Preemption. Slurm sends SIGUSR1 to every task some time before the job ends (`#SBATCH --signal=USR1@90`, or
+`scancel --signal=USR1 JOB`). Lightning's own SLURM handler (SLURMEnvironment(auto_requeue=True)) saves an
+`hpc_ckpt_N.ckpt` from *inside* the signal handler, wherever each rank happens to be; under ModelParallelStrategy that
+save is a distributed checkpoint, i.e. collectives, and ranks interrupted at different points of a step would pair the
+checkpoint's collectives with the training step's. `Preemption` does it at a point where all ranks agree: the signal
+handler only sets a flag; after each optimizer step the ranks OR their flags in one tiny all-reduce, and when it is set
+they all save `dirpath/preempt-step=N.ckpt`, rank 0 runs `scontrol requeue $SLURM_JOB_ID`, and training stops. Its
+handler, installed in `setup`, is found by Lightning, which then leaves SIGUSR1 alone.
+
+Resume. `python -m gpt_tp.slurm latest DIR...` prints the newest complete checkpoint in the folders (a file, or a
+distributed-checkpoint folder holding Lightning's `meta.pt`, which rank 0 writes after every shard is written), so the
+sbatch script passes it as `--ckpt_path`, whoever wrote it (this callback or a periodic ModelCheckpoint).
+
+Failing fast. When a rank dies its peers learn it in the next collective: gloo (CPU) raises "Connection closed by
+peer" at once; a hung (not dead) peer, or NCCL without error handling, blocks until the process group's timeout,
+ModelParallelStrategy(timeout=...) (default 30 min for gloo, 10 min for NCCL, whose watchdog then aborts the
+process: TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the default). `FailFast` adds a stall watchdog (no optimizer step for
+`stall_timeout_s` -> exit) that catches hangs outside collectives too, and turns a failed collective into one clear
+line and an immediate exit, so the job ends instead of holding its nodes.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+# distributed-checkpoint folders written by Lightning's ModelParallelStrategy end with this file (rank 0, last)
+LIGHTNING_META = "meta.pt"
+PREFIX = "gpt_tp"
+
+
+def allow_rng_states_in_checkpoints() -> None:
+    """Let torch.load(weights_only=True) read the numpy RNG states Lightning puts in a checkpoint's meta.pt.
+
+    Lightning 2.6.6 drops `weights_only` when it restores after setup (ModelParallelStrategy does): Trainer._run calls
+    `_restore_modules_and_callbacks(ckpt_path)` without it, so torch.load falls back to weights_only=True and
+    refuses meta.pt's `rng_states` (numpy arrays) even with `--weights_only false`. Allow-listing exactly those
+    numpy types fixes resuming without turning weights_only off."""
+    import numpy as np
+    import torch
+
+    torch.serialization.add_safe_globals([np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
+
+
+def _say(msg: str) -> None:
+    print(f"[{PREFIX}] {msg}", file=sys.stderr, flush=True)
+
+
+class Preemption(Callback):
+    """Save a checkpoint at the next optimizer step after SIGUSR1 (all ranks together), requeue the Slurm job, stop.
+
+    Args:
+        dirpath: folder for `preempt-step=N.ckpt` (a distributed-checkpoint folder under ModelParallelStrategy);
+            give the same folder to `python -m gpt_tp.slurm latest` when resuming.
+        signal_name: the signal Slurm sends (`#SBATCH --signal=USR1@90`).
+        requeue: run `scontrol requeue $SLURM_JOB_ID` on rank 0 after the save (only inside a Slurm job).
+    """
+
+    def __init__(self, dirpath: str = "checkpoints", signal_name: str = "SIGUSR1", requeue: bool = True):
+        try:
+            self.signum = signal.Signals[signal_name]
+        except KeyError:
+            raise ValueError(f"signal_name={signal_name!r} is not a signal name; use e.g. SIGUSR1") from None
+        self.dirpath = dirpath
+        self.requeue = requeue
+        self.requested = False
+        self.saved_path: str | None = None
+        self._previous = None
+        self._last_step = None
+
+    def _handler(self, signum, frame) -> None:  # only a flag: no I/O, no collectives inside a signal handler
+        self.requested = True
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        allow_rng_states_in_checkpoints()  # runs before Lightning restores a checkpoint
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(self.signum, self._handler)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._previous is not None:
+            signal.signal(self.signum, self._previous)
+            self._previous = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._last_step:  # inside gradient accumulation: not a step boundary
+            return
+        self._last_step = trainer.global_step
+        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+            return
+        path = os.path.join(self.dirpath, f"preempt-step={trainer.global_step}.ckpt")
+        rank_zero_info(f"[{PREFIX}] preemption signal: saving {path} at step {trainer.global_step}")
+        trainer.save_checkpoint(path)
+        trainer.strategy.barrier("gpt_tp_preemption_saved")
+        self.saved_path = path
+        job = os.environ.get("SLURM_ARRAY_JOB_ID")
+        job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
+        if trainer.is_global_zero and self.requeue and job:
+            rc = subprocess.call(["scontrol", "requeue", job])
+            _say(f"scontrol requeue {job} -> {'ok' if rc == 0 else f'failed with exit code {rc}'}")
+        trainer.should_stop = True
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """Errors that mean another rank died or hung (gloo, NCCL, c10d timeouts)."""
+    text = f"{type(exc).__name__}: {exc}"
+    keys = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "DistBackendError",
+            "NCCL error", "ncclRemoteError", "Broken pipe", "Watchdog caught collective operation timeout",
+            "DistNetworkError", "recv operation", "send operation")
+    return any(k in text for k in keys)
+
+
+class FailFast(Callback):
+    """End this rank promptly and clearly when a peer rank dies or training stalls.
+
+    Args:
+        stall_timeout_s: exit when no optimizer step (and no validation batch) finishes for this long; None disables
+            the watchdog thread. Cover the slowest legitimate gap: a validation run, a checkpoint save.
+        first_step_timeout_s: the allowance for the first step (torch.compile, NCCL setup).
+        exit_code: the process exit code for both cases (Slurm shows it; srun then ends the other tasks).
+    """
+
+    def __init__(self, stall_timeout_s: float | None = 600.0, first_step_timeout_s: float = 1800.0, exit_code: int = 75):
+        if stall_timeout_s is not None and stall_timeout_s <= 0:
+            raise ValueError(f"stall_timeout_s={stall_timeout_s} must be > 0 (or null to disable the watchdog)")
+        self.stall_timeout_s = stall_timeout_s
+        self.first_step_timeout_s = first_step_timeout_s
+        self.exit_code = exit_code
+        self._beat = time.monotonic()
+        self._started = False
+        self._stop = threading.Event()
+        self._thread = None
+        self._rank = 0
+        self._step = 0
+
+    def _heartbeat(self, trainer) -> None:
+        self._beat, self._started, self._step = time.monotonic(), True, trainer.global_step
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            limit = self.stall_timeout_s if self._started else max(self.stall_timeout_s, self.first_step_timeout_s)
+            idle = time.monotonic() - self._beat
+            if idle > limit:
+                _say(
+                    f"rank {self._rank}: no training progress for {idle:.0f} s (limit {limit:g} s, last step "
+                    f"{self._step}); another rank probably died or hangs in a collective. Exiting with code "
+                    f"{self.exit_code}; see the other ranks' logs, then resume from the latest checkpoint."
+                )
+                os._exit(self.exit_code)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._rank = trainer.global_rank
+        self._beat = time.monotonic()
+        if self.stall_timeout_s is not None and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._watch, name="gpt_tp-failfast", daemon=True)
+            self._thread.start()
+        _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._heartbeat(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._heartbeat(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._heartbeat(trainer)
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        self._thread = None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._shutdown()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._shutdown()
+        if is_collective_failure(exception):
+            first = str(exception).strip().splitlines()[0][:300]
+            _say(
+                f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: another rank died or "
+                f"hung ({type(exception).__name__}: {first}). Exiting with code {self.exit_code}; see the other ranks' "
+                "logs, then resume from the latest checkpoint."
+            )
+            sys.stdout.flush()
+            os._exit(self.exit_code)  # skip teardown: it could wait on the dead peer
+
+
+def _complete(path: Path) -> bool:
+    if path.is_dir():
+        return (path / LIGHTNING_META).is_file()
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _finished_at(path: Path) -> float:
+    return (path / LIGHTNING_META).stat().st_mtime if path.is_dir() else path.stat().st_mtime
+
+
+def latest_checkpoint(*dirs: str) -> str | None:
+    """The most recently completed `*.ckpt` (file or distributed-checkpoint folder) directly in any of `dirs`;
+    incomplete folders (no meta.pt: the save was cut off) are skipped. None when there is none."""
+    found = [p for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.ckpt") if _complete(p)]
+    return str(max(found, key=_finished_at)) if found else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.slurm", description="Cluster helpers for gpt_tp.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    lat = sub.add_parser("latest", help="print the newest complete checkpoint in the folders (nothing if none)")
+    lat.add_argument("dirs", nargs="+")
+    args = ap.parse_args(argv)
+    if args.cmd == "latest":
+        path = latest_checkpoint(*args.dirs)
+        if path:
+            print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
