@@ -200,17 +200,42 @@ def pad_batch(rows: list[list[int]], masks: list[list[int]], multiple: int, max_
     return tokens, mask
 
 
-def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_vocab(logits: torch.Tensor, limit: int | None) -> torch.Tensor:
+    """Logits of token ids >= limit set to -inf: the rows padding the vocabulary (50257 -> 50304) are not
+    GPT-2 tokens. It matters for imported Hugging Face weights, whose padded rows are zero, giving logit 0 where
+    GPT-2's real logits are far below (the softmax would put most of its mass there). A vocab-sharded DTensor is
+    masked shard by shard, without communication."""
+    V = logits.shape[-1]
+    if limit is None or limit >= V:
+        return logits
+    if not isinstance(logits, DTensor):
+        return logits.masked_fill(torch.arange(V, device=logits.device) >= limit, float("-inf"))
+    mesh, placements = logits.device_mesh, logits.placements
+    dims = [i for i, p in enumerate(placements) if p.is_shard() and p.dim % logits.ndim == logits.ndim - 1]
+    local = logits.to_local()
+    n = local.shape[-1]
+    if len(dims) != 1 or n * mesh.size(dims[0]) != V:
+        raise ValueError(f"expected logits evenly sharded over the vocabulary on one mesh dim, got {placements} for {V} classes")
+    offset = mesh.get_local_rank(dims[0]) * n
+    local = local.masked_fill(torch.arange(offset, offset + n, device=local.device) >= limit, float("-inf"))
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=logits.shape, stride=logits.stride())
+
+
+def ending_losses(
+    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, vocab_limit: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed and mean cross-entropy over each row's masked (ending) tokens.
 
     logits (R, T, V) may be a plain tensor or a DTensor sharded on the vocabulary (Shard(-1)); position t predicts
-    token t + 1. Targets outside the ending are ignore_index, so every rank computes only (R, T) losses, never a
-    gathered vocabulary. Returns (sum_loss (R,), mean_loss (R,)) as plain float tensors.
+    token t + 1. Targets outside the ending are ignore_index, and under loss_parallel() each rank all-reduces only
+    (R * T)-sized max / sum-exp / target-logit values, never the vocabulary. Ids >= vocab_limit are left out of the
+    softmax (mask_vocab). Returns (sum_loss (R,), mean_loss (R,)) as plain float tensors.
     """
     target = torch.full_like(tokens, -100)  # (R, T): -100 = ignored
     target[:, :-1] = torch.where(mask[:, 1:].bool(), tokens[:, 1:], -100)
+    logits = mask_vocab(logits.float(), vocab_limit)
     with loss_parallel() if isinstance(logits, DTensor) else nullcontext():
-        losses = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none")  # (R * T,)
+        losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")  # (R * T,)
     if isinstance(losses, DTensor):
         losses = losses.full_tensor()  # replicated over TP: no communication
     losses = losses.view(tokens.shape)
@@ -240,18 +265,21 @@ def evaluate(
     pad_to: int = 1,
     details: bool = False,
     enc=None,
+    vocab_limit: int | None = -1,
 ) -> dict:
     """Score `examples` with model(idx (B, T)) -> logits (B, T, V) (plain or vocab-sharded DTensor).
 
     This DP rank scores examples dp_rank, dp_rank + dp, ... in batches of `batch_size` examples (4 rows each);
     counts are summed over dp_group (None: the default group) when dp_size > 1. Rows are padded to a multiple of
-    lcm(tp, pad_to). Call it on every rank of the job: all take part in every forward's collectives.
+    lcm(tp, pad_to). Logits of ids >= vocab_limit are masked (-1: the tokenizer's size, 50257; None: keep all).
+    Call it on every rank of the job: all take part in every forward's collectives.
     Returns {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"} (the totals are global), plus
     "examples" (this rank's per-example index, label, sum/mean losses, pred, pred_norm) with details=True.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     enc = enc or get_encoding()
+    vocab_limit = enc.n_vocab if vocab_limit == -1 else vocab_limit
     multiple = math.lcm(tp, pad_to)
     max_len = block_size - block_size % tp  # sequence parallelism: T % tp == 0
     mine = list(range(dp_rank, len(examples), dp_size))
@@ -275,7 +303,7 @@ def evaluate(
         tokens, mask = tokens.to(device), mask.to(device)
         with forward_context():
             logits = model(tokens)
-        sum_loss, mean_loss = ending_losses(logits, tokens, mask)
+        sum_loss, mean_loss = ending_losses(logits, tokens, mask, vocab_limit)
         sum_loss, mean_loss = sum_loss.view(-1, 4).cpu(), mean_loss.view(-1, 4).cpu()
         for j, i in enumerate(idx):
             pred, pred_norm = predict(sum_loss[j], mean_loss[j])

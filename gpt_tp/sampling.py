@@ -122,10 +122,10 @@ class TextSampleCallback(Callback):
         step = trainer.global_step
         self.history.append((step, texts))
         self._last_step = step
+        log_dir = trainer.log_dir  # a broadcast inside: every rank must ask
         if trainer.global_rank == 0:
             lines = [f"step {step} sample {i}: {t}" for i, t in enumerate(texts)]
             print("\n".join(lines), flush=True)
-            log_dir = trainer.log_dir
             if log_dir:
                 Path(log_dir).mkdir(parents=True, exist_ok=True)
                 with open(Path(log_dir) / "samples.txt", "a", encoding="utf-8") as f:

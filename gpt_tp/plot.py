@@ -1,0 +1,125 @@
+"""Plot a run's CSV log like build-nanogpt's play.ipynb: train and val loss, HellaSwag acc_norm over steps.
+
+    python -m gpt_tp.plot logs/gpt_tp/version_0 -o run.png     # a run dir, a folder of runs, or a metrics.csv
+
+Reference lines: OpenAI's GPT-2 124M checkpoint (val loss 3.2924 on FineWeb-Edu val, HellaSwag 0.2945) and
+GPT-3 124M's HellaSwag 0.337 (GPT-3 paper), as build-nanogpt draws them. Needs matplotlib.
+"""
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+REF_VAL_LOSS_GPT2 = 3.2924
+REF_HELLASWAG_GPT2 = 0.2945
+REF_HELLASWAG_GPT3 = 0.337
+SERIES = ("train/loss", "val/loss", "hellaswag/acc_norm")
+
+
+class PlotError(ValueError):
+    """A missing, empty or unusable log; the message says what was expected."""
+
+
+def find_csv(path: str | Path) -> Path:
+    """metrics.csv itself, the one in a run dir, or the newest one below a folder of runs (e.g. logs/)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / "metrics.csv").is_file():
+            return p / "metrics.csv"
+        found = sorted(p.rglob("metrics.csv"), key=lambda f: f.stat().st_mtime)
+        if found:
+            return found[-1]
+        raise PlotError(f"no metrics.csv under {p}: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
+    raise PlotError(f"{p} not found: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
+
+
+def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """{series: [(step, value)]} for the SERIES found in a Lightning CSVLogger file (blank cells skipped)."""
+    csv_path = Path(csv_path)
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames:
+            raise PlotError(f"{csv_path} is empty: no header row (has the run logged a step yet?)")
+        if "step" not in reader.fieldnames:
+            raise PlotError(f"{csv_path} has no 'step' column: expected a Lightning CSVLogger metrics.csv, got columns {reader.fieldnames}")
+        out: dict[str, list[tuple[int, float]]] = {k: [] for k in SERIES if k in reader.fieldnames}
+        for lineno, row in enumerate(reader, start=2):
+            for k in out:
+                v = (row.get(k) or "").strip()
+                if not v:
+                    continue
+                try:
+                    out[k].append((int(float(row["step"])), float(v)))
+                except ValueError as e:
+                    raise PlotError(f"{csv_path}:{lineno}: cannot read step={row['step']!r} {k}={v!r} as numbers") from e
+    out = {k: sorted(v) for k, v in out.items() if v}
+    if not out:
+        raise PlotError(f"{csv_path} holds no values of {', '.join(SERIES)}: nothing to plot")
+    return out
+
+
+def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: str = "", reference: bool = True) -> Path:
+    """Two panels: losses (with the GPT-2 124M val loss) and HellaSwag acc_norm (with GPT-2 / GPT-3 124M)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6))
+    for key, label, kw in (("train/loss", "train loss", dict(lw=1, alpha=0.8)), ("val/loss", "val loss", dict(lw=2, marker="."))):
+        if key in metrics:
+            steps, values = zip(*metrics[key])
+            ax1.plot(steps, values, label=label, **kw)
+            ax1.set_title(f"min {label}: {min(values):.4f}" if key == "val/loss" else f"last {label}: {values[-1]:.4f}", loc="left")
+    if reference:
+        ax1.axhline(REF_VAL_LOSS_GPT2, color="r", ls="--", label=f"OpenAI GPT-2 (124M) val loss {REF_VAL_LOSS_GPT2}")
+    finite = [v for k in ("train/loss", "val/loss") for _, v in metrics.get(k, []) if math.isfinite(v)]
+    if finite and reference and max(finite) < 2 * REF_VAL_LOSS_GPT2:  # build-nanogpt's 0-4 view once it is close
+        ax1.set_ylim(0.0, max(4.0, max(finite) * 1.05))
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("loss")
+    ax1.legend()
+
+    if "hellaswag/acc_norm" in metrics:
+        steps, values = zip(*metrics["hellaswag/acc_norm"])
+        ax2.plot(steps, values, marker=".", label="gpt_tp")
+        ax2.set_title(f"max HellaSwag acc_norm: {max(values):.4f}", loc="left")
+    else:
+        ax2.set_title("no hellaswag/acc_norm logged", loc="left")
+    if reference:
+        ax2.axhline(REF_HELLASWAG_GPT2, color="r", ls="--", label=f"OpenAI GPT-2 (124M) {REF_HELLASWAG_GPT2}")
+        ax2.axhline(REF_HELLASWAG_GPT3, color="g", ls="--", label=f"OpenAI GPT-3 (124M) {REF_HELLASWAG_GPT3}")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("HellaSwag acc_norm")
+    ax2.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> Path:
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.plot", description="Plot train/val loss and HellaSwag acc_norm from a CSVLogger log.")
+    ap.add_argument("run", help="metrics.csv, a run dir holding it, or a folder of runs (the newest metrics.csv is used)")
+    ap.add_argument("-o", "--out", default="run.png", help="PNG to write (default run.png)")
+    ap.add_argument("--no-reference", action="store_true", help="leave out the GPT-2 / GPT-3 reference lines")
+    args = ap.parse_args(argv)
+    csv_path = find_csv(args.run)
+    out = plot(read_metrics(csv_path), args.out, title=str(csv_path), reference=not args.no_reference)
+    print(f"wrote {out} from {csv_path}")
+    return out
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except PlotError as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,78 @@
+"""Run under torchrun (gloo, CPU): HellaSwag scoring and text sampling on a (dp, tp) mesh vs a single-device copy.
+
+Every rank builds the tiny GPT from one seed, parallelizes a deep copy on the mesh, and evaluates the fixture
+both ways: the parallel model on this rank's DP share (batch_size 5 on 11 examples makes DP rank 1 run a padding
+forward), the reference on everything. A second pass with limit 1 leaves DP rank 1 with no example at all.
+With --sample it also samples (--sample-only: nothing else) from both models with the same seed. Writes <out>.<rank>.json.
+"""
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.debug import CommDebugMode
+
+from gpt_tp.hellaswag import ending_losses, evaluate, get_encoding, pad_batch, read_examples, render_example
+from gpt_tp.model import GPT, GPTConfig
+from gpt_tp.parallel import parallelize
+from gpt_tp.sampling import sample_texts
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hellaswag_small.jsonl"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--sample", action="store_true", help="also sample text from both models")
+    ap.add_argument("--sample-only", action="store_true", help="only sample text (no HellaSwag)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dp, tp = args.dp, world // args.dp
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    dp_mesh = mesh["data_parallel"]
+    layout = dict(tp=tp, dp_rank=dp_mesh.get_local_rank(), dp_size=dp, dp_group=dp_mesh.get_group())
+
+    torch.manual_seed(1234)
+    config = GPTConfig.from_name("tiny")
+    ref = GPT(config).eval()
+    model = parallelize(copy.deepcopy(ref), mesh).eval()
+    enc = get_encoding()
+    examples = read_examples(FIXTURE)
+    res = {"rank": rank, "dp_rank": layout["dp_rank"], "tp_rank": mesh["tensor_parallel"].get_local_rank(), "n": len(examples)}
+
+    if not args.sample_only:
+        res.update(score(model, ref, examples, enc, config, tp, layout))
+    if args.sample or args.sample_only:
+        kw = dict(num_samples=3, max_length=20, seed=7, block_size=config.block_size)
+        res["samples"] = sample_texts(model, enc, tp=tp, **kw)
+        res["ref_samples"] = sample_texts(ref, enc, **kw)
+    with open(f"{args.out}.{rank}.json", "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def score(model, ref, examples, enc, config, tp, layout) -> dict:
+    res = {}
+    res["par"] = evaluate(model, examples, block_size=config.block_size, batch_size=5, details=True, enc=enc, **layout)
+    res["ref"] = evaluate(ref, examples, block_size=config.block_size, batch_size=5, details=True, enc=enc)
+    res["par_one"] = evaluate(model, examples[:1], block_size=config.block_size, batch_size=5, details=True, enc=enc, **layout)
+    # the collectives of the per-token losses on vocab-sharded logits: all-reduces of (rows, T), no all-gather
+    rows, masks, _ = render_example(examples[0], enc)
+    tokens, mask = pad_batch(rows, masks, tp, config.block_size)
+    with torch.no_grad():
+        logits = model(tokens)
+        res["logits_type"] = type(logits).__name__
+        with CommDebugMode() as comm:
+            ending_losses(logits, tokens, mask, enc.n_vocab)
+    res["loss_comms"] = {str(k): v for k, v in comm.get_comm_counts().items()}
+    return res
+
+
+if __name__ == "__main__":
+    main()

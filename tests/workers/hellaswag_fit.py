@@ -1,0 +1,75 @@
+"""Under torchrun: a tiny Lightning fit (ModelParallelStrategy, TP=2 or DP x TP) with HellaSwagCallback and
+TextSampleCallback attached, then a single-device check of the final weights on rank 0.
+
+Writes <out>.json on rank 0: each rank's callback history (gathered), the logged callback_metrics, the CSV logger's
+metrics.csv path, and the single-device HellaSwag result and text samples of the gathered final weights.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.tensor import DTensor
+
+from gpt_tp.hellaswag import HellaSwagCallback, evaluate, get_encoding, read_examples
+from gpt_tp.model import GPT, GPTConfig
+from gpt_tp.module import GPTModule
+from gpt_tp.sampling import TextSampleCallback, sample_texts
+from gpt_tp.synthetic import SyntheticDataModule
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hellaswag_small.jsonl"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    hs = HellaSwagCallback(path=str(FIXTURE), every_n_steps=2, batch_size=4)
+    ts = TextSampleCallback(every_n_steps=2, num_samples=2, max_length=16, seed=3)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=args.tp * args.dp, max_steps=args.steps, gradient_clip_val=1.0,
+        strategy=ModelParallelStrategy(data_parallel_size=args.dp, tensor_parallel_size=args.tp), inference_mode=False,
+        logger=CSVLogger(args.out + "_logs", name="run"), enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, val_check_interval=2, limit_val_batches=1, log_every_n_steps=1, callbacks=[hs, ts],
+    )
+    L.seed_everything(1234, verbose=False)
+    B, T = 4 // args.dp, 32
+    model = GPTModule("tiny", max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=args.steps, total_batch_size=4 * T)
+    trainer.fit(model, SyntheticDataModule(batch_size=B, seq_len=T, vocab=1024, seed=7))
+
+    full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.model.state_dict().items()}
+    histories = [None] * dist.get_world_size()
+    dist.all_gather_object(histories, {"hs": hs.history, "ts": ts.history})
+    log_dir = trainer.log_dir  # a broadcast inside: every rank asks
+    if trainer.global_rank != 0:
+        return
+    ref = GPT(GPTConfig.from_name("tiny"))
+    ref.load_state_dict(full)
+    ref.tie_weights()
+    ref.eval()
+    enc = get_encoding()
+    single = evaluate(ref, read_examples(FIXTURE), block_size=128, batch_size=3, details=True, enc=enc)
+    samples = sample_texts(ref, enc, ts.prompt, num_samples=2, max_length=16, seed=3, block_size=128)
+    res = {
+        "histories": histories,
+        "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("hellaswag/")},
+        "metrics_csv": str(Path(log_dir) / "metrics.csv"),
+        "samples_txt": str(Path(log_dir) / "samples.txt"),
+        "single": single,
+        "single_samples": samples,
+        "global_step": trainer.global_step,
+    }
+    with open(args.out + ".json", "w") as f:
+        json.dump(res, f)
+
+
+if __name__ == "__main__":
+    main()
