@@ -8,8 +8,8 @@ The model knows nothing of parallelism. Two layout choices make it shard cleanly
 The parameter layout never depends on the TP degree. The loss lives outside the model (gpt_tp/module.py).
 """
 
-import math
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -32,10 +32,16 @@ class GPTConfig:
     """Width of the residual stream."""
     dropout: float = 0.0
     """Dropout after embeddings, attention and MLP; 0 for pre-training as in build-nanogpt."""
+    vocab_used: int | None = None
+    """Token ids the tokenizer can produce (50257 for GPT-2), when below vocab_size: lm_head then gets a frozen
+    bias of 0 / -inf so the padding ids are never predicted. Set for imported Hugging Face weights, whose padding
+    rows were never trained (a zero row gives logit 0, far above GPT-2's typical logits). None: plain GPT-2."""
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
             raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+        if self.vocab_used is not None and not 0 < self.vocab_used <= self.vocab_size:
+            raise ValueError(f"model.vocab_used={self.vocab_used} must be in 1..model.vocab_size={self.vocab_size}")
 
     @property
     def head_dim(self) -> int:
@@ -145,7 +151,9 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(config.n_embd),
             )
         )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.vocab_used is not None)
+        if self.lm_head.bias is not None:
+            self.lm_head.bias.requires_grad_(False)  # a fixed mask over the vocabulary padding
         self.tie_weights()
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
@@ -154,7 +162,7 @@ class GPT(nn.Module):
         """lm_head shares wte's matrix (GPT-2 ties them). Call again after anything that replaces parameters."""
         self.lm_head.weight = self.transformer.wte.weight
 
-    def init_plan(self) -> list[tuple[torch.Tensor, float | None, float]]:
+    def init_plan(self) -> list[tuple[torch.Tensor, float | None, float | torch.Tensor]]:
         """build-nanogpt's init as (parameter, std, constant): N(0, 0.02); residual projections
         N(0, 0.02 / sqrt(2 * n_layer)); zero biases; LayerNorm weight 1. std None means fill with the constant."""
         plan = []
@@ -166,12 +174,18 @@ class GPT(nn.Module):
                 if module is not self.lm_head:  # lm_head.weight is wte.weight, initialised as an embedding
                     plan.append((module.weight, std, 0.0))
                 if module.bias is not None:
-                    plan.append((module.bias, None, 0.0))
+                    plan.append((module.bias, None, self.vocab_mask() if module is self.lm_head else 0.0))
             elif isinstance(module, nn.Embedding):
                 plan.append((module.weight, 0.02, 0.0))
             elif isinstance(module, nn.LayerNorm):
                 plan += [(module.weight, None, 1.0), (module.bias, None, 0.0)]
         return plan
+
+    def vocab_mask(self) -> torch.Tensor:
+        """(vocab_size,) 0 for usable token ids, -inf for the padding above config.vocab_used."""
+        mask = torch.zeros(self.config.vocab_size)
+        mask[self.config.vocab_used :] = float("-inf")
+        return mask
 
     @torch.no_grad()
     def init_weights(self, fill=copy_full) -> None:
@@ -181,7 +195,10 @@ class GPT(nn.Module):
         gen = torch.Generator().manual_seed(self.init_seed)
         for param, std, const in self.init_plan():
             full = torch.empty(param.shape, device="cpu")  # float32 draws, then cast: same numbers in any dtype
-            full.normal_(0.0, std, generator=gen) if std is not None else full.fill_(const)
+            if std is not None:
+                full.normal_(0.0, std, generator=gen)
+            else:
+                full.copy_(const) if torch.is_tensor(const) else full.fill_(const)
             fill(param, full)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -239,6 +256,8 @@ def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
             v = torch.cat([v, v.new_zeros(config.vocab_size - v.shape[0], v.shape[1])])
         out[name] = v.contiguous()
     out["lm_head.weight"] = out["transformer.wte.weight"]
+    if config.vocab_used is not None:
+        out["lm_head.bias"] = GPT.vocab_mask(SimpleNamespace(config=config))
     return out
 
 
@@ -246,7 +265,7 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
     """Our (full, unsharded) state dict -> transformers GPT2LMHeadModel layout, vocab cut back to 50257."""
     out = {}
     for name, v in sd.items():
-        if name == "lm_head.weight":
+        if name.startswith("lm_head."):  # weight tied to wte; bias is our padding mask
             continue
         k = name.removeprefix("transformer.")
         if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
@@ -289,9 +308,10 @@ def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
         raise ValueError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
+    vocab = max(vocab_size, hf["vocab_size"])
     return GPTConfig(
-        block_size=hf["n_positions"], vocab_size=max(vocab_size, hf["vocab_size"]),
-        n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+        block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+        vocab_used=hf["vocab_size"] if hf["vocab_size"] < vocab else None,
     )
 
 

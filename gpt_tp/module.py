@@ -1,11 +1,15 @@
 """The LightningModule: GPT-2 trained the build-nanogpt way, tensor-parallel under ModelParallelStrategy."""
 
+import dataclasses
 import math
+import random
 import time
 from contextlib import nullcontext
 
 import lightning as L
+import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
@@ -89,6 +93,10 @@ class GPTModule(L.LightningModule):
         """
         super().__init__()
         self.save_hyperparameters()
+        if isinstance(model, dict):  # from a checkpoint's hyper-parameters
+            model = GPTConfig(**model)
+        if isinstance(model, GPTConfig):  # plain types only, so checkpoints load with torch.load(weights_only=True)
+            self.hparams["model"] = dataclasses.asdict(model)
         config = GPTConfig.from_name(model) if isinstance(model, str) else model
         hf_state = None
         if init_from is not None:
@@ -204,6 +212,34 @@ class GPTModule(L.LightningModule):
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
         self.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
         self._loss_sum, self._tokens, self._t_last = None, 0, now
+
+    # ---- checkpoint extras: every rank's RNG state (meta.pt is written by rank 0 only) ----------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()  # as tensors and ints: loadable with weights_only
+        numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
+        state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        states = [state]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            states = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, state)
+        checkpoint["rng_states"] = states
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        states = checkpoint.get("rng_states")
+        if not states:
+            return
+        if len(states) != self.trainer.world_size:
+            rank_zero_warn(f"checkpoint saved on {len(states)} processes, resumed on {self.trainer.world_size}: RNG states not restored")
+            return
+        state = states[self.trainer.global_rank]
+        random.setstate(state["python"])
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
     # ---- validation ------------------------------------------------------------------------------------------
     def validation_step(self, batch, batch_idx):

@@ -92,7 +92,7 @@ def test_qkv_permutation_round_trip():
 
 def _hf_tiny():
     torch.manual_seed(0)
-    ours = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=50304)
+    ours = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=50304, vocab_used=50257)
     cfg = transformers.GPT2Config(**{k: v for k, v in hf_config_dict(ours).items() if k != "architectures"})
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():  # non-trivial LayerNorms and biases, so a wrong mapping shows
@@ -113,6 +113,12 @@ def test_hugging_face_import_gives_the_same_logits():
         got = m(idx)
     assert got.shape[-1] == 50304
     torch.testing.assert_close(got[..., :50257], ref, rtol=1e-4, atol=1e-4)
+    # the vocabulary padding (never trained in HF's weights) is masked, so the loss over all 50304 logits is HF's
+    assert m.config.vocab_used == 50257 and not m.lm_head.bias.requires_grad
+    assert torch.all(got[..., 50257:] == float("-inf"))
+    y = torch.randint(0, 50257, (2, 40))
+    loss = torch.nn.functional.cross_entropy(got.flatten(0, 1), y.flatten())
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(ref.flatten(0, 1), y.flatten()).item(), rel=1e-5)
 
 
 def test_hugging_face_export_round_trip(tmp_path):

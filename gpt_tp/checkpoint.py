@@ -1,0 +1,158 @@
+"""Distributed checkpoints: crash-safe saving, checked loading, resharding, and consolidation.
+
+A checkpoint is a folder written by torch.distributed.checkpoint (DCP) through Lightning's
+ModelParallelStrategy: `.metadata` plus one `__<rank>_0.distcp` file per rank holding that rank's shards of
+the model and AdamW state, and `meta.pt` (rank 0) with everything else: step counters, LR scheduler, callback
+and datamodule state (the data position), hyper-parameters, and every rank's RNG state (GPTModule adds it).
+DCP stores each tensor with its global shape, so a checkpoint loads into any DP x TP layout, one device
+included.
+
+`ModelParallel` is ModelParallelStrategy with three changes:
+- saving goes to `<name>.partial` and is renamed to `<name>` only once every rank has written its shards and
+  rank 0 its metadata, so a process killed mid-save leaves the previous checkpoints intact and no partial
+  folder ever carries a checkpoint name (nor is picked as `last`);
+- loading first checks the folder (complete, every shard file present, shapes equal to the model's) and
+  fails with an error naming the files or parameters at fault;
+- TP=1 x DP=1 (plain tensors, one device) loads DCP checkpoints too.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.tensor import DTensor
+
+META = "meta.pt"  # Lightning's name for the non-tensor part (lightning.fabric.utilities.load._METADATA_FILENAME)
+PARTIAL = ".partial"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the path or parameters and what to do."""
+
+
+def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Raise CheckpointError unless `path` is a complete distributed checkpoint whose tensors (keys of
+    expected_shapes, e.g. 'model.transformer.wte.weight') have the expected global shapes."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint folder {p} does not exist (for a run: --ckpt_path takes a checkpoint folder or 'last')")
+    if p.name.endswith(PARTIAL):
+        raise CheckpointError(f"{p} is an unfinished checkpoint (its save was interrupted); resume from a checkpoint without '{PARTIAL}'")
+    if not p.is_dir():
+        raise CheckpointError(f"{p} is a file, not a distributed checkpoint folder (.metadata + *.distcp + {META})")
+    if not (p / ".metadata").is_file() or not (p / META).is_file():
+        missing = [f for f in (".metadata", META) if not (p / f).is_file()]
+        raise CheckpointError(f"{p} is not a complete distributed checkpoint: {', '.join(missing)} missing")
+    try:
+        metadata = FileSystemReader(str(p)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any unreadable metadata is the same user error
+        raise CheckpointError(f"{p}/.metadata is unreadable ({type(e).__name__}: {e}); the checkpoint is corrupt") from e
+    files = {getattr(s, "relative_path", None) for s in (metadata.storage_data or {}).values()} - {None}
+    missing = sorted(f for f in files if not (p / f).is_file())
+    if missing:
+        raise CheckpointError(f"{p} is missing shard files {', '.join(missing)}; copy the whole checkpoint folder")
+    if expected_shapes is None:
+        return
+    saved = {
+        k.removeprefix("state_dict."): tuple(v.size)
+        for k, v in metadata.state_dict_metadata.items()
+        if k.startswith("state_dict.") and isinstance(v, TensorStorageMetadata)
+    }
+    problems = [f"{k}: checkpoint {saved[k]} vs model {s}" for k, s in expected_shapes.items() if k in saved and saved[k] != s]
+    problems += [f"{k}: in the model, not in the checkpoint" for k in expected_shapes if k not in saved]
+    problems += [f"{k}: in the checkpoint, not in the model" for k in saved if k not in expected_shapes]
+    if problems:
+        shown = "\n  ".join(problems[:12]) + (f"\n  ... and {len(problems) - 12} more" if len(problems) > 12 else "")
+        raise CheckpointError(
+            f"checkpoint {p} does not fit this model (another model size?); set model.model to the size it was "
+            f"trained with:\n  {shown}"
+        )
+
+
+def global_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """State-dict keys -> global (unsharded) shapes, DTensor or not."""
+    return {k: tuple(v.shape) for k, v in module.state_dict().items() if torch.is_tensor(v)}
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ModelParallel(ModelParallelStrategy):
+    """ModelParallelStrategy with crash-safe saves, checked loads, and single-device loading (see module doc)."""
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        final = Path(self.broadcast(str(filepath)))
+        tmp = final.with_name(final.name + PARTIAL)
+        if self.is_global_zero:
+            for stale in final.parent.glob(f"*{PARTIAL}"):  # left by a run killed mid-save
+                shutil.rmtree(stale, ignore_errors=True)
+        self.barrier()
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier()  # every rank's shards (and rank 0's meta.pt) are on disk
+        if self.is_global_zero:
+            _fsync(tmp / META)
+            old = final.with_name(final.name + ".old")
+            if final.is_symlink() or final.is_file():
+                final.unlink()
+            elif final.exists():
+                os.rename(final, old)
+            os.rename(tmp, final)  # atomic: the checkpoint appears complete or not at all
+            shutil.rmtree(old, ignore_errors=True)
+            _fsync(final.parent)
+        self.barrier()
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        path = Path(self.broadcast(str(checkpoint_path)))
+        check_checkpoint(path, global_shapes(self.lightning_module))
+        if any(isinstance(p, DTensor) for p in self.model.parameters()):
+            return super().load_checkpoint(path, weights_only)
+        return self._load_plain(path, weights_only)
+
+    def _load_plain(self, path: Path, weights_only) -> dict:
+        """One device, plain tensors: DCP assembles the full tensors from whatever layout saved them."""
+        module_state = {"state_dict": get_model_state_dict(self.model)}
+        dcp_load(module_state, checkpoint_id=path)
+        self.model.load_state_dict(module_state["state_dict"], strict=self.lightning_module.strict_loading)
+        for i, optimizer in enumerate(self.optimizers):
+            optim_state = {f"optimizer_{i}": get_optimizer_state_dict(self.model, optimizer)}
+            dcp_load(optim_state, checkpoint_id=path)
+            set_optimizer_state_dict(self.model, optimizer, optim_state[f"optimizer_{i}"], options=StateDictOptions(cpu_offload=True))
+        return torch.load(path / META, weights_only=False if weights_only is None else weights_only)
+
+
+def load_consolidated(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read a distributed checkpoint in one process, without a process group: (hyper_parameters, the full
+    single-device GPT state dict). Used by the export command."""
+    from gpt_tp.model import GPT, GPTConfig
+
+    check_checkpoint(path)
+    meta = torch.load(Path(path) / META, weights_only=False)
+    hparams = dict(meta.get("hyper_parameters") or {})
+    if "model" not in hparams:
+        raise CheckpointError(f"{path}/{META} holds no gpt_tp hyper-parameters: not a gpt_tp checkpoint")
+    model = hparams["model"]
+    config = GPTConfig.from_name(model) if isinstance(model, str) else model
+    if isinstance(config, dict):
+        config = GPTConfig(**config)
+    with torch.device("meta"):
+        gpt = GPT(config)
+    gpt.to_empty(device="cpu")
+    gpt.tie_weights()
+    state = {"state_dict": {f"model.{k}": v for k, v in gpt.state_dict().items()}}
+    check_checkpoint(path, {k: tuple(v.shape) for k, v in state["state_dict"].items()})
+    dcp_load(state, checkpoint_id=Path(path))
+    gpt.load_state_dict({k.removeprefix("model."): v for k, v in state["state_dict"].items()})
+    return hparams, gpt.state_dict()

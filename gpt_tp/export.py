@@ -1,0 +1,68 @@
+"""Turn a distributed checkpoint into single-device weights.
+
+    python -m gpt_tp.export CHECKPOINT_DIR --out OUT_DIR [--format torch|hf|both]
+
+torch: OUT_DIR/model.pt = {"config": GPTConfig fields, "state_dict": the single-device GPT state dict}
+       (load with GPT(GPTConfig(**d["config"])).load_state_dict(d["state_dict"])).
+hf:    OUT_DIR/config.json + OUT_DIR/model.safetensors in Hugging Face GPT-2's layout (Conv1D weights,
+       fused [q|k|v] c_attn, vocabulary cut back to 50257), loadable with
+       transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR) and usable as model.init_from.
+Runs in one process on the CPU, whatever layout saved the checkpoint. The output folder is written under a
+temporary name and renamed when complete; an existing non-empty OUT_DIR is never overwritten.
+"""
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from gpt_tp.checkpoint import CheckpointError, load_consolidated
+from gpt_tp.model import GPTConfig, hf_config_dict, to_hf_state_dict
+
+
+def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
+    out_dir = Path(out)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FileExistsError(f"{out_dir} exists and is not an empty folder; choose a new --out (nothing is overwritten)")
+    hparams, state = load_consolidated(checkpoint)
+    model = hparams["model"]
+    config = GPTConfig.from_name(model) if isinstance(model, str) else GPTConfig(**model) if isinstance(model, dict) else model
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if fmt in ("torch", "both"):
+        torch.save({"config": dataclasses.asdict(config), "state_dict": state}, tmp / "model.pt")
+    if fmt in ("hf", "both"):
+        from safetensors.torch import save_file
+
+        hf = to_hf_state_dict(state, config)
+        hf.pop("lm_head.weight")  # tied to wte (tie_word_embeddings); safetensors refuses shared storage
+        save_file({k: v.detach().clone().contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
+    if out_dir.exists():
+        out_dir.rmdir()  # empty, checked above
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", help="a distributed checkpoint folder (e.g. checkpoints/tp2/last.ckpt)")
+    ap.add_argument("--out", required=True, help="new output folder")
+    ap.add_argument("--format", choices=("torch", "hf", "both"), default="both")
+    args = ap.parse_args(argv)
+    try:
+        path = export(args.checkpoint, args.out, args.format)
+    except (CheckpointError, FileExistsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

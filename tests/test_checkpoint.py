@@ -1,0 +1,157 @@
+"""Distributed checkpoints on real gloo processes: exact resume, resharding, crash safety, export/import."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, WORKERS, read_json, run_python, run_torchrun
+from gpt_tp.checkpoint import CheckpointError, check_checkpoint, load_consolidated
+from gpt_tp.export import main as export_main
+
+
+def fit(tmp, name, nproc=2, *args):
+    out = str(tmp / name)
+    base = ["--ckpt-dir", str(tmp / f"ckpt_{name}"), "--out", out, *args]
+    if nproc == 1:
+        run_python("ckpt_fit.py", *base)
+    else:
+        run_torchrun("ckpt_fit.py", nproc, *base)
+    res = read_json(out + ".json")
+    return {int(k): v for k, v in res["losses"].items()}, res["last"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """8 uninterrupted optimizer steps at TP=2, and a 4-step TP=2 run whose checkpoint the tests resume."""
+    tmp = tmp_path_factory.mktemp("straight")
+    losses, last = fit(tmp, "full", 2, "--tp", "2", "--steps", "8")
+    assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1] - 0.5
+    assert os.path.basename(last) == "step0008.ckpt"
+    # every 2 steps, the last two kept, plus 'last'
+    assert sorted(os.listdir(tmp / "ckpt_full")) == ["last.ckpt", "step0006.ckpt", "step0008.ckpt"]
+    half, last = fit(tmp, "half", 2, "--tp", "2", "--steps", "4")
+    assert half == {k: losses[k] for k in range(1, 5)}
+    saved = tmp / "step4_tp2"
+    shutil.copytree(last, saved)
+    return tmp, losses, saved
+
+
+def test_exact_resume_with_last(straight, tmp_path):
+    tmp, losses, _ = straight
+    ckpt_dir = tmp_path / "ckpt_resume"
+    shutil.copytree(tmp / "ckpt_half", ckpt_dir, symlinks=True)
+    out = str(tmp_path / "resume")
+    run_torchrun("ckpt_fit.py", 2, "--tp", "2", "--steps", "8", "--ckpt-dir", str(ckpt_dir), "--resume", "last", "--out", out)
+    resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
+    assert sorted(resumed) == [5, 6, 7, 8]
+    # bit-identical in fp32 on CPU: model, AdamW state, LR schedule, step counters and the data position restored
+    assert resumed == {k: losses[k] for k in range(5, 9)}
+
+
+@pytest.mark.parametrize(
+    "layout,nproc,args",
+    [("tp1", 1, []), ("dp2xtp1", 2, ["--dp", "2", "--batch-size", "2"])],
+)
+def test_resume_at_another_layout(straight, tmp_path, layout, nproc, args):
+    """A TP=2 checkpoint continues on one device and on DP=2 x TP=1 (FSDP2) with the same global batch."""
+    _, losses, saved = straight
+    resumed, _ = fit(tmp_path, layout, nproc, "--steps", "6", "--resume", str(saved), *args)
+    assert sorted(resumed) == [5, 6]
+    for k in (5, 6):
+        assert resumed[k] == pytest.approx(losses[k], rel=1e-5, abs=0)
+
+
+def test_tp1_checkpoint_resumes_at_tp2(straight, tmp_path):
+    _, losses, _ = straight
+    one, last = fit(tmp_path, "one", 1, "--steps", "4")
+    assert one == pytest.approx({k: losses[k] for k in range(1, 5)}, rel=1e-5)
+    resumed, _ = fit(tmp_path, "two", 2, "--tp", "2", "--steps", "6", "--resume", last)
+    assert resumed == pytest.approx({5: losses[5], 6: losses[6]}, rel=1e-5)
+
+
+def test_checkpoint_of_another_model_size_is_refused(straight, tmp_path):
+    _, _, saved = straight
+    cmd = [sys.executable, str(WORKERS / "ckpt_fit.py"), "--n-embd", "128", "--steps", "6", "--resume", str(saved),
+           "--ckpt-dir", str(tmp_path / "c"), "--out", str(tmp_path / "o")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode != 0
+    assert "does not fit this model" in proc.stderr
+    assert "model.transformer.wte.weight: checkpoint (50304, 64) vs model (50304, 128)" in proc.stderr
+    assert sorted(os.listdir(saved)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # untouched
+
+
+def test_kill_mid_save_keeps_previous_checkpoint(straight, tmp_path):
+    """SIGKILL both ranks inside the second save (step 4): step 2 stays intact and is what 'last' resumes."""
+    _, losses, _ = straight
+    ckpt_dir = tmp_path / "ckpt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKERS / "ckpt_fit.py"),
+           "--tp", "2", "--steps", "8", "--die-on-save", "2", "--ckpt-dir", str(ckpt_dir), "--out", str(tmp_path / "dead")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0 and "SIGKILL" in proc.stderr + proc.stdout
+    names = sorted(os.listdir(ckpt_dir))
+    assert names == ["last.ckpt", "step0002.ckpt", "step0004.ckpt.partial"], names
+    assert os.readlink(ckpt_dir / "last.ckpt") == "step0002.ckpt"
+    check_checkpoint(ckpt_dir / "step0002.ckpt")
+    with pytest.raises(CheckpointError, match="unfinished checkpoint"):
+        check_checkpoint(ckpt_dir / "step0004.ckpt.partial")
+    out = str(tmp_path / "after")
+    run_torchrun("ckpt_fit.py", 2, "--tp", "2", "--steps", "8", "--ckpt-dir", str(ckpt_dir), "--resume", "last", "--out", out)
+    resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
+    assert resumed == {k: losses[k] for k in range(3, 9)}
+    assert not any(n.endswith(".partial") for n in os.listdir(ckpt_dir))
+
+
+def test_bad_checkpoint_folders(straight, tmp_path):
+    _, _, saved = straight
+    with pytest.raises(CheckpointError, match="does not exist"):
+        check_checkpoint(tmp_path / "nope")
+    (tmp_path / "file.ckpt").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="is a file, not a distributed checkpoint"):
+        check_checkpoint(tmp_path / "file.ckpt")
+    broken = tmp_path / "broken"
+    shutil.copytree(saved, broken)
+    (broken / "__1_0.distcp").unlink()
+    with pytest.raises(CheckpointError, match=r"missing shard files __1_0.distcp"):
+        check_checkpoint(broken)
+    (broken / "meta.pt").unlink()
+    with pytest.raises(CheckpointError, match="meta.pt missing"):
+        check_checkpoint(broken)
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(saved, corrupt)
+    (corrupt / ".metadata").write_bytes(b"not a pickle")
+    with pytest.raises(CheckpointError, match="unreadable.*corrupt"):
+        check_checkpoint(corrupt)
+
+
+def test_export_torch_and_hf(straight, tmp_path):
+    """Consolidate the TP=2 checkpoint in one process; Hugging Face loads the export and gives our logits; a
+    TP=2 run started from that HF folder (model.init_from) gives Hugging Face's loss."""
+    transformers = pytest.importorskip("transformers")
+    from gpt_tp.model import GPT, GPTConfig
+
+    _, _, saved = straight
+    out = tmp_path / "export"
+    assert export_main([str(saved), "--out", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["config.json", "model.pt", "model.safetensors"]
+    assert export_main([str(saved), "--out", str(out)]) == 1  # never overwrites
+    assert export_main([str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 1 and not (tmp_path / "x").exists()
+
+    d = torch.load(out / "model.pt")
+    hparams, state = load_consolidated(saved)
+    assert d["config"]["n_embd"] == 64 and all(torch.equal(d["state_dict"][k], v) for k, v in state.items())
+    ours = GPT(GPTConfig(**d["config"])).eval()
+    ours.load_state_dict(d["state_dict"])
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 50257
+    x = torch.randint(0, 50257, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x)[..., :50257], hf(x).logits, rtol=1e-4, atol=1e-4)
+
+    run_torchrun("hf_init.py", 2, "--hf-dir", str(out), "--out", str(tmp_path / "hf.json"))
+    r = read_json(tmp_path / "hf.json")
+    assert r["n_layer"] == 2 and r["ours"] == pytest.approx(r["hf"], rel=1e-5)

@@ -1,0 +1,80 @@
+"""Train the tiny GPT on the bundled sample with distributed checkpoints; optionally resume, or die mid-save.
+
+Rank 0 writes <out>.json: {"losses": {step: train/loss}, "last": the checkpoint 'last' points to}.
+"""
+
+import argparse
+import json
+import os
+import signal
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from gpt_tp.checkpoint import ModelParallel
+from gpt_tp.data import GPTDataModule
+from gpt_tp.model import GPTConfig
+from gpt_tp.module import GPTModule
+
+
+class Record(Callback):
+    def __init__(self):
+        self.losses = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if "train/loss" in trainer.callback_metrics:
+            self.losses[trainer.global_step] = float(trainer.callback_metrics["train/loss"])
+
+
+def die_on_save(n: int) -> None:
+    """Kill this whole process group with SIGKILL inside the n-th checkpoint save, after the shards are written
+    and before the save completes: what a preempted node or an OOM kill does to a run."""
+    import lightning.pytorch.strategies.model_parallel as mp
+
+    original, calls = mp._distributed_checkpoint_save, [0]
+
+    def save(state, path):
+        original(state, path)
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    mp._distributed_checkpoint_save = save
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=4, help="per data-parallel rank")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--n-embd", type=int, default=64)
+    ap.add_argument("--ckpt-dir", required=True)
+    ap.add_argument("--resume", default=None)
+    ap.add_argument("--die-on-save", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if args.die_on_save:
+        die_on_save(args.die_on_save)
+    world = args.tp * args.dp
+    ckpt = ModelCheckpoint(
+        dirpath=args.ckpt_dir, filename="step{step:04d}", auto_insert_metric_name=False, every_n_train_steps=2,
+        save_top_k=2, monitor="step", mode="max", save_last="link",
+    )
+    trainer = L.Trainer(
+        accelerator="cpu", devices=world, strategy=ModelParallel(data_parallel_size=args.dp, tensor_parallel_size=args.tp),
+        max_steps=args.steps, gradient_clip_val=1.0, inference_mode=False, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record(), ckpt],
+    )
+    L.seed_everything(1234, verbose=False)
+    config = GPTConfig(n_layer=2, n_head=4, n_embd=args.n_embd, block_size=64)
+    model = GPTModule(config, max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=12, total_batch_size=None)
+    data = GPTDataModule("data/sample", batch_size=args.batch_size, seq_len=64, val_batches=0)
+    trainer.fit(model, data, ckpt_path=args.resume)
+    if trainer.global_rank == 0:
+        with open(args.out + ".json", "w") as f:
+            json.dump({"losses": rec.losses, "last": os.path.realpath(os.path.join(args.ckpt_dir, "last.ckpt"))}, f)
+
+
+if __name__ == "__main__":
+    main()
