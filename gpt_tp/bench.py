@@ -21,6 +21,7 @@ import json
 import math
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -453,13 +454,19 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
+    # a session of its own, so that a timeout (or Ctrl-C) stops torchrun and all its workers
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**spec, "error": f"timed out after {timeout:.0f}s"}
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException as e:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            return {**spec, "error": f"timed out after {timeout:.0f}s (raise --timeout or lower --steps)"}
+        raise
     if proc.returncode != 0 or not Path(spec["result"]).exists():
-        lines = [l for l in (proc.stderr + proc.stdout).splitlines() if "Error" in l or "error" in l]
-        return {**spec, "error": (lines[-1] if lines else proc.stderr[-500:]).strip()[:500]}
+        lines = [l for l in (stderr + stdout).splitlines() if "Error" in l or "error" in l]
+        return {**spec, "error": (lines[-1] if lines else stderr[-500:]).strip()[:500]}
     return json.loads(Path(spec["result"]).read_text())
 
 
