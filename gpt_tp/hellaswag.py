@@ -539,8 +539,13 @@ def main(argv=None) -> dict:
     return res
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> dict:
+    """main() with file and checkpoint errors as a one-line message and exit status 1, not a traceback."""
     try:
-        main()
+        return main(argv)
     except HellaSwagError as e:
         sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    cli()

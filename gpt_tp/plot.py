@@ -82,7 +82,8 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
         ax1.set_ylim(0.0, max(4.0, max(finite) * 1.05))
     ax1.set_xlabel("step")
     ax1.set_ylabel("loss")
-    ax1.legend()
+    if ax1.get_legend_handles_labels()[0]:
+        ax1.legend()
 
     if "hellaswag/acc_norm" in metrics:
         steps, values = zip(*metrics["hellaswag/acc_norm"])
@@ -95,7 +96,8 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
         ax2.axhline(REF_HELLASWAG_GPT3, color="g", ls="--", label=f"OpenAI GPT-3 (124M) {REF_HELLASWAG_GPT3}")
     ax2.set_xlabel("step")
     ax2.set_ylabel("HellaSwag acc_norm")
-    ax2.legend()
+    if ax2.get_legend_handles_labels()[0]:
+        ax2.legend()
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -118,8 +120,13 @@ def main(argv=None) -> Path:
     return out
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> Path:
+    """main() with a bad log as a one-line message and exit status 1, not a traceback."""
     try:
-        main()
+        return main(argv)
     except PlotError as e:
         sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    cli()

@@ -64,8 +64,8 @@ def generate(
             with forward_context():
                 logits = model(padded)
             logits = last_logits(logits, T - 1).float()  # (B, V)
-            if vocab_limit is not None:
-                logits[:, vocab_limit:] = float("-inf")
+            if vocab_limit is not None:  # never draw the padded vocabulary rows
+                logits = logits.masked_fill(torch.arange(logits.size(-1), device=device) >= vocab_limit, float("-inf"))
             probs = F.softmax(logits, dim=-1)
             topk_probs, topk_idx = torch.topk(probs, min(top_k, probs.size(-1)), dim=-1)  # (B, k)
             ix = torch.multinomial(topk_probs, 1, generator=gen)  # (B, 1)
