@@ -17,7 +17,7 @@ Parallelism:
 
 Command line (one process, or torchrun for TP/DP), see docs/eval.md:
     python -m gpt_tp.hellaswag --hf-dir gpt2_hf           # a Hugging Face GPT-2 directory
-    python -m gpt_tp.hellaswag --ckpt_path last.ckpt      # a single-file Lightning checkpoint of GPTModule
+    python -m gpt_tp.hellaswag --ckpt_path checkpoints/last.ckpt   # a Lightning checkpoint (DCP folder or file)
     torchrun --nproc_per_node 2 -m gpt_tp.hellaswag --hf-dir gpt2_hf --tp 2
 """
 
@@ -451,7 +451,8 @@ def config_from_hparam(value):
 
 
 def load_model(args):
-    """A GPT from --hf-dir, --ckpt_path (a single-file Lightning checkpoint of GPTModule) or --model (random init)."""
+    """A GPT from --hf-dir, --ckpt_path (a Lightning checkpoint of GPTModule: a distributed checkpoint folder, as
+    ModelParallelStrategy saves, or a single .ckpt file) or --model (random init)."""
     from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 
     torch.manual_seed(args.seed)
@@ -459,14 +460,20 @@ def load_model(args):
         config, sd = load_hf_dir(args.hf_dir)
     elif args.ckpt_path:
         p = Path(args.ckpt_path)
-        if p.is_dir():
-            raise HellaSwagError(
-                f"{p} is a distributed (DCP) checkpoint folder, as ModelParallelStrategy writes; this command reads "
-                "single-file checkpoints only. Convert it first (torch.distributed.checkpoint.format_utils."
-                "dcp_to_torch_save), or export Hugging Face weights and pass --hf-dir."
-            )
+        if p.is_dir():  # a distributed checkpoint (ModelParallelStrategy): consolidated in this one process
+            from gpt_tp.checkpoint import CheckpointError, load_consolidated
+
+            try:
+                hparams, sd = load_consolidated(p)
+            except CheckpointError as e:
+                raise HellaSwagError(str(e)) from e
+            config = config_from_hparam(hparams["model"])
+            model = GPT(config)
+            model.load_state_dict(sd)
+            model.tie_weights()
+            return model
         if not p.is_file():
-            raise HellaSwagError(f"--ckpt_path {p} not found")
+            raise HellaSwagError(f"--ckpt_path {p} not found: give a Lightning checkpoint (.ckpt file or distributed checkpoint folder)")
         ckpt = torch.load(p, map_location="cpu", weights_only=False)
         if "state_dict" not in ckpt:
             raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule")
@@ -485,7 +492,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m gpt_tp.hellaswag", description="HellaSwag val accuracy of GPT-2 weights (build-nanogpt's scoring).")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--hf-dir", help="Hugging Face GPT-2 directory (config.json + model.safetensors)")
-    src.add_argument("--ckpt_path", help="single-file Lightning checkpoint (.ckpt) of GPTModule")
+    src.add_argument("--ckpt_path", help="Lightning checkpoint of GPTModule: distributed checkpoint folder (any TP/DP layout) or .ckpt file")
     src.add_argument("--model", default="tiny", help="random init of a named size (smoke test), default tiny")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--path", help="local hellaswag_val.jsonl (default: download into --cache-dir)")

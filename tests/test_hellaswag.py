@@ -229,11 +229,12 @@ def test_dp_covers_every_example_once(tmp_path, nproc, dp):
 # ---- Lightning ---------------------------------------------------------------------------------------------
 
 
-def test_callbacks_in_tp2_fit_match_single_device(tmp_path):
+def test_callbacks_in_tp2_fit_match_single_device(tmp_path, monkeypatch):
     """Trainer + ModelParallelStrategy(TP=2) + SyntheticDataModule, 4 steps, HellaSwagCallback and
     TextSampleCallback every 2 steps: what they log equals a single-device evaluation of the gathered weights."""
     from gpt_tp.plot import main as plot_main, read_metrics
 
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     run_torchrun("hellaswag_fit.py", 2, "--tp", "2", "--steps", "4", "--out", str(tmp_path / "fit"))
     res = read_json(tmp_path / "fit.json")
     assert res["global_step"] == 4
@@ -256,6 +257,10 @@ def test_callbacks_in_tp2_fit_match_single_device(tmp_path):
     assert len(samples) == 4 and samples[-1] == f"step 4 sample 1: {res['single_samples'][1]}"
     png = plot_main([str(Path(res["metrics_csv"]).parent), "-o", str(tmp_path / "run.png")])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the command line scores the TP=2 run's distributed checkpoint alone, in one process, the same way
+    assert Path(res["ckpt"]).is_dir()
+    got = hs.main(["--ckpt_path", res["ckpt"], "--path", str(FIXTURE)])
+    assert (got["correct"], got["correct_norm"], got["total"]) == (single["correct"], single["correct_norm"], 11)
 
 
 # ---- the command line ---------------------------------------------------------------------------------------
@@ -285,9 +290,11 @@ def test_cli_hf_dir_and_ckpt_match_in_process(tmp_path, tiny, enc, monkeypatch):
     got = hs.main(["--ckpt_path", str(ckpt), "--path", str(FIXTURE), "--batch-size", "2"])
     assert (got["correct"], got["correct_norm"]) == (expected["correct"], expected["correct_norm"])
 
-    (tmp_path / "dcp").mkdir()
-    with pytest.raises(hs.HellaSwagError, match="distributed .DCP. checkpoint folder.*dcp_to_torch_save"):
+    (tmp_path / "dcp").mkdir()  # an empty folder is no distributed checkpoint
+    with pytest.raises(hs.HellaSwagError, match="dcp"):
         hs.main(["--ckpt_path", str(tmp_path / "dcp"), "--path", str(FIXTURE)])
+    with pytest.raises(hs.HellaSwagError, match="not found"):
+        hs.main(["--ckpt_path", str(tmp_path / "nope.ckpt"), "--path", str(FIXTURE)])
 
 
 def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch):

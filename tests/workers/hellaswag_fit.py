@@ -45,6 +45,7 @@ def main():
     model = GPTModule("tiny", max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=args.steps, total_batch_size=4 * T)
     trainer.fit(model, SyntheticDataModule(batch_size=B, seq_len=T, vocab=1024, seed=7))
 
+    trainer.save_checkpoint(args.out + "_ckpt")  # a distributed checkpoint folder, for the command line
     full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in model.model.state_dict().items()}
     histories = [None] * dist.get_world_size()
     dist.all_gather_object(histories, {"hs": hs.history, "ts": ts.history})
@@ -66,6 +67,7 @@ def main():
         "single": single,
         "single_samples": samples,
         "global_step": trainer.global_step,
+        "ckpt": args.out + "_ckpt",
     }
     with open(args.out + ".json", "w") as f:
         json.dump(res, f)
