@@ -25,6 +25,7 @@ line and an immediate exit, so the job ends instead of holding its nodes.
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -86,6 +87,11 @@ class Preemption(Callback):
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(self.signum, self._handler)
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        env = " ".join(f"{k}={os.environ.get(k, '-')}" for k in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"))
+        _say(f"rank {trainer.global_rank} of {trainer.world_size}: {env} host={socket.gethostname()} "
+             f"restart={os.environ.get('SLURM_RESTART_COUNT', 0)}")
+
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._previous is not None:
             signal.signal(self.signum, self._previous)
@@ -127,14 +133,19 @@ class FailFast(Callback):
             the watchdog thread. Cover the slowest legitimate gap: a validation run, a checkpoint save.
         first_step_timeout_s: the allowance for the first step (torch.compile, NCCL setup).
         exit_code: the process exit code for both cases (Slurm shows it; srun then ends the other tasks).
+        report_every_n_steps: rank 0 prints "[gpt_tp] rank 0: step N" this often (a heartbeat in batch logs).
     """
 
-    def __init__(self, stall_timeout_s: float | None = 600.0, first_step_timeout_s: float = 1800.0, exit_code: int = 75):
+    def __init__(
+        self, stall_timeout_s: float | None = 600.0, first_step_timeout_s: float = 1800.0, exit_code: int = 75,
+        report_every_n_steps: int | None = None,
+    ):
         if stall_timeout_s is not None and stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s={stall_timeout_s} must be > 0 (or null to disable the watchdog)")
         self.stall_timeout_s = stall_timeout_s
         self.first_step_timeout_s = first_step_timeout_s
         self.exit_code = exit_code
+        self.report_every_n_steps = report_every_n_steps
         self._beat = time.monotonic()
         self._started = False
         self._stop = threading.Event()
@@ -167,6 +178,10 @@ class FailFast(Callback):
         _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        n = self.report_every_n_steps
+        if n and trainer.is_global_zero and step != self._step and step % n == 0:
+            _say(f"rank 0: step {step}")
         self._heartbeat(trainer)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:

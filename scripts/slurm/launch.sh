@@ -1,0 +1,35 @@
+#!/bin/bash
+# Started by the sbatch scripts in this folder, inside the allocation: one srun task per device running cli.py fit,
+# resumed from the newest complete checkpoint, with the preemption and fail-fast callbacks (gpt_tp/slurm.py).
+#   launch.sh CONFIG [extra cli.py arguments]
+# Environment (all optional):
+#   GPT_TP_CKPT_DIR       where preemption checkpoints go and resuming looks (default checkpoints/slurm-$SLURM_JOB_ID;
+#                         a requeued job keeps its id, so it finds its own)
+#   GPT_TP_RESUME_DIRS    more folders to resume from (e.g. a periodic ModelCheckpoint's dirpath, or an earlier job's)
+#   GPT_TP_STALL_TIMEOUT  seconds without a finished step before a rank gives up (FailFast; default 900)
+#   GPT_TP_PYTHON         the interpreter (default python)
+set -euo pipefail
+CONFIG=${1:?usage: launch.sh CONFIG [cli.py args]}
+shift
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PY=${GPT_TP_PYTHON:-python}
+: "${SLURM_JOB_ID:?launch.sh runs inside a Slurm job: sbatch scripts/slurm/train.sbatch CONFIG}"
+CKPT_DIR=${GPT_TP_CKPT_DIR:-checkpoints/slurm-$SLURM_JOB_ID}
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-3}  # NCCL: a timed-out collective ends the process
+
+# devices per node and nodes come from the allocation; Lightning's SLURMEnvironment reads the ranks from srun
+NTASKS_PER_NODE=${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE%%(*}}
+NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+CKPT=$("$PY" -m gpt_tp.slurm latest "$CKPT_DIR" ${GPT_TP_RESUME_DIRS:-})
+echo "[gpt_tp] job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $NNODES node(s) x $NTASKS_PER_NODE tasks, config $CONFIG," \
+     "checkpoints $CKPT_DIR, resume ${CKPT:-none}"
+
+# --kill-on-bad-exit: when one task fails, Slurm ends the others; --wait: and when one exits, the rest within 120 s
+srun --kill-on-bad-exit=1 --wait=120 --ntasks-per-node="$NTASKS_PER_NODE" \
+  "$PY" "$REPO/cli.py" fit --config "$CONFIG" \
+  --trainer.num_nodes "$NNODES" --trainer.devices "$NTASKS_PER_NODE" \
+  --trainer.callbacks+=gpt_tp.slurm.Preemption --trainer.callbacks.dirpath "$CKPT_DIR" \
+  --trainer.callbacks+=gpt_tp.slurm.FailFast --trainer.callbacks.stall_timeout_s "${GPT_TP_STALL_TIMEOUT:-900}" \
+  ${CKPT:+--ckpt_path "$CKPT"} "$@"
