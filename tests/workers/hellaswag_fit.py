@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import lightning as L
-import torch
 import torch.distributed as dist
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import ModelParallelStrategy
