@@ -5,6 +5,7 @@ and final parameters' checksums, and (with --dump) the gathered parameters thems
 """
 
 import argparse
+import contextlib
 import json
 import os
 
@@ -41,7 +42,10 @@ def main():
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--accum", type=int, default=2)
-    ap.add_argument("--meta", action="store_true")
+    ap.add_argument("--meta", action="store_true", help="GPTModule(meta_init=True)")
+    ap.add_argument("--init-module", action="store_true", help="build under trainer.init_module(empty_init=True)")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--precision", default="32-true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     world = args.tp * args.dp
@@ -50,15 +54,17 @@ def main():
         accelerator="cpu", devices=world, strategy=strategy, max_steps=args.steps,
         accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record()],
+        limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record()], precision=args.precision,
     )
     L.seed_everything(1234, verbose=False)
     global_batch = 4
     B, T = global_batch // args.dp, 32
-    model = GPTModule(
-        "tiny", max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=args.steps,
-        total_batch_size=global_batch * T * args.accum, meta_init=args.meta,
-    )
+    with trainer.init_module(empty_init=True) if args.init_module else contextlib.nullcontext():
+        model = GPTModule(
+            "tiny", max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=args.steps,
+            total_batch_size=global_batch * T * args.accum, meta_init=args.meta, compile=args.compile,
+        )
+    assert not args.init_module or all(p.is_meta for p in model.parameters())
     data = SyntheticDataModule(batch_size=B, seq_len=T, vocab=1024, seed=7)
     trainer.fit(model, data)
     final = gathered(model)

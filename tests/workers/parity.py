@@ -89,6 +89,8 @@ def main():
     config = GPTConfig.from_name("tiny")
     ref = GPT(config)
     model = parallelize(copy.deepcopy(ref), mesh)
+    params = [id(p) for p in model.parameters()]
+    assert parallelize(model, mesh) is model and [id(p) for p in model.parameters()] == params  # idempotent
     res = {
         "rank": rank,
         "tied": model.lm_head.weight is model.transformer.wte.weight,
