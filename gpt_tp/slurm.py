@@ -78,6 +78,7 @@ class Preemption(Callback):
         self.saved_path: str | None = None
         self._previous = None
         self._last_step = None
+        self._requeue_job: str | None = None
 
     def _handler(self, signum, frame) -> None:  # only a flag: no I/O, no collectives inside a signal handler
         self.requested = True
@@ -110,10 +111,36 @@ class Preemption(Callback):
         self.saved_path = path
         job = os.environ.get("SLURM_ARRAY_JOB_ID")
         job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
-        if trainer.is_global_zero and self.requeue and job:
+        if self.requeue and job:
+            self._requeue_job = job  # after Lightning has logged this step: at the next batch start (or train end)
+        else:
+            trainer.should_stop = True  # a clean stop; whoever sent the signal restarts the run
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._requeue_job:
+            self._requeue_and_exit(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._requeue_job:
+            self._requeue_and_exit(trainer)
+
+    def _requeue_and_exit(self, trainer) -> None:
+        job, self._requeue_job = self._requeue_job, None
+        for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
+            logger.save()
+        ok = True
+        if trainer.is_global_zero:
             rc = subprocess.call(["scontrol", "requeue", job])
-            _say(f"scontrol requeue {job} -> {'ok' if rc == 0 else f'failed with exit code {rc}'}")
-        trainer.should_stop = True
+            ok = rc == 0
+            _say(f"scontrol requeue {job} -> {'ok' if ok else f'failed with exit code {rc}; stopping without requeue'}")
+        if not trainer.strategy.reduce_boolean_decision(ok, all=True):
+            trainer.should_stop = True
+            return
+        # The job is requeued: Slurm is about to SIGTERM every task (and SIGKILL after KillWait). Everything is
+        # saved, so leave now rather than run end-of-training hooks (more checkpoints, collectives) into the kill.
+        _say(f"rank {trainer.global_rank}: checkpoint saved, job requeued: exiting")
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def is_collective_failure(exc: BaseException) -> bool:
