@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from conftest import ROOT
+from gpt_tp.model import GPTConfig
+from gpt_tp.paritycheck import ParityInputError, load_plan, parser, settings
 
 
 def paritycheck(nproc: int, *args: str, tmp_path=None) -> tuple[int, str, dict | None]:
@@ -56,9 +58,16 @@ def test_swapped_styles_are_caught():
 
 
 def test_bad_input():
-    rc, out, _ = paritycheck(2, "--model", "tiny", "--plan", "tests.workers.paritycheck_plans:not_a_plan")
-    assert rc != 0 and "is not a dict of module path -> ParallelStyle" in out
-    rc, out, _ = paritycheck(2, "--model", "tiny", "--tp", "4")
-    assert rc != 0 and "--dp 1 x --tp 4 = 4 but torchrun started 2 processes" in out
+    args = parser().parse_args(["--model", "tiny", "--tp", "4"])
+    with pytest.raises(ParityInputError, match="--dp 1 x --tp 4 = 4 but torchrun started 2 processes"):
+        settings(args, world=2)
+    with pytest.raises(ParityInputError, match="tensor_parallel_size=3 must divide model.n_head=4"):
+        settings(parser().parse_args(["--model", "tiny"]), world=3)
+    with pytest.raises(ParityInputError, match="is not a dict of module path -> ParallelStyle"):
+        load_plan("tests.workers.paritycheck_plans:not_a_plan", GPTConfig.from_name("tiny"))
+    with pytest.raises(ParityInputError, match="must be module:attribute"):
+        load_plan("TP_PLAN", GPTConfig.from_name("tiny"))
+    with pytest.raises(ParityInputError, match="no such file"):
+        settings(parser().parse_args(["--config", "configs/nope.yaml"]), world=2)
     proc = subprocess.run([sys.executable, "-m", "gpt_tp.paritycheck"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "run under torchrun" in proc.stderr
