@@ -92,7 +92,23 @@ def worker(args) -> None:
         return {"step_s": t, **categorize(prof)}
 
     profile = {tp: turn(tp, profiled) for tp in (1, 2)}
-    mine = {"rank": rank, "times": times[job], "profile": profile[job]}
+
+    def comm_only():
+        """The step's TP activation collectives alone (4L + 2 all-gathers + 4L + 2 reduce-scatters of a
+        (B, T, C) float32 tensor): the transfer cost, without waiting for a slower rank's compute."""
+        group = meshes[2]["tensor_parallel"].get_group()
+        shard = torch.randn(args.batch_size, args.seq_len // 2, config.n_embd)
+        full = torch.empty(args.batch_size * 2, args.seq_len // 2, config.n_embd)
+        n = 4 * config.n_layer + 2
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dist.all_gather_single(full, shard, group=group)
+            dist.reduce_scatter_single(shard, full, group=group)
+        return time.perf_counter() - t0
+
+    comm = turn(2, comm_only)
+    mine = {"rank": rank, "times": times[job], "profile": profile[job], "comm_only_s": comm}
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if rank == 0:
@@ -106,6 +122,7 @@ def worker(args) -> None:
             "pair_ratios": stats(ratios), "tp1_times": t1, "tp2_times": t2,
             "profile_tp1": gathered[0]["profile"], "profile_tp2_rank0": gathered[1]["profile"],
             "profile_tp2_rank1": gathered[2]["profile"],
+            "tp2_comm_only_s": max(gathered[1]["comm_only_s"], gathered[2]["comm_only_s"]),
         }
         Path(args.json).write_text(json.dumps(res, indent=1))
     dist.destroy_process_group()
@@ -126,6 +143,7 @@ def summary(res: dict) -> str:
         if k not in ("step_s", "top_rest"):
             lines.append(f"  {k:<18} TP=1 {p1[k]:7.3f}   TP=2 rank 0 {p2[k]:7.3f}" + (f"   ratio {p2[k] / p1[k]:.2f}" if p1[k] > 1e-3 else ""))
     lines.append(f"  {'step (wall)':<18} TP=1 {p1['step_s']:7.3f}   TP=2 rank 0 {p2['step_s']:7.3f}")
+    lines.append(f"  the TP collectives alone (same count and sizes, no compute): {res['tp2_comm_only_s']:.3f} s per step")
     lines.append("  largest uncategorised ops, TP=2 rank 0: " + "; ".join(p2["top_rest"]))
     return "\n".join(lines)
 
