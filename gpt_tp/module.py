@@ -86,8 +86,8 @@ class GPTModule(L.LightningModule):
             total_batch_size: tokens per optimizer step; checked against data.batch_size x data.seq_len x
                 data-parallel size x trainer.accumulate_grad_batches. None skips the check.
             compile: torch.compile each block (applied after TP, before FSDP2).
-            meta_init: build on the meta device and initialise the shards after parallelizing, for models that
-                do not fit one device (same distribution as the single-device init, not the same numbers).
+            meta_init: build on the meta device and initialise only the local shards after parallelizing, for
+                models that do not fit one device (the same numbers as the single-device init).
             init_from: a local Hugging Face GPT-2 directory (config.json + model.safetensors) to start from.
             peak_flops: the device's peak FLOP/s for MFU; None detects known GPUs (MFU is NaN on CPU).
         """
@@ -114,11 +114,7 @@ class GPTModule(L.LightningModule):
     # ---- model setup -----------------------------------------------------------------------------------------
     def configure_model(self) -> None:
         """Apply the TP plan (+ FSDP2) on the strategy's mesh, then initialise any meta-device shards."""
-        if self.device_mesh is not None:
-            parallelize(self.model, self.device_mesh, compile=self.hparams.compile)
-        elif self.hparams.compile:
-            for block in self.model.transformer.h:
-                block.compile()
+        parallelize(self.model, self.device_mesh, compile=self.hparams.compile)
         materialize(self.model, self.device)
 
     def configure_optimizers(self):

@@ -17,6 +17,7 @@ from math import gcd
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -142,20 +143,23 @@ def is_parallelized(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def parallelize(model: GPT, mesh: DeviceMesh, compile: bool = False) -> GPT:
+def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False) -> GPT:
     """Apply TP (on mesh["tensor_parallel"]), then torch.compile per block, then FSDP2 (on mesh["data_parallel"]).
 
     The fixed order matters: compile must see the TP-annotated blocks, and FSDP2 wraps the compiled blocks and
-    composes with the TP DTensors into one 2-D (dp, tp) mesh. Idempotent: an already-parallelized model is left as is.
+    composes with the TP DTensors into one 2-D (dp, tp) mesh. mesh=None (one device) only compiles.
+    Idempotent: an already-parallelized model is left as is.
     """
     if is_parallelized(model):
         return model
-    tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
-    validate_layout(model.config, tp=tp_mesh.size(), dp=dp_mesh.size())
+    tp_size = mesh["tensor_parallel"].size() if mesh is not None else 1
+    dp_size = mesh["data_parallel"].size() if mesh is not None else 1
+    validate_layout(model.config, tp=tp_size, dp=dp_size)
 
     # 1. Tensor parallelism. parallelize_module registers new Parameters, which unties wte and lm_head:
     #    both are Shard(0) over the vocabulary, so the tie is restored by pointing lm_head at wte's new DTensor.
-    if tp_mesh.size() > 1:
+    if tp_size > 1:
+        tp_mesh = mesh["tensor_parallel"]
         parallelize_module(model, tp_mesh, TP_PLAN)
         model.tie_weights()
 
@@ -165,9 +169,8 @@ def parallelize(model: GPT, mesh: DeviceMesh, compile: bool = False) -> GPT:
             block.compile()
 
     # 3. FSDP2 over the data-parallel dim: each block is a unit, the root takes embeddings, ln_f and lm_head.
-    if dp_mesh.size() > 1:
-        from torch.distributed.fsdp import fully_shard
-
+    if dp_size > 1:
+        dp_mesh = mesh["data_parallel"]
         for block in model.transformer.h:
             fully_shard(block, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
