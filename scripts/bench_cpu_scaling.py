@@ -64,7 +64,7 @@ def worker(args) -> None:
     job = 1 if rank == 0 else 2
     config = GPTConfig.from_name("gpt2")
     torch.manual_seed(0)
-    model, opt = build(config, meshes[job], torch.device("cpu"), compile=False)
+    model, opt = build(config, meshes[job], torch.device("cpu"), compile=args.compile)
     x, y = SyntheticTokens(args.batch_size, args.seq_len, vocab=50257, seed=0).batch(0)
 
     def turn(tp: int, fn):
@@ -116,7 +116,7 @@ def worker(args) -> None:
         t2 = [max(a, b) for a, b in zip(gathered[1]["times"], gathered[2]["times"])]  # the slower TP rank
         ratios = [b / a for a, b in zip(t1, t2)]
         res = {
-            "model": "gpt2 (124M)", "batch_size": args.batch_size, "seq_len": args.seq_len, "pairs": args.pairs,
+            "model": "gpt2 (124M)", "compile": args.compile, "batch_size": args.batch_size, "seq_len": args.seq_len, "pairs": args.pairs,
             "tp1_step_s": stats(t1), "tp2_step_s": stats(t2),
             "ratio_of_medians": statistics.median(t2) / statistics.median(t1),
             "pair_ratios": stats(ratios), "tp1_times": t1, "tp2_times": t2,
@@ -131,7 +131,8 @@ def worker(args) -> None:
 def summary(res: dict) -> str:
     f = lambda s: f"{s['min']:.3f} / {s['median']:.3f} / {s['max']:.3f}"  # noqa: E731
     lines = [
-        f"GPT-2 124M, micro-batch {res['batch_size']} x {res['seq_len']}, {res['pairs']} interleaved pairs, fp32, 1 thread per process",
+        f"GPT-2 124M, micro-batch {res['batch_size']} x {res['seq_len']}, {res['pairs']} interleaved pairs, fp32, "
+        f"{'compiled blocks' if res.get('compile') else 'eager'}, 1 thread per process",
         f"TP=1 step s  min / median / max: {f(res['tp1_step_s'])}",
         f"TP=2 step s  min / median / max: {f(res['tp2_step_s'])}",
         f"ratio TP=2 / TP=1 (medians): {res['ratio_of_medians']:.3f}   per pair min / median / max: "
@@ -154,6 +155,7 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=256, help="must be even (sequence parallelism splits it)")
     ap.add_argument("--pairs", type=int, default=8, help="timed TP=1 / TP=2 step pairs")
     ap.add_argument("--warmup", type=int, default=1, help="untimed pairs first")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each block (both sides; warm-up compiles)")
     ap.add_argument("--json", default="cpu_scaling.json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -166,7 +168,7 @@ def main() -> int:
         return 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", __file__, "--worker",
            "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--pairs", str(args.pairs),
-           "--warmup", str(args.warmup), "--json", str(Path(args.json).resolve())]
+           "--warmup", str(args.warmup), *(["--compile"] if args.compile else []), "--json", str(Path(args.json).resolve())]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, env=env, cwd=ROOT)
     if proc.returncode != 0:
