@@ -1,4 +1,4 @@
-"""Benchmark: what a training step costs per layout (DP x TP), precision and compile setting, and why.
+r"""Benchmark: what a training step costs per layout (DP x TP), precision and compile setting, and why.
 
     python -m gpt_tp.bench --model gpt2 --layouts 1x1,1x2,2x2 --precision bf16-mixed --compile off,on \
         --batch-size 16 --seq-len 1024 --out bench_out

@@ -92,3 +92,11 @@ def test_bad_flags(capsys, tmp_path):
 def test_async_tp_refused_on_cpu():
     with pytest.raises(RuntimeError, match="async TP needs CUDA GPUs"):
         enable_async_tp(SimpleNamespace(device_type="cpu", size=lambda: 2))
+
+
+def test_help_and_cpu_scaling_flags():
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.bench", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and "--layouts" in proc.stdout and "--peak-flops" in proc.stdout
+    proc = subprocess.run([sys.executable, "scripts/bench_cpu_scaling.py", "--seq-len", "255"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--seq-len=255 must be even" in proc.stderr
