@@ -40,19 +40,6 @@ LIGHTNING_META = "meta.pt"
 PREFIX = "gpt_tp"
 
 
-def allow_rng_states_in_checkpoints() -> None:
-    """Let torch.load(weights_only=True) read the numpy RNG states Lightning puts in a checkpoint's meta.pt.
-
-    Lightning 2.6.6 drops `weights_only` when it restores after setup (ModelParallelStrategy does): Trainer._run calls
-    `_restore_modules_and_callbacks(ckpt_path)` without it, so torch.load falls back to weights_only=True and
-    refuses meta.pt's `rng_states` (numpy arrays) even with `--weights_only false`. Allow-listing exactly those
-    numpy types fixes resuming without turning weights_only off."""
-    import numpy as np
-    import torch
-
-    torch.serialization.add_safe_globals([np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))])
-
-
 def _say(msg: str) -> None:
     print(f"[{PREFIX}] {msg}", file=sys.stderr, flush=True)
 
@@ -84,7 +71,6 @@ class Preemption(Callback):
         self.requested = True
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        allow_rng_states_in_checkpoints()  # runs before Lightning restores a checkpoint
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(self.signum, self._handler)
 

@@ -46,6 +46,15 @@ def test_bad_flags_fail_before_training_with_the_fix(tmp_path, flags, message):
     assert "Traceback" not in proc.stderr.splitlines()[-1]
 
 
+def test_auto_layout_is_planned(tmp_path):
+    """Both sizes 'auto' on 2 CPU processes: no device memory to plan for, so the smallest valid TP (DP=2 x TP=1)."""
+    proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.callbacks", "[]",
+               "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--model.total_batch_size", "null",
+               "--trainer.strategy.init_args.tensor_parallel_size", "auto", "--trainer.strategy.init_args.data_parallel_size", "auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "gpt_tp planner: DP=2 x TP=1" in proc.stderr
+
+
 def losses(log_dir):
     rows = list(csv.DictReader(open(log_dir / "metrics.csv")))
     return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
