@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.module import PEAK_FLOPS
+from gpt_tp.parallel import enable_async_tp
 
 PRECISIONS = ("32-true", "bf16-mixed")
 
@@ -162,27 +162,6 @@ def groups_of(mesh) -> dict[str, tuple[str, int]]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Async TP (GPU + compile only)
-
-
-def enable_async_tp(tp_mesh) -> None:
-    """Turn on asynchronous tensor parallelism for compiled blocks: Inductor's micro-pipelining pass
-    (torch._inductor.config._micro_pipeline_tp) fuses each all-gather with the matmul that consumes it, and each
-    matmul with the reduce-scatter after it, over symmetric memory on the TP group. Call before the first
-    compiled forward. Needs CUDA devices and torch.compile; refused elsewhere with the reason."""
-    if tp_mesh.device_type != "cuda":
-        raise RuntimeError(
-            f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on '{tp_mesh.device_type}'. "
-            "Leave async TP off on CPU."
-        )
-    if tp_mesh.size() < 2:
-        raise RuntimeError("async TP needs tensor_parallel_size >= 2: there is nothing to overlap at TP=1")
-    import torch._inductor.config as inductor_config
-    from torch.distributed import _symmetric_memory  # no public API for this yet (torchtitan does the same)
-
-    inductor_config._micro_pipeline_tp = True
-    with warnings.catch_warnings():  # deprecated in recent torch, but the Inductor pass still checks for it
-        warnings.simplefilter("ignore", FutureWarning)
-        _symmetric_memory.enable_symm_mem_for_group(tp_mesh.get_group().group_name)
 
 
 # ---------------------------------------------------------------------------------------------------------------

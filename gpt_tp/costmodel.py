@@ -108,8 +108,9 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
     plan="sp" is gpt_tp's TP_PLAN (Megatron sequence parallelism), exactly as the benchmark measures it:
       per block, forward: all-gather of the LayerNorm output before attention and before the MLP, reduce-scatter
         of c_proj's output after each; backward: the conjugates. Under bf16 autocast LayerNorm outputs float32,
-        so the forward all-gathers (and their backward reduce-scatters) move 4-byte elements; the c_proj outputs
-        are bf16. The token embedding (float32, not autocast) reduce-scatters into the stream (fwd) and
+        but the plan casts it to bf16 before the gather (gpt_tp.parallel.GatherInput), so the forward all-gathers
+        (and their backward reduce-scatters) move 2-byte elements, as do the c_proj outputs. The token embedding
+        (float32, not autocast) reduce-scatters into the stream (fwd) and
         all-gathers its gradient (bwd); ln_f's output is all-gathered for lm_head (fwd), reduce-scattered (bwd).
       loss_parallel: 3 all-reduces of B x T values: the max in the logits' dtype, the target logit and the sum
         of exps in float32.
@@ -133,7 +134,7 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
     B, T = batch_size, seq_len
     act = B * T * C
     mm = 2 if precision == "bf16-mixed" else 4  # matmul outputs under autocast
-    ln = 4  # LayerNorm outputs stay float32 under autocast; the embedding is float32
+    ln = mm  # LayerNorm outputs are cast to the autocast dtype before they are gathered (ln_1, ln_2, ln_f)
     n_tensors = 12 * L + 4
     rows = []
     if tp > 1:

@@ -16,7 +16,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.optim import get_lr, make_adamw
-from gpt_tp.parallel import data_parallel_rank_size, materialize, parallelize, reduce_partial_grads, validate_layout
+from gpt_tp.parallel import data_parallel_rank_size, enable_async_tp, materialize, parallelize, reduce_partial_grads, validate_layout
 
 # dense bf16 peak FLOP/s per device, for MFU; matched against torch.cuda.get_device_name()
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "3090": 71e12, "4090": 165e12, "A6000": 155e12}
@@ -72,6 +72,7 @@ class GPTModule(L.LightningModule):
         fused: bool | None = None,
         total_batch_size: int | None = 524288,
         compile: bool = False,
+        async_tp: bool = False,
         meta_init: bool = False,
         init_from: str | None = None,
         peak_flops: float | None = None,
@@ -86,6 +87,8 @@ class GPTModule(L.LightningModule):
             total_batch_size: tokens per optimizer step; checked against data.batch_size x data.seq_len x
                 data-parallel size x trainer.accumulate_grad_batches. None skips the check.
             compile: torch.compile each block (applied after TP, before FSDP2).
+            async_tp: overlap the TP all-gathers / reduce-scatters with the matmuls (Inductor micro-pipelining over
+                symmetric memory); CUDA, TP > 1 and compile only, refused elsewhere with the reason.
             meta_init: build on the meta device and initialise only the local shards after parallelizing, for
                 models that do not fit one device (the same numbers as the single-device init).
             init_from: a local Hugging Face GPT-2 directory (config.json + model.safetensors) to start from.
@@ -114,6 +117,12 @@ class GPTModule(L.LightningModule):
     # ---- model setup -----------------------------------------------------------------------------------------
     def configure_model(self) -> None:
         """Apply the TP plan (+ FSDP2) on the strategy's mesh, then initialise any meta-device shards."""
+        if self.hparams.async_tp:  # before the first compiled forward
+            if not self.hparams.compile:
+                raise ValueError("model.async_tp needs model.compile: true (it is an Inductor pass)")
+            if self.device_mesh is None:
+                raise ValueError("model.async_tp needs a tensor-parallel run (ModelParallelStrategy, TP > 1)")
+            enable_async_tp(self.device_mesh["tensor_parallel"])
         parallelize(self.model, self.device_mesh, compile=self.hparams.compile)
         materialize(self.model, self.device)
 

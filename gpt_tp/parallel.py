@@ -12,6 +12,7 @@ wpe and the LayerNorms included, becomes a DTensor on the mesh, which clip_grad_
 The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks up n_head / tp heads.
 """
 
+import warnings
 from math import gcd
 
 import torch
@@ -55,6 +56,33 @@ class PositionEmbeddingParallel(ParallelStyle):
         return distribute_module(module, device_mesh, replicate_params, input_fn, output_fn)
 
 
+def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple | None:
+    """Under autocast, LayerNorm outputs float32 but the matmul after it runs in bf16: cast before the all-gather,
+    so the gather (and its backward reduce-scatter) moves 2-byte elements. Same forward numbers."""
+    device = args[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return None
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+
+class _GatherInAutocastDtype:
+    """Mixin for styles whose input is all-gathered: register the cast above ahead of the style's own hooks."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)
+        module.register_forward_pre_hook(_cast_to_autocast_dtype, prepend=True)
+        return module
+
+
+class GatherInput(_GatherInAutocastDtype, PrepareModuleInput):
+    """PrepareModuleInput (Shard(1) -> Replicate all-gather) in the autocast dtype."""
+
+
+class VocabParallelHead(_GatherInAutocastDtype, ColwiseParallel):
+    """ColwiseParallel lm_head whose sequence all-gather runs in the autocast dtype."""
+
+
 # The plan, keyed by module path. Order within the dict does not matter: each entry parallelizes its own module.
 TP_PLAN: dict[str, ParallelStyle] = {
     # token ids (replicated) -> vocab-parallel lookup -> reduce-scatter to the sequence-sharded residual stream
@@ -63,19 +91,19 @@ TP_PLAN: dict[str, ParallelStyle] = {
     "transformer.drop": SequenceParallel(use_local_output=True),
     # attention: LayerNorm on the sequence slice, all-gather, whole heads per rank, reduce-scatter back
     "transformer.h.*.ln_1": SequenceParallel(),
-    "transformer.h.*.attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    "transformer.h.*.attn": GatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
     "transformer.h.*.attn.c_attn": ColwiseParallel(),
     "transformer.h.*.attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
     "transformer.h.*.attn.resid_dropout": SequenceParallel(use_local_output=True),
     # MLP: the same pattern, the 4C hidden units split over ranks
     "transformer.h.*.ln_2": SequenceParallel(),
-    "transformer.h.*.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+    "transformer.h.*.mlp": GatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
     "transformer.h.*.mlp.c_fc": ColwiseParallel(),
     "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
     "transformer.h.*.mlp.dropout": SequenceParallel(use_local_output=True),
     # head: all-gather the sequence, vocab-sharded logits stay a DTensor for loss_parallel()
     "transformer.ln_f": SequenceParallel(),
-    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    "lm_head": VocabParallelHead(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
 }
 
 
@@ -175,6 +203,27 @@ def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False) -> G
             fully_shard(block, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
     return model
+
+
+def enable_async_tp(tp_mesh) -> None:
+    """Turn on asynchronous tensor parallelism for compiled blocks: Inductor's micro-pipelining pass
+    (torch._inductor.config._micro_pipeline_tp) fuses each all-gather with the matmul that consumes it, and each
+    matmul with the reduce-scatter after it, over symmetric memory on the TP group. Call before the first
+    compiled forward. Needs CUDA devices and torch.compile; refused elsewhere with the reason."""
+    if tp_mesh.device_type != "cuda":
+        raise RuntimeError(
+            f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on '{tp_mesh.device_type}'. "
+            "Leave async TP off on CPU."
+        )
+    if tp_mesh.size() < 2:
+        raise RuntimeError("async TP needs tensor_parallel_size >= 2: there is nothing to overlap at TP=1")
+    import torch._inductor.config as inductor_config
+    from torch.distributed import _symmetric_memory  # no public API for this yet (torchtitan does the same)
+
+    inductor_config._micro_pipeline_tp = True
+    with warnings.catch_warnings():  # deprecated in recent torch, but the Inductor pass still checks for it
+        warnings.simplefilter("ignore", FutureWarning)
+        _symmetric_memory.enable_symm_mem_for_group(tp_mesh.get_group().group_name)
 
 
 @torch.no_grad()

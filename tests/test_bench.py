@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT
-from gpt_tp.bench import enable_async_tp, main, parse_layouts
+from gpt_tp.bench import main, parse_layouts
+from gpt_tp.parallel import enable_async_tp
 from gpt_tp.costmodel import step_collectives
 from gpt_tp.model import GPTConfig
 

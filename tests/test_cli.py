@@ -36,8 +36,9 @@ def test_print_config():
         (["--data.seq_len", "127", "--model.total_batch_size", "null"], "must divide the sequence length (data.seq_len)=127"),
         (["--data.data_dir", "no/such/dir"], "no/such/dir"),
         (["--model.model", "gpt5"], "gpt5"),
+        (["--model.async_tp", "true", "--model.compile", "true"], "async TP needs CUDA GPUs"),
     ],
-    ids=["world-size", "heads", "total-batch", "seq-len", "data-dir", "model-size"],
+    ids=["world-size", "heads", "total-batch", "seq-len", "data-dir", "model-size", "async-tp-on-cpu"],
 )
 def test_bad_flags_fail_before_training_with_the_fix(tmp_path, flags, message):
     proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", *flags, timeout=300)
