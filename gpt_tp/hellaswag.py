@@ -38,6 +38,8 @@ from lightning.pytorch.callbacks import Callback
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from gpt_tp.data import resolve_data_dir
+
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FILENAME = "hellaswag_val.jsonl"
 DEFAULT_CACHE_DIR = "data/hellaswag"
@@ -144,9 +146,10 @@ def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
 
 
 def resolve_path(path: str | os.PathLike | None = None, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR) -> Path:
-    """The file to read: `path` if given (it must exist), else cache_dir/hellaswag_val.jsonl, downloaded once."""
+    """The file to read: `path` if given (it must exist; a relative one missing from the working directory is
+    taken from the repository root, like data.data_dir), else cache_dir/hellaswag_val.jsonl, downloaded once."""
     if path is not None:
-        p = Path(path).expanduser()
+        p = resolve_data_dir(path)  # a relative path missing here is looked up under the repository root
         if not p.is_file():
             raise HellaSwagError(f"HellaSwag file {p} not found: give an existing hellaswag_val.jsonl, or no path to download it into the cache dir")
         return p

@@ -158,17 +158,7 @@ def slurm(tmp_path_factory):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _workdir(work: Path) -> Path:
-    """A run folder outside the repository (its logs/ and checkpoints/ stay in the test's tmp dir) in which the
-    repo-relative paths of configs/cpu.yaml (e.g. the HellaSwag fixture) still resolve."""
-    link = work / "tests"
-    if not link.exists():
-        link.symlink_to(ROOT / "tests")
-    return work
-
-
 def _submit(slurm: LocalSlurm, work: Path, *args: str, env: dict | None = None) -> str:
-    _workdir(work)
     env = {"GPT_TP_REPO": str(ROOT), "GPT_TP_PYTHON": sys.executable, "GPT_TP_CKPT_DIR": str(work / "ckpt"), **(env or {})}
     exports = "ALL," + ",".join(f"{k}={v}" for k, v in env.items())
     out = slurm.run("sbatch", "--parsable", f"--chdir={work}", f"--export={exports}", str(ROOT / "scripts" / "slurm" / "cpu.sbatch"), *args)
@@ -240,7 +230,6 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
 
 def _launch_ranks(tmp_path: Path, *args: str, port: int | None = None) -> list[tuple[subprocess.Popen, Path]]:
     port = port or _free_port()
-    _workdir(tmp_path)
     procs = []
     for rank in range(2):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "gpt_tp",
