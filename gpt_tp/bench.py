@@ -174,7 +174,7 @@ def autocast_context(precision: str, device: torch.device):
     return nullcontext()
 
 
-def build(config: GPTConfig, mesh, device: torch.device, compile: bool):
+def build(config: GPTConfig, mesh, device: torch.device, compile: bool, precision: str = "32-true"):
     """A GPT built on the meta device, parallelized on the (data_parallel, tensor_parallel) mesh (TP -> compile ->
     FSDP2) and initialised shard by shard, with its fused AdamW."""
     from gpt_tp.model import GPT
@@ -183,7 +183,7 @@ def build(config: GPTConfig, mesh, device: torch.device, compile: bool):
 
     with torch.device("meta"):
         model = GPT(config)
-    parallelize(model, mesh, compile=compile)
+    parallelize(model, mesh, compile=compile, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
     materialize(model, device)
     model.train()
     return model, make_adamw(model, lr=6e-4, fused=True)
@@ -258,7 +258,7 @@ def worker(spec: dict) -> None:
     mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
     config = GPTConfig(**spec["config"])
     torch.manual_seed(spec["seed"])
-    model, opt = build(config, mesh, device, spec["compile"])
+    model, opt = build(config, mesh, device, spec["compile"], spec["precision"])
     if spec.get("async_tp"):
         enable_async_tp(mesh["tensor_parallel"])
     dp_rank = mesh["data_parallel"].get_local_rank()

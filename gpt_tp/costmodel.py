@@ -122,9 +122,9 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
       replicated LayerNorm work, no replicated-gradient reduction.
     plan="naive": "megatron" plus lm_head's logits gathered to every rank (output_layouts=Replicate()), the
       obvious first attempt: B x T x vocab floats per step.
-    dp_mode="fsdp" (gpt_tp, FSDP2 with float32 parameters): per block all-gather forward, all-gather again in
-      backward (resharded after forward), reduce-scatter of the gradients; the root (embeddings, ln_f) is
-      gathered once. dp_mode="ddp": one all-reduce of all float32 gradients (bucketed).
+    dp_mode="fsdp" (gpt_tp, FSDP2; under bf16-mixed its MixedPrecisionPolicy gathers bf16 parameters and
+      reduce-scatters float32 gradients): per block all-gather forward, all-gather again in backward (resharded
+      after forward), reduce-scatter of the gradients; the root (embeddings, ln_f) is gathered once. dp_mode="ddp": one all-reduce of all float32 gradients (bucketed).
     """
     for name, val, ok in (("plan", plan, ("sp", "megatron", "naive")), ("dp_mode", dp_mode, ("fsdp", "ddp")),
                           ("precision", precision, ("32-true", "bf16-mixed"))):
@@ -135,6 +135,9 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
     act = B * T * C
     mm = 2 if precision == "bf16-mixed" else 4  # matmul outputs under autocast
     ln = mm  # LayerNorm outputs are cast to the autocast dtype before they are gathered (ln_1, ln_2, ln_f)
+    # parameters compute in bf16 when FSDP2 gathers them so (bf16-mixed, DP > 1): the embedding's output and the
+    # replicated parameters' gradients then have 2-byte elements
+    emb = mm if dp > 1 and dp_mode == "fsdp" else 4
     n_tensors = 12 * L + 4
     rows = []
     if tp > 1:
@@ -142,13 +145,13 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
         if plan == "sp":
             rows += [
                 _coll(TPd, "all_gather", tp, 2 * L + 1, (2 * L + 1) * act * ln),  # fwd: ln_1, ln_2 per block, ln_f
-                _coll(TPd, "all_gather", tp, 2 * L + 1, 2 * L * act * mm + act * 4),  # bwd: of c_proj RS, of wte RS
-                _coll(TPd, "reduce_scatter", tp, 2 * L + 1, 2 * L * act * mm + act * 4),  # fwd: c_proj x 2, wte
+                _coll(TPd, "all_gather", tp, 2 * L + 1, 2 * L * act * mm + act * emb),  # bwd: of c_proj RS, of wte RS
+                _coll(TPd, "reduce_scatter", tp, 2 * L + 1, 2 * L * act * mm + act * emb),  # fwd: c_proj x 2, wte
                 _coll(TPd, "reduce_scatter", tp, 2 * L + 1, (2 * L + 1) * act * ln),  # bwd: of the gathers
             ]
             replicated = config.block_size * C + 2 * (2 * L + 1) * C  # wpe + LayerNorm weights and biases
             if dp > 1:
-                rows.append(_coll(TPd, "all_reduce", tp, 4 * L + 3, replicated * 4))
+                rows.append(_coll(TPd, "all_reduce", tp, 4 * L + 3, replicated * emb))
             else:
                 rows.append(_coll(TPd, "all_reduce", tp, 1, replicated * 4))
         else:
@@ -162,9 +165,10 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
     if dp > 1:
         DPd = "data_parallel"
         if dp_mode == "fsdp":
-            block, root = fsdp_shard_bytes(config, tp, dp)
+            block, root = fsdp_shard_bytes(config, tp, dp)  # float32 gradients reduce-scattered
+            gblock, groot = fsdp_shard_bytes(config, tp, dp, mm)  # parameters gathered in bf16 under bf16-mixed
             rows += [
-                _coll(DPd, "all_gather", dp, 2 * L + 1, 2 * L * block + root),
+                _coll(DPd, "all_gather", dp, 2 * L + 1, 2 * L * gblock + groot),
                 _coll(DPd, "reduce_scatter", dp, L + 1, L * block + root),
             ]
         else:

@@ -123,7 +123,8 @@ class GPTModule(L.LightningModule):
             if self.device_mesh is None:
                 raise ValueError("model.async_tp needs a tensor-parallel run (ModelParallelStrategy, TP > 1)")
             enable_async_tp(self.device_mesh["tensor_parallel"])
-        parallelize(self.model, self.device_mesh, compile=self.hparams.compile)
+        param_dtype = torch.bfloat16 if str(self.trainer.precision) == "bf16-mixed" else None  # FSDP2's gathers
+        parallelize(self.model, self.device_mesh, compile=self.hparams.compile, param_dtype=param_dtype)
         materialize(self.model, self.device)
 
     def configure_optimizers(self):

@@ -18,7 +18,7 @@ from math import gcd
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -171,11 +171,12 @@ def is_parallelized(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False) -> GPT:
+def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False, param_dtype: torch.dtype | None = None) -> GPT:
     """Apply TP (on mesh["tensor_parallel"]), then torch.compile per block, then FSDP2 (on mesh["data_parallel"]).
 
     The fixed order matters: compile must see the TP-annotated blocks, and FSDP2 wraps the compiled blocks and
     composes with the TP DTensors into one 2-D (dp, tp) mesh. mesh=None (one device) only compiles.
+    param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and reduce-scatters gradients in float32.
     Idempotent: an already-parallelized model is left as is.
     """
     if is_parallelized(model):
@@ -199,9 +200,10 @@ def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False) -> G
     # 3. FSDP2 over the data-parallel dim: each block is a unit, the root takes embeddings, ln_f and lm_head.
     if dp_size > 1:
         dp_mesh = mesh["data_parallel"]
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
         for block in model.transformer.h:
-            fully_shard(block, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp)
     return model
 
 

@@ -62,7 +62,7 @@ def _fit(tmp_path, name, nproc=1, *args):
 def test_lightning_tp_runs_match_single_device(tmp_path):
     """The real training path: Trainer + ModelParallelStrategy, gradient accumulation 2, clip 1.0 through the
     Trainer, fused AdamW, the LR schedule. TP=2; TP=2 built under trainer.init_module(empty_init=True) in
-    bf16-mixed; TP=2 with torch.compile per block; DP=2 x TP=2 (FSDP2) built with meta_init."""
+    bf16-mixed; TP=2 with torch.compile per block; DP=2 x TP=2 (FSDP2) built with meta_init, and in bf16-mixed."""
     ref, ref_w = _fit(tmp_path, "single")
     assert ref["fused"] is True
     runs = {
@@ -70,6 +70,8 @@ def test_lightning_tp_runs_match_single_device(tmp_path):
         "tp2_init_module_bf16": (_fit(tmp_path, "tp2m", 2, "--tp", "2", "--init-module", "--precision", "bf16-mixed"), 1e-3),
         "tp2_compile": (_fit(tmp_path, "tp2c", 2, "--tp", "2", "--compile"), 1e-4),
         "dp2xtp2_meta": (_fit(tmp_path, "dp2tp2m", 4, "--tp", "2", "--dp", "2", "--meta"), 1e-4),
+        # FSDP2 gathers bf16 parameters (MixedPrecisionPolicy) and keeps float32 master weights
+        "dp2xtp2_bf16": (_fit(tmp_path, "dp2tp2b", 4, "--tp", "2", "--dp", "2", "--precision", "bf16-mixed"), 1e-3),
     }
     ref_losses = [r["train/loss"] for r in ref["rows"]]
     assert len(ref_losses) == 6 and ref_losses[-1] < ref_losses[0] - 0.2
@@ -80,6 +82,7 @@ def test_lightning_tp_runs_match_single_device(tmp_path):
         # the logged grad norm is the global one (a DTensor's local partial would be ~1/sqrt(tp) of it)
         assert res["rows"][0]["train/grad_norm"] == pytest.approx(ref["rows"][0]["train/grad_norm"], rel=max(tol, 1e-4)), name
         assert [r["train/lr"] for r in res["rows"]] == pytest.approx([r["train/lr"] for r in ref["rows"]]), name
+        assert all(v.dtype == torch.float32 for v in w["final"].values()), name  # float32 master weights
         for k, v in ref_w["init"].items():  # meta-device init included: same numbers as the single-device init
             assert torch.equal(w["init"][k], v), (name, k)
         worst = max((w["final"][k] - v).abs().max().item() for k, v in ref_w["final"].items())
