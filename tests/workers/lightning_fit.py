@@ -20,7 +20,7 @@ from gpt_tp.synthetic import SyntheticDataModule
 
 
 def gathered(module) -> dict[str, torch.Tensor]:
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in module.model.named_parameters()}
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone() for n, p in module.model.named_parameters()}
 
 
 class Record(Callback):
@@ -46,15 +46,18 @@ def main():
     ap.add_argument("--init-module", action="store_true", help="build under trainer.init_module(empty_init=True)")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--precision", default="32-true")
+    ap.add_argument("--accelerator", default="cpu")
+    ap.add_argument("--val-batches", type=int, default=0, help="validate this many batches after the last step")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     world = args.tp * args.dp
     strategy = ModelParallelStrategy(data_parallel_size=args.dp, tensor_parallel_size=args.tp) if world > 1 else "auto"
     trainer = L.Trainer(
-        accelerator="cpu", devices=world, strategy=strategy, max_steps=args.steps,
+        accelerator=args.accelerator, devices=world, strategy=strategy, max_steps=args.steps,
         accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record()], precision=args.precision,
+        limit_val_batches=args.val_batches, log_every_n_steps=1, check_val_every_n_epoch=None,
+        val_check_interval=args.steps * args.accum if args.val_batches else None, callbacks=[rec := Record()], precision=args.precision,
     )
     L.seed_everything(1234, verbose=False)
     global_batch = 4
@@ -70,7 +73,8 @@ def main():
     final = gathered(model)
     if trainer.global_rank == 0:
         with open(args.out + ".json", "w") as f:
-            json.dump({"rows": rec.rows, "fused": model.optimizers().optimizer.defaults["fused"]}, f)
+            val = trainer.callback_metrics.get("val/loss")
+            json.dump({"rows": rec.rows, "fused": model.optimizers().optimizer.defaults["fused"], "val_loss": None if val is None else float(val)}, f)
         torch.save({"init": rec.init, "final": final}, args.out + ".pt")
 
 
