@@ -26,8 +26,7 @@ def default_loggers(save_dir: str = "logs") -> list:
 
 
 def model_config(cfg) -> GPTConfig:
-    model = cfg.model.model
-    return GPTConfig.from_name(model) if isinstance(model, str) else GPTConfig(**vars(model))
+    return GPTConfig.resolve(cfg.model.model)
 
 
 class GPTCLI(LightningCLI):

@@ -133,9 +133,9 @@ class ModelParallel(ModelParallelStrategy):
         return torch.load(path / META, weights_only=False if weights_only is None else weights_only)
 
 
-def load_consolidated(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read a distributed checkpoint in one process, without a process group: (hyper_parameters, the full
-    single-device GPT state dict). Used by the export command."""
+def load_consolidated(path: str | os.PathLike) -> tuple["GPTConfig", dict[str, torch.Tensor]]:
+    """Read a distributed checkpoint in one process, without a process group: (the model's GPTConfig, the full
+    single-device GPT state dict). Used by the export and HellaSwag commands."""
     from gpt_tp.model import GPT, GPTConfig
 
     check_checkpoint(path)
@@ -143,10 +143,7 @@ def load_consolidated(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Te
     hparams = dict(meta.get("hyper_parameters") or {})
     if "model" not in hparams:
         raise CheckpointError(f"{path}/{META} holds no gpt_tp hyper-parameters: not a gpt_tp checkpoint")
-    model = hparams["model"]
-    config = GPTConfig.from_name(model) if isinstance(model, str) else model
-    if isinstance(config, dict):
-        config = GPTConfig(**config)
+    config = GPTConfig.resolve(hparams["model"])
     with torch.device("meta"):
         gpt = GPT(config)
     gpt.to_empty(device="cpu")
@@ -155,4 +152,4 @@ def load_consolidated(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Te
     check_checkpoint(path, {k: tuple(v.shape) for k, v in state["state_dict"].items()})
     dcp_load(state, checkpoint_id=Path(path))
     gpt.load_state_dict({k.removeprefix("model."): v for k, v in state["state_dict"].items()})
-    return hparams, gpt.state_dict()
+    return config, gpt.state_dict()

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from gpt_tp.parallel import data_parallel_rank_size
+
 EOT_TOKEN = 50256  # <|endoftext|> of GPT-2's BPE (tiktoken "gpt2" == "r50k_base")
 SPLITS = ("train", "val")
 SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d{6})\.npy$")
@@ -359,11 +361,7 @@ class GPTDataModule(L.LightningDataModule):
         """(rank, size) of this process among data-parallel replicas (TP ranks share a rank)."""
         if self.dp_rank is not None or self.dp_size is not None:
             return self.dp_rank or 0, self.dp_size or 1
-        trainer = getattr(self, "trainer", None)
-        kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None) if trainer is not None else None
-        if not kwargs:
-            return 0, 1
-        return int(kwargs.get("rank", 0)), max(1, int(kwargs.get("num_replicas", 1)))
+        return data_parallel_rank_size(getattr(self, "trainer", None))
 
     # -- Lightning hooks ------------------------------------------------------------------------
 

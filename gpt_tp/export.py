@@ -21,16 +21,14 @@ from pathlib import Path
 import torch
 
 from gpt_tp.checkpoint import CheckpointError, load_consolidated
-from gpt_tp.model import GPTConfig, hf_config_dict, to_hf_state_dict
+from gpt_tp.model import hf_config_dict, to_hf_state_dict
 
 
 def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
     out_dir = Path(out)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} exists and is not an empty folder; choose a new --out (nothing is overwritten)")
-    hparams, state = load_consolidated(checkpoint)
-    model = hparams["model"]
-    config = GPTConfig.from_name(model) if isinstance(model, str) else GPTConfig(**model) if isinstance(model, dict) else model
+    config, state = load_consolidated(checkpoint)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -442,17 +442,6 @@ class HellaSwagCallback(Callback):
 # command line: evaluate weights alone
 
 
-def config_from_hparam(value):
-    """GPTModule's `model` hyper-parameter (a size name, a GPTConfig or its fields) as a GPTConfig."""
-    from gpt_tp.model import GPTConfig
-
-    if isinstance(value, GPTConfig):
-        return value
-    if isinstance(value, str):
-        return GPTConfig.from_name(value)
-    return GPTConfig(**(vars(value) if hasattr(value, "__dict__") else dict(value)))
-
-
 def load_model(args):
     """A GPT from --hf-dir, --ckpt_path (a Lightning checkpoint of GPTModule: a distributed checkpoint folder, as
     ModelParallelStrategy saves, or a single .ckpt file) or --model (random init)."""
@@ -467,10 +456,9 @@ def load_model(args):
             from gpt_tp.checkpoint import CheckpointError, load_consolidated
 
             try:
-                hparams, sd = load_consolidated(p)
+                config, sd = load_consolidated(p)
             except CheckpointError as e:
                 raise HellaSwagError(str(e)) from e
-            config = config_from_hparam(hparams["model"])
             model = GPT(config)
             model.load_state_dict(sd)
             model.tie_weights()
@@ -480,7 +468,7 @@ def load_model(args):
         ckpt = torch.load(p, map_location="cpu", weights_only=False)
         if "state_dict" not in ckpt:
             raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule")
-        config = config_from_hparam(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
+        config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
         sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     else:
         config, sd = GPTConfig.from_name(args.model), None

@@ -54,6 +54,16 @@ class GPTConfig:
             raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(SIZES)} or give the fields")
         return cls(**{**SIZES[name], **overrides})
 
+    @classmethod
+    def resolve(cls, value) -> "GPTConfig":
+        """A GPTConfig from what configs and checkpoints hold: a size name, a GPTConfig, or its fields (a dict or
+        a namespace)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls.from_name(value)
+        return cls(**(dict(value) if isinstance(value, dict) else vars(value)))
+
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; wte is tied to lm_head, wpe is left out with non_embedding (as nanoGPT reports)."""
         C, L = self.n_embd, self.n_layer

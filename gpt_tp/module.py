@@ -96,11 +96,9 @@ class GPTModule(L.LightningModule):
         """
         super().__init__()
         self.save_hyperparameters()
-        if isinstance(model, dict):  # from a checkpoint's hyper-parameters
-            model = GPTConfig(**model)
-        if isinstance(model, GPTConfig):  # plain types only, so checkpoints load with torch.load(weights_only=True)
-            self.hparams["model"] = dataclasses.asdict(model)
-        config = GPTConfig.from_name(model) if isinstance(model, str) else model
+        config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
+        if not isinstance(model, str):  # plain types only, so checkpoints load with torch.load(weights_only=True)
+            self.hparams["model"] = dataclasses.asdict(config)
         hf_state = None
         if init_from is not None:
             config, hf_state = load_hf_dir(init_from, vocab_size=config.vocab_size)

@@ -142,7 +142,8 @@ def test_export_torch_and_hf(straight, tmp_path):
     assert export_main([str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 1 and not (tmp_path / "x").exists()
 
     d = torch.load(out / "model.pt")
-    hparams, state = load_consolidated(saved)
+    config, state = load_consolidated(saved)
+    assert config.n_embd == 64
     assert d["config"]["n_embd"] == 64 and all(torch.equal(d["state_dict"][k], v) for k, v in state.items())
     ours = GPT(GPTConfig(**d["config"])).eval()
     ours.load_state_dict(d["state_dict"])
