@@ -8,12 +8,12 @@ Megatron-LM's sequence-parallel minimum for this GPT-2, per training step on one
                        -> 2 all-gathers + 2 reduce-scatters
   token embedding:     vocab-parallel lookup, reduce-scatter into the sequence-sharded stream (fwd), all-gather (bwd)
   lm_head:             all-gather the sequence before the column-parallel head (fwd), reduce-scatter (bwd)
-  loss_parallel:       vocab-parallel cross-entropy: all-reduce of the max, of the target logit, of the sum of exps
-                       (fwd); nothing in backward
+  cross-entropy:       vocab-parallel (gpt_tp.loss): all-reduce of the max, then one all-reduce of the sum of exps
+                       and the target logit together (fwd); nothing in backward
   replicated params:   LayerNorm weights/biases and wpe see one sequence slice per rank: their gradients are summed
                        in one coalesced all-reduce
   gradient clipping:   one all-reduce of the squared-norm partials
-Total for L blocks: all_gather 4L + 2, reduce_scatter 4L + 2, all_reduce 5. (wpe costs no extra collective:
+Total for L blocks: all_gather 4L + 2, reduce_scatter 4L + 2, all_reduce 4. (wpe costs no extra collective:
 each rank looks up its own positions and the weight gradient joins the coalesced all-reduce.)
 """
 
@@ -22,9 +22,8 @@ from collections import Counter
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.parallel import loss_parallel
 
-from gpt_tp.module import cross_entropy
+from gpt_tp.loss import cross_entropy
 from gpt_tp.parallel import reduce_partial_grads
 
 # CommDebugMode's names -> short ones; functional and in-place c10d ops count as one kind
@@ -40,7 +39,7 @@ KINDS = {
 
 def megatron_sp_minimum(n_layer: int) -> dict[str, int]:
     """Collectives in one training step at TP > 1 (see the module docstring for the derivation)."""
-    return {"all_gather": 4 * n_layer + 2, "reduce_scatter": 4 * n_layer + 2, "all_reduce": 5}
+    return {"all_gather": 4 * n_layer + 2, "reduce_scatter": 4 * n_layer + 2, "all_reduce": 4}
 
 
 def _kinds(mode: CommDebugMode) -> Counter:
@@ -52,13 +51,13 @@ def _kinds(mode: CommDebugMode) -> Counter:
 
 
 def step_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_norm: float = 1.0) -> dict[str, dict[str, int]]:
-    """Run one full training step (forward, loss_parallel backward, grad reduction, clip, optimizer step) and
+    """Run one full training step (forward, vocab-parallel loss, backward, grad reduction, clip, optimizer step) and
     return the collectives of each phase by kind, plus 'total'. Gradients are left in place (peak memory)."""
     phases = {}
     with CommDebugMode() as mode:
         loss = cross_entropy(model(x), y)
     phases["forward"] = _kinds(mode)
-    with CommDebugMode() as mode, loss_parallel():
+    with CommDebugMode() as mode:
         loss.backward()
     phases["backward"] = _kinds(mode)
     with CommDebugMode() as mode:

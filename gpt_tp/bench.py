@@ -18,7 +18,6 @@ data-parallel rank, so every layout gives each TP group the same work.
 
 import argparse
 import json
-import math
 import os
 import resource
 import signal
@@ -191,17 +190,13 @@ def build(config: GPTConfig, mesh, device: torch.device, compile: bool, precisio
 
 def train_step(model, opt, x, y, precision: str, max_norm: float = 1.0) -> torch.Tensor:
     """The training step gpt_tp.module runs, without Lightning: returns the loss tensor (no host sync)."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    from gpt_tp.module import cross_entropy
+    from gpt_tp.loss import cross_entropy
     from gpt_tp.parallel import reduce_partial_grads
 
     with autocast_context(precision, x.device):
         logits = model(x)
     loss = cross_entropy(logits, y)
-    with loss_parallel() if isinstance(loss, DTensor) else nullcontext():
-        loss.backward()
+    loss.backward()
     reduce_partial_grads(model)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads, foreach=True)

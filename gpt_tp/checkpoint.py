@@ -19,6 +19,7 @@ included.
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -27,6 +28,9 @@ from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from gpt_tp.model import GPTConfig
 
 META = "meta.pt"  # Lightning's name for the non-tensor part (lightning.fabric.utilities.load._METADATA_FILENAME)
 PARTIAL = ".partial"

@@ -19,11 +19,10 @@ benchmark measures (tests/test_costmodel.py compares them byte for byte).
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass
 
-from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.model import GPTConfig
 from gpt_tp.module import PEAK_FLOPS
 
 
@@ -112,8 +111,8 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
         (and their backward reduce-scatters) move 2-byte elements, as do the c_proj outputs. The token embedding
         (float32, not autocast) reduce-scatters into the stream (fwd) and
         all-gathers its gradient (bwd); ln_f's output is all-gathered for lm_head (fwd), reduce-scattered (bwd).
-      loss_parallel: 3 all-reduces of B x T values: the max in the logits' dtype, the target logit and the sum
-        of exps in float32.
+      cross-entropy (gpt_tp.loss, vocab-parallel): 2 all-reduces in float32: the max (B x T values), then the
+        sum of exps and the target logit together (2 B x T values).
       replicated parameters (wpe, LayerNorms) have Partial gradients: one coalesced all-reduce at DP=1; under
         FSDP2 (DP>1) each is all-reduced on its own, inside FSDP's reduce-scatter.
       grad norm: all-reduce of the per-tensor norms (one float32 per parameter tensor) on each mesh dim.
@@ -160,7 +159,7 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
             if plan == "naive":
                 rows.append(_coll(TPd, "all_gather", tp, 1, B * T * V * mm))
         if plan != "naive":
-            rows.append(_coll(TPd, "all_reduce", tp, 3, B * T * (mm + 8)))  # loss_parallel
+            rows.append(_coll(TPd, "all_reduce", tp, 2, B * T * 12))  # vocab-parallel cross-entropy
         rows.append(_coll(TPd, "all_reduce", tp, 1, n_tensors * 4))  # grad norm
     if dp > 1:
         DPd = "data_parallel"

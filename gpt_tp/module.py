@@ -10,10 +10,9 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
 
+from gpt_tp.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.optim import get_lr, make_adamw
 from gpt_tp.parallel import data_parallel_rank_size, enable_async_tp, materialize, parallelize, reduce_partial_grads, validate_layout
@@ -27,13 +26,6 @@ def detect_peak_flops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy. Vocab-sharded DTensor logits are handled by loss_parallel() without gathering."""
-    ctx = loss_parallel() if isinstance(logits, DTensor) else nullcontext()
-    with ctx:
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B*T, V), (B*T,)
 
 
 def local_value(t: torch.Tensor) -> torch.Tensor:
@@ -163,11 +155,6 @@ class GPTModule(L.LightningModule):
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         self._tokens += x.numel()
         return loss
-
-    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
-        # loss_parallel's backward of the vocab-sharded cross-entropy must run under the same context
-        with loss_parallel() if isinstance(loss, DTensor) else nullcontext():
-            super().backward(loss, *args, **kwargs)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Runs once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware),

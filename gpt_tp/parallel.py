@@ -6,7 +6,7 @@ between blocks the residual stream is split along the sequence (Shard(1), a plai
 full sequence (Shard(1) -> Replicate); q/k/v and c_fc are column-parallel (each rank holds whole heads / a
 slice of the 4C hidden units), the output projections are row-parallel and reduce-scatter straight back to
 Shard(1). The token embedding is vocab-parallel, lm_head is column-parallel over the vocabulary and feeds
-cross-entropy under loss_parallel(), so full [B, T, vocab] logits never exist on one rank. Every parameter,
+the vocab-parallel cross-entropy of gpt_tp.loss, so full [B, T, vocab] logits never exist on one rank. Every parameter,
 wpe and the LayerNorms included, becomes a DTensor on the mesh, which clip_grad_norm_ and fused AdamW need.
 
 The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks up n_head / tp heads.
@@ -101,7 +101,7 @@ TP_PLAN: dict[str, ParallelStyle] = {
     "transformer.h.*.mlp.c_fc": ColwiseParallel(),
     "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
     "transformer.h.*.mlp.dropout": SequenceParallel(use_local_output=True),
-    # head: all-gather the sequence, vocab-sharded logits stay a DTensor for loss_parallel()
+    # head: all-gather the sequence, vocab-sharded logits stay a DTensor for gpt_tp.loss.cross_entropy
     "transformer.ln_f": SequenceParallel(),
     "lm_head": VocabParallelHead(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
 }

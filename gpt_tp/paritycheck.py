@@ -16,7 +16,6 @@ import argparse
 import copy
 import json
 import sys
-from contextlib import nullcontext
 from importlib import import_module
 from pathlib import Path
 
@@ -88,11 +87,11 @@ def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
 def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, plan: dict | None, device) -> dict:
     """Run one batch through the sharded model and an unsharded copy; return losses and per-parameter diffs."""
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import loss_parallel
+    import torch.nn.functional as F
 
+    from gpt_tp.loss import cross_entropy
     from gpt_tp.model import GPT
-    from gpt_tp.module import cross_entropy, local_value
+    from gpt_tp.module import local_value
     from gpt_tp.parallel import reduce_partial_grads
     from gpt_tp.synthetic import SyntheticTokens
 
@@ -108,11 +107,10 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
     x, y = SyntheticTokens(batch_size * dp, seq_len, vocab=min(config.vocab_size, 50257), seed=seed).batch(0)
     x, y = x.to(device), y.to(device)
     rows = slice(dp_rank * batch_size, (dp_rank + 1) * batch_size)
-    loss_ref = cross_entropy(ref(x), y)
+    loss_ref = F.cross_entropy(ref(x).flatten(0, 1), y.flatten())  # torch's own loss on the unsharded copy
     loss_ref.backward()
-    loss = cross_entropy(model(x[rows]), y[rows])
-    with loss_parallel() if isinstance(loss, DTensor) else nullcontext():
-        loss.backward()
+    loss = cross_entropy(model(x[rows]), y[rows])  # gpt_tp's vocab-parallel loss on the sharded model
+    loss.backward()
     reduce_partial_grads(model)
     loss = local_value(loss.detach()).clone()
     if dp > 1:

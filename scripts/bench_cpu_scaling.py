@@ -1,6 +1,6 @@
 """CPU scaling figure: TP=2 (2 processes x 1 thread) step time over TP=1 (1 process x 1 thread), side by side.
 
-    python scripts/bench_cpu_scaling.py --batch-size 1 --seq-len 256 --pairs 8 --json cpu_scaling.json
+    python scripts/bench_cpu_scaling.py --batch-size 2 --seq-len 1024 --pairs 6 --compile --json cpu_scaling.json
 
 GPT-2 124M shapes, the same micro-batch for both. One torchrun job of 3 gloo processes: rank 0 trains the
 single-device model, ranks 1-2 the TP=2 model (gpt_tp's plan), and they take turns step by step (the order
@@ -29,7 +29,7 @@ CATEGORIES = [  # (category, substrings of profiler op names), first match wins
     ("optimizer", ("adam", "_foreach", "clip")),
     ("attention", ("scaled_dot_product", "flash", "_efficient_attention")),
     ("matmuls", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")),
-    ("loss + embeddings", ("cross_entropy", "log_softmax", "nll_loss", "embedding")),
+    ("loss + embeddings", ("crossentropy", "cross_entropy", "log_softmax", "nll_loss", "aten::exp", "aten::amax", "embedding")),
 ]
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from gpt_tp.model import GPT, SIZES, GPTConfig, config_from_hf, from_hf_state_dict, hf_config_dict, load_hf_dir, qkv_from_per_head, qkv_to_per_head, to_hf_state_dict
+from gpt_tp.model import GPT, GPTConfig, config_from_hf, from_hf_state_dict, hf_config_dict, load_hf_dir, qkv_from_per_head, qkv_to_per_head, to_hf_state_dict
 
 transformers = pytest.importorskip("transformers")
 

@@ -4,7 +4,6 @@ import math
 
 import lightning as L
 import pytest
-import torch
 
 from gpt_tp.module import GPTModule
 from gpt_tp.optim import get_lr

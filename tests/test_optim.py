@@ -3,7 +3,6 @@
 import math
 
 import pytest
-import torch
 
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.optim import get_lr, make_adamw

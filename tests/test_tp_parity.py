@@ -25,8 +25,9 @@ def check_parity(res: dict) -> None:
     for a, b in zip(res["losses"], res["ref_losses"]):
         assert a == pytest.approx(b, rel=1e-4)
     assert res["losses"][-1] < res["losses"][0] - 0.1
-    # a broken plan moves parameters by O(lr) = 3e-3; fp32 reordering stays far below
-    assert res["final_param_absdiff"] < 3e-4
+    # after 6 steps each parameter's distance from the single-device run, over the distance it trained: a broken
+    # plan makes it O(1); fp32 reordering, amplified by Adam where gradients nearly cancel, stays near 1e-3
+    assert res["final_param_reldiff"] < 1e-2
 
 
 # The obvious recipe (only Linear/Embedding layers parallelized; wpe, LayerNorms stay plain tensors) crashes where

@@ -8,7 +8,8 @@ import torch.distributed as dist
 import transformers
 from torch.distributed.device_mesh import init_device_mesh
 
-from gpt_tp.module import GPTModule, cross_entropy, local_value
+from gpt_tp.loss import cross_entropy
+from gpt_tp.module import GPTModule, local_value
 from gpt_tp.parallel import parallelize
 
 

@@ -7,7 +7,6 @@ and final parameters' checksums, and (with --dump) the gathered parameters thems
 import argparse
 import contextlib
 import json
-import os
 
 import lightning as L
 import torch

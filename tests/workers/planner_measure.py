@@ -12,12 +12,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
 
 from gpt_tp import planner
 from gpt_tp.audit import state_bytes
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.module import cross_entropy
+from gpt_tp.loss import cross_entropy
 from gpt_tp.optim import make_adamw
 from gpt_tp.parallel import parallelize, reduce_partial_grads
 
@@ -66,8 +65,7 @@ def main():
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16-mixed" else nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), cast:
         loss = cross_entropy(model(x), y)
-    with loss_parallel() if isinstance(loss, DTensor) else nullcontext():
-        loss.backward()
+    loss.backward()
     reduce_partial_grads(model)
     opt.step()
     states = state_bytes(model, opt)

@@ -1,0 +1,77 @@
+"""Fused, vocab-parallel cross-entropy (Megatron-LM's `vocab_parallel_cross_entropy`).
+
+Under tensor parallelism lm_head's logits stay sharded over the vocabulary: each rank holds (N, V / tp) of them.
+The mean cross-entropy needs, per token, log sum_v exp(x_v) and the target's logit x_t; both are sums over the
+vocabulary, so each rank reduces its slice and the ranks all-reduce N numbers, never the logits:
+    m   = max_v x_v                                   all-reduce MAX   (N values; only for stability)
+    s   = sum_v exp(x_v - m),  x_t - m (0 off-owner)   one all-reduce SUM of both (2N values)
+    loss = mean(log s - (x_t - m))
+The gradient is softmax - onehot(target), scaled by 1/N. The forward keeps exp(x - m) in one float32 buffer of
+the local logits' size and the backward turns that buffer into the gradient in place: one pass over the logits
+in forward (sub + exp + sum) and one in backward, where torch's loss_parallel() (unfused DTensor ops of
+log_softmax and nll_loss) makes several and keeps more (N, V / tp) temporaries. Three collectives become two.
+
+The same function serves the single-device model (no process group, no collectives), so TP=1 and TP>1 runs
+compute the loss the same way. Targets must be valid token ids (no ignore_index): the training data has none.
+"""
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, group) -> torch.Tensor:
+        # logits (N, V_local): this rank's vocabulary slice [vocab_start, vocab_start + V_local); targets (N,)
+        n, v_local = logits.shape
+        acc = torch.promote_types(logits.dtype, torch.float32)  # reduce bf16 logits in float32
+        m = logits.amax(dim=-1, keepdim=True).to(acc)  # (N, 1)
+        if group is not None:
+            dist.all_reduce(m, dist.ReduceOp.MAX, group=group)
+        e = torch.sub(logits, m)  # (N, V_local) float32 (bf16 logits promote), a new buffer
+        local = targets - vocab_start
+        owned = (local >= 0) & (local < v_local)  # (N,) this rank holds the target's logit
+        idx = local.clamp(0, v_local - 1).unsqueeze(1)  # (N, 1)
+        stats = torch.empty(2, n, dtype=acc, device=logits.device)
+        torch.mul(e.gather(1, idx).squeeze(1), owned, out=stats[1])  # x_t - m on the owning rank, 0 elsewhere
+        e.exp_()
+        torch.sum(e, dim=-1, out=stats[0])  # this slice's sum of exp(x - m)
+        if group is not None:
+            dist.all_reduce(stats, dist.ReduceOp.SUM, group=group)
+        s, target_logit = stats[0], stats[1]
+        ctx.save_for_backward(e, s, idx, owned)
+        ctx.dtype = logits.dtype
+        return (s.log() - target_logit).mean()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss: torch.Tensor):
+        e, s, idx, owned = ctx.saved_tensors
+        scale = grad_loss / e.shape[0]  # d(mean)/d(loss_i)
+        grad = e.mul_((scale / s).unsqueeze(1))  # softmax * scale, in place: (N, V_local)
+        grad.scatter_add_(1, idx, (-scale * owned).unsqueeze(1).to(grad.dtype))  # - onehot(target) * scale
+        return grad.to(ctx.dtype), None, None, None
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy of (B, T, V) logits against (B, T) targets, as a plain scalar tensor.
+
+    Logits that are a DTensor sharded over the vocabulary (Shard(-1) on the tensor-parallel mesh, as lm_head
+    leaves them) are reduced slice by slice with two small all-reduces; the result is the same scalar on every
+    rank and backward needs no context manager. Plain logits take the same fused path without collectives.
+    """
+    group, vocab_start = None, 0
+    if isinstance(logits, DTensor):
+        if logits.device_mesh.ndim != 1 or logits.placements != (Shard(logits.ndim - 1),):
+            raise ValueError(f"cross_entropy expects logits sharded over the vocabulary on a 1-D mesh, got "
+                             f"{logits.placements} on {logits.device_mesh}: check lm_head's entry in gpt_tp.parallel.TP_PLAN")
+        mesh = logits.device_mesh
+        if logits.shape[-1] % mesh.size():
+            raise ValueError(f"vocab_size={logits.shape[-1]} must divide by the tensor-parallel size {mesh.size()}")
+        group = mesh.get_group()
+        local = logits.to_local()  # differentiable: its gradient comes back as a Shard(-1) DTensor
+        vocab_start = mesh.get_local_rank() * local.shape[-1]
+    else:
+        local = logits
+    return _VocabParallelCrossEntropy.apply(local.flatten(0, 1), targets.flatten(), vocab_start, group)  # (B*T, V_local), (B*T,)
