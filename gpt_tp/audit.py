@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from gpt_tp.loss import cross_entropy
-from gpt_tp.parallel import reduce_partial_grads
+from gpt_tp.parallel import clip_grad_norm
 
 # CommDebugMode's names -> short ones; functional and in-place c10d ops count as one kind
 KINDS = {
@@ -61,10 +61,7 @@ def step_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_nor
         loss.backward()
     phases["backward"] = _kinds(mode)
     with CommDebugMode() as mode:
-        reduce_partial_grads(model)
-        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None], foreach=True)
-        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
+        clip_grad_norm(model, max_norm)
     phases["grad_sync_and_clip"] = _kinds(mode)
     with CommDebugMode() as mode:
         optimizer.step()

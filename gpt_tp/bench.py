@@ -191,16 +191,13 @@ def build(config: GPTConfig, mesh, device: torch.device, compile: bool, precisio
 def train_step(model, opt, x, y, precision: str, max_norm: float = 1.0) -> torch.Tensor:
     """The training step gpt_tp.module runs, without Lightning: returns the loss tensor (no host sync)."""
     from gpt_tp.loss import cross_entropy
-    from gpt_tp.parallel import reduce_partial_grads
+    from gpt_tp.parallel import clip_grad_norm
 
     with autocast_context(precision, x.device):
         logits = model(x)
     loss = cross_entropy(logits, y)
     loss.backward()
-    reduce_partial_grads(model)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
+    clip_grad_norm(model, max_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
@@ -275,9 +272,7 @@ def worker(spec: dict) -> None:
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     times = t.tolist()
-    from gpt_tp.module import local_value
-
-    losses = [local_value(l).float().item() for l in (losses[0], losses[-1])]
+    losses = [l.float().item() for l in (losses[0], losses[-1])]
     mem = peak_memory(device)
 
     rec = CollectiveRecorder(groups_of(mesh))

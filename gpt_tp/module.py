@@ -10,12 +10,11 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.distributed.tensor import DTensor
 
 from gpt_tp.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.optim import get_lr, make_adamw
-from gpt_tp.parallel import data_parallel_rank_size, enable_async_tp, materialize, parallelize, reduce_partial_grads, validate_layout
+from gpt_tp.parallel import clip_grad_norm, data_parallel_rank_size, enable_async_tp, materialize, parallelize, validate_layout
 
 # dense bf16 peak FLOP/s per device, for MFU; matched against torch.cuda.get_device_name()
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "3090": 71e12, "4090": 165e12, "A6000": 155e12}
@@ -26,11 +25,6 @@ def detect_peak_flops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-
-
-def local_value(t: torch.Tensor) -> torch.Tensor:
-    """A replicated DTensor (loss, norm) as a plain tensor; plain tensors pass through."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) -> None:
@@ -151,7 +145,7 @@ class GPTModule(L.LightningModule):
             self._t_last = time.perf_counter()
         self._seq_len = x.shape[1]
         loss = cross_entropy(self.model(x), y)
-        detached = local_value(loss.detach())
+        detached = loss.detach()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         self._tokens += x.numel()
         return loss
@@ -161,13 +155,7 @@ class GPTModule(L.LightningModule):
         clipping at trainer.gradient_clip_val, the finite check, and the step's metrics."""
         if gradient_clip_algorithm not in (None, "norm"):
             raise ValueError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
-        reduce_partial_grads(self.model)  # sequence-parallel replicated params: one coalesced all-reduce
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-        if gradient_clip_val:
-            torch.nn.utils.clip_grads_with_norm_(self.parameters(), gradient_clip_val, norm, foreach=True)
-        # the DTensor norm's local value is a partial sum: full_tensor() gives the global norm
-        self._log_step(local_value(norm), optimizer)
+        self._log_step(clip_grad_norm(self.model, gradient_clip_val), optimizer)
 
     def _log_step(self, grad_norm: torch.Tensor, optimizer) -> None:
         dp = self._dp_size()
@@ -235,7 +223,7 @@ class GPTModule(L.LightningModule):
     # ---- validation ------------------------------------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        loss = local_value(cross_entropy(self.model(x), y))
+        loss = cross_entropy(self.model(x), y)
         # sync_dist averages over all ranks: TP ranks hold equal copies, so this is the mean over DP ranks
         self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
         return loss

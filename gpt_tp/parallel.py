@@ -258,6 +258,18 @@ def reduce_partial_grads(model: nn.Module) -> int:
     return sum(len(v) for v in buckets.values())
 
 
+
+def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
+    """The step's gradient sync and clipping, for every layout: sum the Partial gradients (reduce_partial_grads),
+    take the global norm (DTensor-aware: one all-reduce at TP > 1), and scale the gradients down to max_norm if
+    it is set. Returns the norm before clipping as a plain scalar tensor, without a host sync."""
+    reduce_partial_grads(model)
+    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None], foreach=True)
+    norm = norm.full_tensor() if isinstance(norm, DTensor) else norm  # the local value is a partial sum
+    if max_norm:
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
+    return norm
+
 def _fill_local_shard(param: torch.Tensor, full: torch.Tensor) -> None:
     """Write this rank's shard of the full tensor into a (possibly) DTensor parameter, without communication."""
     if isinstance(param, DTensor):

@@ -91,7 +91,6 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
 
     from gpt_tp.loss import cross_entropy
     from gpt_tp.model import GPT
-    from gpt_tp.module import local_value
     from gpt_tp.parallel import reduce_partial_grads
     from gpt_tp.synthetic import SyntheticTokens
 
@@ -112,7 +111,7 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
     loss = cross_entropy(model(x[rows]), y[rows])  # gpt_tp's vocab-parallel loss on the sharded model
     loss.backward()
     reduce_partial_grads(model)
-    loss = local_value(loss.detach()).clone()
+    loss = loss.detach().clone()
     if dp > 1:
         dist.all_reduce(loss, group=mesh["data_parallel"].get_group())
         loss = loss / dp

@@ -21,9 +21,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.loss import cross_entropy
-from gpt_tp.module import local_value
 from gpt_tp.optim import get_lr, make_adamw
-from gpt_tp.parallel import parallelize, reduce_partial_grads
+from gpt_tp.parallel import clip_grad_norm, parallelize, reduce_partial_grads
 from gpt_tp.synthetic import SyntheticTokens
 
 
@@ -33,14 +32,6 @@ def full(t):
 
 def rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
-
-
-def clip(model, max_norm):
-    reduce_partial_grads(model)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
-    return local_value(norm).item()
 
 
 def naive_errors(config, mesh):
@@ -113,7 +104,7 @@ def main():
         loss_ref.backward()
         loss.backward()
         reduce_partial_grads(model)
-        loss = local_value(loss.detach())
+        loss = loss.detach()
         if dp > 1:
             dist.all_reduce(loss, group=mesh["data_parallel"].get_group())
             loss = loss / dp
@@ -121,8 +112,8 @@ def main():
         res["ref_losses"].append(loss_ref.item())
         if step == 0:
             res["grad_diff"] = {n: rel(full(p.grad), q.grad) for (n, p), q in zip(model.named_parameters(), ref.parameters())}
-        res["norms"].append(clip(model, 1.0))
-        res["ref_norms"].append(clip(ref, 1.0))
+        res["norms"].append(clip_grad_norm(model, 1.0).item())
+        res["ref_norms"].append(clip_grad_norm(ref, 1.0).item())
         for o in (opt, opt_ref):
             for group in o.param_groups:
                 group["lr"] = get_lr(step, max_lr=3e-3, min_lr=1e-4, warmup_steps=2, max_steps=args.steps)
