@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.module import PEAK_FLOPS
 from gpt_tp.parallel import enable_async_tp
@@ -315,7 +316,7 @@ def worker(spec: dict) -> None:
 # Launcher
 
 
-class BenchError(ValueError):
+class BenchError(UserError):
     """A bad flag; the message says what to change."""
 
 

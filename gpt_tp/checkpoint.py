@@ -29,6 +29,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 
+from gpt_tp.errors import UserError
+
 if TYPE_CHECKING:
     from gpt_tp.model import GPTConfig
 
@@ -36,7 +38,7 @@ META = "meta.pt"  # Lightning's name for the non-tensor part (lightning.fabric.u
 PARTIAL = ".partial"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used; the message names the path or parameters and what to do."""
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from gpt_tp.errors import UserError
 from gpt_tp.parallel import data_parallel_rank_size
 
 EOT_TOKEN = 50256  # <|endoftext|> of GPT-2's BPE (tiktoken "gpt2" == "r50k_base")
@@ -37,7 +38,7 @@ _SHARD_LIKE_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Bad data input: the message names the file or flag at fault and how to fix it."""
 
 

@@ -38,6 +38,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from gpt_tp.errors import UserError
 from gpt_tp.data import resolve_data_dir
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -47,7 +48,7 @@ N_VAL = 10042  # examples in the official val split
 MAX_REPORTED = 20  # malformed lines listed in one error
 
 
-class HellaSwagError(ValueError):
+class HellaSwagError(UserError):
     """A missing, unreadable or malformed HellaSwag file; the message names the line(s) and the fix."""
 
 

@@ -29,10 +29,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, GPTConfig
 
 
-class LayoutError(ValueError):
+class LayoutError(UserError):
     """A model / device layout that cannot work; the message says what to change."""
 
 

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
+from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig, config_fields
 
 
-class ParityInputError(ValueError):
+class ParityInputError(UserError):
     """A bad flag or config; the message says what to change."""
 
 

@@ -45,6 +45,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from math import gcd
 
+from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.parallel import LayoutError, valid_tp_sizes
 
@@ -62,7 +63,7 @@ PRECISIONS = {
 }
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """No layout can work (or an input is wrong); the message says why and what to change."""
 
 

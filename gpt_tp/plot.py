@@ -12,13 +12,15 @@ import math
 import sys
 from pathlib import Path
 
+from gpt_tp.errors import UserError
+
 REF_VAL_LOSS_GPT2 = 3.2924
 REF_HELLASWAG_GPT2 = 0.2945
 REF_HELLASWAG_GPT3 = 0.337
 SERIES = ("train/loss", "val/loss", "hellaswag/acc_norm")
 
 
-class PlotError(ValueError):
+class PlotError(UserError):
     """A missing, empty or unusable log; the message says what was expected."""
 
 

@@ -1,0 +1,104 @@
+"""How every gpt_tp command starts and ends.
+
+- A user's mistake (gpt_tp.errors.UserError, a missing file) prints one line, ``error: ...``, once per run rather
+  than once per rank, and exits with code 2. Any other exception is a bug: its traceback is kept.
+- The process group is ended in order before the interpreter exits. Without that, gloo's worker threads (and
+  NCCL's watchdog) outlive the interpreter: a thread that still holds a tensor at shutdown tries to take the GIL
+  while Python is finalizing, is ended by pthread_exit inside a noexcept C++ frame, and the process aborts with
+  "terminate called without an active exception" (SIGABRT) after training finished.
+"""
+
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from gpt_tp.errors import UserError
+
+EXIT_USER_ERROR = 2  # argparse's code for a bad command line; used for every user mistake
+
+
+def end_distributed() -> None:
+    """Destroy every process group while Python is fully alive (this joins gloo's threads and stops NCCL's watchdog)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _claim_once(message: str) -> bool:
+    """True for the first process of this run to report ``message``: ranks hitting the same error print it once.
+
+    Processes of one run share the rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT under Lightning's
+    launcher and Slurm); a marker file in the temp folder, created exclusively, picks one of them per node."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT")
+    if run is None:
+        return True
+    key = hashlib.sha1(f"{run}|{os.environ.get('MASTER_ADDR')}|{message}".encode()).hexdigest()[:20]
+    marker = Path(tempfile.gettempdir()) / f"gpt_tp-error-{key}"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - marker.stat().st_mtime < 300:
+                return False  # another rank of this run printed it
+            marker.touch()  # a marker left by an earlier run on the same port
+            return True
+        except OSError:
+            return True
+    except OSError:
+        return True
+
+
+def report(message: str) -> None:
+    """Print ``error: message`` on stderr, once per run."""
+    if _claim_once(message):
+        print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def _is_user_error(e: BaseException) -> bool:
+    return isinstance(e, (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError))
+
+
+def run(main: Callable[[], object]) -> None:
+    """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake.
+
+    On success the process group is destroyed in order. On an error in a multi-process run the process leaves with
+    os._exit after flushing its output: a peer may still be inside a collective, so joining the group's threads
+    could wait for the collective timeout, and the interpreter's own shutdown is what aborts (see the module doc)."""
+    code = 0
+    try:
+        result = main()
+        code = result if isinstance(result, int) and not isinstance(result, bool) else 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_USER_ERROR)
+        if isinstance(e.code, str):  # argparse/jsonargparse already printed; sys.exit("message") did not
+            report(e.code.removeprefix("error: "))
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as e:
+        if not _is_user_error(e):
+            _leave(1, after=lambda: sys.excepthook(type(e), e, e.__traceback__))
+        report(_one_line(e))
+        code = EXIT_USER_ERROR
+    _leave(code)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+    return " ".join(text.split())
+
+
+def _leave(code: int, after: Callable[[], object] | None = None) -> None:
+    if after is not None:
+        after()
+    if code != 0 and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    end_distributed()
+    sys.exit(code)
