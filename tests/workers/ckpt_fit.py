@@ -11,6 +11,7 @@ import signal
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from gpt_tp.entry import run
 from gpt_tp.checkpoint import ModelParallel
 from gpt_tp.data import GPTDataModule
 from gpt_tp.model import GPTConfig
@@ -77,4 +78,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # ends the process group before exit (gpt_tp.entry)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
+from gpt_tp.entry import run
 from gpt_tp.hellaswag import ending_losses, evaluate, get_encoding, pad_batch, read_examples, render_example
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import parallelize
@@ -75,4 +76,4 @@ def score(model, ref, examples, enc, config, tp, layout) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # ends the process group before exit (gpt_tp.entry)

@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
+from gpt_tp.entry import run
 from gpt_tp.hellaswag import HellaSwagCallback, evaluate, get_encoding, read_examples
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.module import GPTModule
@@ -73,4 +74,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # ends the process group before exit (gpt_tp.entry)

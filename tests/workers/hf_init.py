@@ -8,6 +8,7 @@ import torch.distributed as dist
 import transformers
 from torch.distributed.device_mesh import init_device_mesh
 
+from gpt_tp.entry import run
 from gpt_tp.loss import cross_entropy
 from gpt_tp.module import GPTModule
 from gpt_tp.parallel import parallelize
@@ -35,4 +36,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # ends the process group before exit (gpt_tp.entry)

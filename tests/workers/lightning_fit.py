@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
+from gpt_tp.entry import run
 from gpt_tp.module import GPTModule
 from gpt_tp.synthetic import SyntheticDataModule
 
@@ -78,4 +79,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # ends the process group before exit (gpt_tp.entry)

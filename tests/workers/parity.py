@@ -19,6 +19,7 @@ from torch.distributed.tensor import Replicate
 import torch.nn.functional as F
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
+from gpt_tp.entry import run
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.loss import cross_entropy
 from gpt_tp.optim import get_lr, make_adamw
@@ -130,4 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # ends the process group before exit (gpt_tp.entry)

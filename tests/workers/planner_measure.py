@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from gpt_tp.entry import run
 from gpt_tp import planner
 from gpt_tp.audit import state_bytes
 from gpt_tp.model import GPT, GPTConfig
@@ -84,4 +85,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # ends the process group before exit (gpt_tp.entry)

@@ -1,0 +1,48 @@
+"""Stress the end of a run: repeat the 2-process TP=2 Lightning fit job of tests/test_tp_parity.py and count
+non-zero exits and aborts at process exit ("terminate called ...", SIGABRT). A benchmark, not a CI test.
+
+    python scripts/stress_exit.py --runs 30            # about 25 s a run on 2 CPU cores
+"""
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ["tests/workers/lightning_fit.py", "--tp", "2", "--init-module", "--precision", "bf16-mixed"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--root", default=str(ROOT), help="the checkout whose worker to run (default: this one)")
+    args = ap.parse_args(argv)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": args.root}
+    counts, times = collections.Counter(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.runs):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *JOB, "--out", f"{tmp}/r{i}"]
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, cwd=args.root, env=env, capture_output=True, text=True)
+            times.append(time.perf_counter() - t0)
+            out = p.stdout + p.stderr
+            kind = "ok" if p.returncode == 0 else "failed"
+            if "terminate called" in out or "SIGABRT" in out or "Signal 6" in out:
+                kind = "abort"
+            counts[kind] += 1
+            print(f"run {i + 1}/{args.runs}: rc={p.returncode} {kind} {times[-1]:.1f}s", flush=True)
+            if kind != "ok":
+                print("\n".join(out.splitlines()[-15:]), flush=True)
+    times.sort()
+    print(f"{args.runs} runs: {counts['ok']} ok, {counts['failed']} non-zero exits, {counts['abort']} aborts at exit; "
+          f"time per run min/median/max {times[0]:.1f}/{times[len(times) // 2]:.1f}/{times[-1]:.1f} s")
+    return 0 if counts["ok"] == args.runs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
