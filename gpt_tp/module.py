@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from gpt_tp.errors import UserError
 from gpt_tp.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.optim import get_lr, make_adamw
@@ -37,7 +38,7 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
         if total % per_step == 0
         else f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}"
     )
-    raise ValueError(
+    raise UserError(
         f"model.total_batch_size={total} tokens, but data.batch_size={B} x data.seq_len={T} x data-parallel size "
         f"{dp} x trainer.accumulate_grad_batches={accum} = {per_step * accum}: {hint} "
         f"(or set model.total_batch_size=null to skip this check)"
@@ -219,6 +220,12 @@ class GPTModule(L.LightningModule):
         torch.set_rng_state(state["torch"])
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
+
+    # ---- predict: continue prompts (python cli.py predict; gpt_tp.predict) -------------------------------------
+    def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
+        from gpt_tp.predict import continue_prompt
+
+        return continue_prompt(self, batch)
 
     # ---- validation ------------------------------------------------------------------------------------------
     def validation_step(self, batch, batch_idx):

@@ -1,0 +1,65 @@
+"""`python cli.py predict`: continue prompts with a trained model (a checkpoint, init_from weights, or the init).
+
+Prompts come from `--prompt` (repeatable) or `--prompts_file` (one prompt a line), else the text sampler's default.
+Every rank runs every prompt (TP ranks share the forwards; DP replicas repeat them), drawing from a generator seeded
+per prompt, so every rank produces the same text, and the same text as the single-device run. Rank 0 prints the
+continuations and, with `--output FILE`, writes them as JSON lines {"prompt", "sample", "text"}.
+"""
+
+import json
+from pathlib import Path
+
+from gpt_tp.errors import UserError
+from gpt_tp.sampling import PROMPT, sample_texts
+
+
+def read_prompts(prompt: list[str] | None = None, prompts_file: str | None = None) -> list[str]:
+    """The prompts of a predict run: --prompt values, then the non-empty lines of --prompts_file; the default prompt if neither."""
+    prompts = list(prompt or [])
+    if prompts_file is not None:
+        path = Path(prompts_file)
+        if not path.is_file():
+            raise UserError(f"--prompts_file {prompts_file}: no such file (give a text file with one prompt a line)")
+        prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise UserError(f"--prompts_file {prompts_file}: holds no prompt (one prompt a line)")
+    if any(not p.strip() for p in prompts):
+        raise UserError("--prompt: an empty prompt; give text to continue")
+    return prompts or [PROMPT]
+
+
+def prompt_batches(prompts: list[str], **settings) -> list[dict]:
+    """One batch a prompt, as a plain list: Lightning adds no distributed sampler, so every rank sees every prompt."""
+    return [{"prompt": p, **settings} for p in prompts]
+
+
+def continue_prompt(pl_module, batch: dict) -> list[dict]:
+    """predict_step's work: `num_samples` top-k continuations of batch["prompt"], `max_new_tokens` tokens each."""
+    from gpt_tp.hellaswag import block_size_of, parallel_layout
+    from gpt_tp.tokenizer import get_encoding
+
+    enc = get_encoding()
+    trainer = pl_module.trainer
+    prompt = batch["prompt"]
+    n_prompt = len(enc.encode(prompt))
+    block = block_size_of(pl_module)
+    if n_prompt >= block:
+        raise UserError(f"--prompt {prompt[:40]!r}...: {n_prompt} tokens, but the model's block_size is {block}")
+    texts = sample_texts(
+        pl_module, enc, prompt, num_samples=batch["num_samples"], max_length=min(block, n_prompt + batch["max_new_tokens"]),
+        top_k=batch["top_k"], seed=batch["seed"], block_size=block, tp=parallel_layout(trainer, pl_module)[0],
+        device=pl_module.device, forward_context=trainer.precision_plugin.forward_context,
+    )
+    return [{"prompt": prompt, "sample": i, "text": t} for i, t in enumerate(texts)]
+
+
+def write_predictions(rows: list[dict], output: str | None) -> None:
+    """Rank 0: print each continuation; with `output`, also write them as JSON lines."""
+    for r in rows:
+        print(f"prompt {r['prompt']!r} sample {r['sample']}: {r['text']}", flush=True)
+    if output is not None:
+        path = Path(output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        tmp.replace(path)
