@@ -222,6 +222,28 @@ def _invalid_reason(config: GPTConfig, tp: int, seq_len: int) -> str:
     return f"TP={tp} does not divide {', '.join(bad)}"
 
 
+def _check_inputs(config: GPTConfig, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib,
+                  overhead_gib, usable_fraction) -> None:
+    for name, v in [("devices_per_node", devices_per_node), ("num_nodes", num_nodes), ("batch_size", batch_size),
+                    ("seq_len", seq_len), ("vocab_size", config.vocab_size)]:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise PlanError(f"{name}={v!r} must be a positive integer")
+    if seq_len > config.block_size:
+        raise PlanError(f"seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len "
+                        "(planner: --seq-len)")
+    if device_memory_gib is not None and not device_memory_gib > 0:
+        raise PlanError(f"device memory {device_memory_gib!r} GiB must be > 0 (planner --memory-gib)")
+    if not overhead_gib >= 0:
+        raise PlanError(f"overhead_gib={overhead_gib!r} must be >= 0 (planner --overhead-gib)")
+    if not 0 < usable_fraction <= 1:
+        raise PlanError(f"usable_fraction={usable_fraction!r} must be in (0, 1]")
+    if device_memory_gib is not None and device_memory_gib * usable_fraction <= overhead_gib:
+        raise PlanError(
+            f"{usable_fraction:.0%} of {device_memory_gib:g} GiB per device leaves nothing after the {overhead_gib:g} "
+            "GiB of CUDA context, NCCL buffers and allocator slack: no layout can fit; give the device's real memory "
+            "(--memory-gib) or a smaller --overhead-gib")
+
+
 def plan(
     config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
     device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
@@ -229,51 +251,52 @@ def plan(
 ) -> Plan:
     """Every TP size that divides the devices per node, with its memory estimate, validity and fit; and the choice:
     the valid layout with the smallest TP that fits (all fit when device_memory_gib is None)."""
-    for name, v in [("devices_per_node", devices_per_node), ("num_nodes", num_nodes), ("batch_size", batch_size), ("seq_len", seq_len)]:
-        if not isinstance(v, int) or v < 1:
-            raise PlanError(f"{name}={v!r} must be a positive integer")
-    if seq_len > config.block_size:
-        raise PlanError(f"seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
+    _check_inputs(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, overhead_gib, usable_fraction)
     _precision(precision)
     out = Plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, str(precision))
     world = devices_per_node * num_nodes
     budget = None if device_memory_gib is None else device_memory_gib * GIB * usable_fraction
     valid = set(valid_tp_sizes(config, seq_len))
+
+    def fits(dp: int, tp: int) -> tuple[Memory, bool]:
+        m = estimate(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib)
+        return m, budget is None or m.total <= budget
+
     for tp in _divisors(devices_per_node):
         lay = Layout(dp=world // tp, tp=tp)
         if tp not in valid:
             lay.reason = _invalid_reason(config, tp, seq_len)
         else:
-            lay.memory = estimate(config, lay.dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib)
-            lay.fits = budget is None or lay.memory.total <= budget
+            lay.memory, lay.fits = fits(lay.dp, tp)
             if not lay.fits:
                 lay.reason = f"needs {lay.memory.total / GIB:.1f} GiB > {usable_fraction:.0%} of {device_memory_gib:g} GiB"
         out.layouts.append(lay)
     out.choice = next((lay for lay in out.layouts if lay.fits), None)
 
-    bad_tp = [lay.tp for lay in out.layouts if lay.memory is None]
-    if bad_tp:
-        ok = sorted(valid)
+    bad = [lay for lay in out.layouts if lay.memory is None]
+    if bad:
         out.notes.append(
             f"valid TP sizes for this model (n_head={config.n_head}, n_embd={config.n_embd}, vocab_size="
-            f"{config.vocab_size}, seq_len={seq_len}): {', '.join(map(str, ok))}; TP={', '.join(map(str, bad_tp))} "
-            "would split a head or the vocabulary"
+            f"{config.vocab_size}, seq_len={seq_len}): {', '.join(map(str, sorted(valid)))}; "
+            + "; ".join(lay.reason for lay in bad)
         )
-        for tp in _divisors(config.n_head):  # TP sizes that whole heads allow, with a padded vocabulary / other T
-            if 1 < tp <= max(devices_per_node, 8) and tp not in valid and config.n_embd % tp == 0:
+        for tp in _divisors(config.n_head):  # TP sizes a node of this size allows with whole heads, other V or T
+            if 1 < tp <= devices_per_node and tp not in valid and config.n_embd % tp == 0:
                 needs = []
                 if config.vocab_size % tp:
-                    needs.append(f"model.vocab_size={padded_vocab(config.vocab_size, tp)} (padded)")
+                    needs.append(f"vocab_size={padded_vocab(config.vocab_size, tp)} (padded; model.vocab_size, planner: --vocab-size)")
                 if seq_len % tp:
-                    needs.append(f"data.seq_len a multiple of {tp} (sequence parallelism splits T), e.g. {seq_len // tp * tp}")
+                    needs.append(f"a sequence length that is a multiple of {tp} (sequence parallelism splits T), e.g. "
+                                 f"{seq_len // tp * tp} (data.seq_len, planner: --seq-len)")
                 if devices_per_node % tp:
                     needs.append(f"{tp} or a multiple of {tp} devices per node")
                 out.notes.append(f"TP={tp} would split whole heads with " + ", ".join(needs))
     if out.choice is None:
-        fitting = [lay for lay in out.layouts if lay.memory is not None]
-        hint = "lower data.batch_size (raise trainer.accumulate_grad_batches to keep the tokens per step)"
-        if max(valid) > max((lay.tp for lay in fitting), default=1):
-            hint += f", or use a node with {max(valid)} devices (TP={max(valid)})"
+        hint = ("lower data.batch_size (planner: --batch-size) and raise trainer.accumulate_grad_batches to keep the "
+                "tokens per step")
+        bigger = [tp for tp in sorted(valid) if tp > devices_per_node and fits(num_nodes, tp)[1]]
+        if bigger:  # a node of `tp` devices, one TP group per node
+            hint += f", or use nodes of {bigger[0]} devices (TP={bigger[0]})"
         out.notes.append(f"no layout fits {device_memory_gib:g} GiB per device: {hint}")
     return out
 
@@ -350,18 +373,20 @@ def _config_from_yaml(path: str) -> dict:
             cfg = yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise PlanError("no such file") from None
+    except yaml.YAMLError as e:
+        raise PlanError(f"not valid YAML ({' '.join(str(e).split())})") from None
     trainer, model, data = cfg.get("trainer", {}), cfg.get("model", {}), cfg.get("data", {})
     m = model.get("model", "gpt2")
     out = {
         "config": GPTConfig.from_name(m) if isinstance(m, str) else GPTConfig(**m),
-        "devices_per_node": trainer.get("devices"),
+        "devices_per_node": trainer.get("devices") if isinstance(trainer.get("devices"), int) else None,
         "num_nodes": trainer.get("num_nodes", 1),
         "batch_size": data.get("batch_size", 16),
-        "seq_len": data.get("seq_len", 1024),
+        "seq_len": data.get("seq_len"),  # None: the model's block_size, at most 1024
         "precision": str(trainer.get("precision", "32-true")),
     }
-    if not isinstance(out["devices_per_node"], int):
-        raise PlanError("trainer.devices must be a number of devices; give --devices-per-node")
+    if out["seq_len"] is None:
+        out["seq_len"] = min(1024, out["config"].block_size)
     return out
 
 
@@ -377,8 +402,8 @@ def main(argv: list[str] | None = None) -> Plan:
     ap.add_argument("--devices-per-node", type=int, help="GPUs per node (TP stays within a node)")
     ap.add_argument("--nodes", type=int, help="number of nodes (default 1)")
     ap.add_argument("--memory-gib", type=float, help="memory per device in GiB (default: CUDA device 0's, else no limit)")
-    ap.add_argument("--batch-size", type=int, help="micro-batch per data-parallel rank (data.batch_size)")
-    ap.add_argument("--seq-len", type=int, help="sequence length T (data.seq_len)")
+    ap.add_argument("--batch-size", type=int, help="micro-batch per data-parallel rank (data.batch_size; default 16)")
+    ap.add_argument("--seq-len", type=int, help="sequence length T (data.seq_len; default the model's block_size, at most 1024)")
     ap.add_argument("--precision", choices=list(PRECISIONS), help="trainer.precision (default bf16-mixed)")
     ap.add_argument("--sdpa", choices=["flash", "math"], default="flash", help="attention kernel (math keeps T x T scores)")
     ap.add_argument("--overhead-gib", type=float, default=1.5, help="CUDA context + NCCL + allocator slack per device")
@@ -387,28 +412,27 @@ def main(argv: list[str] | None = None) -> Plan:
 
     settings = {
         "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
-        "seq_len": 1024, "precision": "bf16-mixed",
+        "seq_len": None, "precision": "bf16-mixed",
     }
     if args.config:
         try:
             settings = _config_from_yaml(args.config)
-        except (PlanError, ValueError, TypeError) as e:
-            ap.error(f"--config {args.config}: {e}")
+        except (ValueError, TypeError) as e:  # PlanError included
+            raise PlanError(f"--config {args.config}: {e}") from None
     if args.model:
         settings["config"] = GPTConfig.from_name(args.model)
-    if args.vocab_size:
+    if args.vocab_size is not None:
         settings["config"].vocab_size = args.vocab_size
     for key, val in [("devices_per_node", args.devices_per_node), ("num_nodes", args.nodes), ("batch_size", args.batch_size),
                      ("seq_len", args.seq_len), ("precision", args.precision)]:
         if val is not None:
             settings[key] = val
     if settings["devices_per_node"] is None:
-        ap.error("give --devices-per-node (or --config with trainer.devices)")
+        raise PlanError("give --devices-per-node (or --config with a number in trainer.devices)")
+    if settings["seq_len"] is None:
+        settings["seq_len"] = min(1024, settings["config"].block_size)
     memory = args.memory_gib if args.memory_gib is not None else detect_device_memory_gib()
-    try:
-        p = plan(settings.pop("config"), **settings, device_memory_gib=memory, sdpa=args.sdpa, overhead_gib=args.overhead_gib)
-    except PlanError as e:
-        ap.error(str(e))
+    p = plan(settings.pop("config"), **settings, device_memory_gib=memory, sdpa=args.sdpa, overhead_gib=args.overhead_gib)
     if args.json:
         rows = [
             {"dp": lay.dp, "tp": lay.tp, "fits": lay.fits, "reason": lay.reason,
@@ -423,4 +447,6 @@ def main(argv: list[str] | None = None) -> Plan:
 
 
 if __name__ == "__main__":
-    main()
+    from gpt_tp.entry import run
+
+    run(main)

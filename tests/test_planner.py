@@ -94,12 +94,43 @@ def test_nothing_fits_says_what_to_change():
         (dict(precision="fp8"), "precision='fp8'"),
         (dict(devices_per_node=0), "devices_per_node=0"),
         (dict(seq_len=2048), "block_size=1024"),
+        (dict(device_memory_gib=0), "must be > 0 (planner --memory-gib)"),
+        (dict(device_memory_gib=-5), "must be > 0 (planner --memory-gib)"),
+        (dict(overhead_gib=-3), "overhead_gib=-3 must be >= 0"),
+        # a device below the planner's own overhead: an error, not a hint at a bigger node
+        (dict(device_memory_gib=1), "95% of 1 GiB per device leaves nothing after the 1.5 GiB"),
     ],
 )
 def test_bad_inputs(kwargs, match):
     args = dict(devices_per_node=8, batch_size=4, seq_len=1024, device_memory_gib=24) | kwargs
     with pytest.raises(planner.PlanError, match=re.escape(match)):
         planner.plan(GPTConfig.from_name("gpt2"), **args)
+
+
+def test_three_devices_per_node_gives_the_real_reason():
+    """gpt2 on 3 devices: 3 divides the heads, the widths and the vocabulary; only T=1024 stops TP=3. No TP size
+    larger than the node is suggested."""
+    c = GPTConfig.from_name("gpt2")
+    p = planner.plan(c, devices_per_node=3, batch_size=16, seq_len=1024, device_memory_gib=24)
+    by_tp = {lay.tp: lay for lay in p.layouts}
+    assert by_tp[3].reason == "TP=3 does not divide seq_len=1024"
+    notes = " ".join(p.notes)
+    assert "TP=3 does not divide seq_len=1024" in notes and "split a head or the vocabulary" not in notes
+    assert "multiple of 3" in notes and "1023" in notes and "vocab_size=" not in notes.split("TP=3 would")[1]
+    assert not re.search(r"TP=(6|12)\b", notes), notes
+    assert planner.plan(c, devices_per_node=3, seq_len=1023, device_memory_gib=24).layouts[1].memory is not None
+
+
+def test_bigger_node_hint_only_when_it_fits():
+    """The 'nodes of N devices' hint is given only when TP=N would fit; memory that fits nothing gets no such hint."""
+    c = GPTConfig.from_name("gpt2")
+    p = planner.plan(c, devices_per_node=2, batch_size=64, seq_len=1024, device_memory_gib=24)
+    assert p.choice is None
+    tp4 = planner.estimate(c, 1, 4, 64, 1024).total
+    assert tp4 <= 0.95 * 24 * GIB and "use nodes of 4 devices (TP=4)" in p.notes[-1]
+    p = planner.plan(c, devices_per_node=2, batch_size=256, seq_len=1024, device_memory_gib=24)
+    assert planner.estimate(c, 1, 4, 256, 1024).total > 0.95 * 24 * GIB
+    assert p.choice is None and "use nodes" not in p.notes[-1] and "lower data.batch_size" in p.notes[-1]
 
 
 def test_resolve_layout_world_size_mismatch():
@@ -142,3 +173,23 @@ def test_command_line():
     assert r.returncode == 2 and "configs/missing.yaml: no such file" in r.stderr
     r = run("--model", "gpt2")
     assert r.returncode == 2 and "--devices-per-node" in r.stderr
+
+
+def test_command_line_mistakes_are_one_line_errors(capsys):
+    """Each user mistake: exit 2 and one line (gpt_tp.entry.run); the command's defaults follow the model."""
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.planner", "--devices-per-node", "2", "--memory-gib", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: device memory 0.0 GiB must be > 0 (planner --memory-gib)"]
+    for args, msg in [
+        (["--memory-gib", "-5"], "must be > 0"),
+        (["--overhead-gib", "-3", "--memory-gib", "24"], "overhead_gib=-3.0 must be >= 0"),
+        (["--vocab-size", "0"], "vocab_size=0 must be a positive integer"),
+        (["--model", "tiny", "--seq-len", "256"], "lower data.seq_len (planner: --seq-len)"),
+    ]:
+        with pytest.raises(planner.PlanError, match=re.escape(msg)):
+            planner.main(["--devices-per-node", "2", *args])
+    # tiny has block_size 128: T defaults to it, so the plan is made instead of an error about data.seq_len
+    p = planner.main(["--model", "tiny", "--devices-per-node", "2", "--memory-gib", "24"])
+    assert p.seq_len == 128 and (p.choice.dp, p.choice.tp) == (2, 1)
+    capsys.readouterr()
