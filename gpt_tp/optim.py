@@ -11,10 +11,11 @@ FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
 
 def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: int = 715, max_steps: int = 19073) -> float:
     """Learning rate at optimizer step `step` (0-based): linear warmup to max_lr, cosine decay to min_lr at
-    max_steps, then min_lr. A pure function, exactly build-nanogpt's get_lr."""
+    max_steps, then min_lr. A pure function with build-nanogpt's numbers; defined for any max_steps: with
+    max_steps <= warmup_steps the warmup runs its course and every later step gets min_lr."""
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
-    if step > max_steps:
+    if step >= max_steps:  # the cosine ends at min_lr exactly (cos(pi) = -1): the same value, and no 0 / 0
         return min_lr
     decay_ratio = (step - warmup_steps) / (max_steps - warmup_steps)  # 0 -> 1
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0

@@ -37,3 +37,17 @@ def test_adamw_groups_and_fused():
     assert opt.defaults["fused"] is True  # CPU has a fused AdamW kernel
     assert (opt.defaults["betas"], opt.defaults["eps"]) == ((0.9, 0.95), 1e-8)
     assert make_adamw(m, lr=1e-3, fused=False).defaults["fused"] is False
+
+
+@pytest.mark.parametrize("warmup,max_steps", [(10, 10), (10, 5), (10, 0), (0, 0)])
+def test_get_lr_schedule_no_longer_than_warmup(warmup, max_steps):
+    """max_steps <= warmup_steps (a short run of a config with a long warmup): the warmup, then min_lr."""
+    lrs = [get_lr(s, max_lr=1.0, min_lr=0.1, warmup_steps=warmup, max_steps=max_steps) for s in range(20)]
+    assert lrs[:warmup] == pytest.approx([(s + 1) / warmup for s in range(warmup)])
+    assert lrs[warmup:] == [0.1] * (20 - warmup)
+
+
+def test_get_lr_ends_at_min_lr_at_max_steps():
+    # the last step of the cosine is min_lr exactly, as the cosine itself gives there
+    assert get_lr(100, max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100) == 0.1
+    assert get_lr(99, max_lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=100) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 89 / 90)))
