@@ -40,6 +40,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from gpt_tp.errors import UserError
 from gpt_tp.data import resolve_data_dir
+from gpt_tp.tokenizer import get_encoding
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FILENAME = "hellaswag_val.jsonl"
@@ -160,13 +161,6 @@ def resolve_path(path: str | os.PathLike | None = None, cache_dir: str | os.Path
 
 # ---------------------------------------------------------------------------------------------------------
 # rendering and scoring
-
-
-def get_encoding():
-    """GPT-2's BPE (tiktoken r50k_base, offline through TIKTOKEN_CACHE_DIR)."""
-    from gpt_tp.prepare import get_encoding as _get
-
-    return _get("r50k_base")
 
 
 def render_example(example: dict, enc) -> tuple[list[list[int]], list[list[int]], int]:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt_tp.data import REPO_ROOT, SHARD_RE, DataError, _SHARD_LIKE_RE, shard_header, shard_name, write_shard
+from gpt_tp.data import SHARD_RE, DataError, _SHARD_LIKE_RE, shard_header, shard_name, write_shard
+from gpt_tp.tokenizer import get_encoding
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFAULT_CONFIG = "sample-10BT"
@@ -42,25 +43,6 @@ CHUNK_DOCS = 64  # documents per task sent to a worker
 
 # ----------------------------------------------------------------------------------------------
 # tokenizer
-
-
-def get_encoding(name: str = DEFAULT_ENCODING):
-    """tiktoken encoding ``name``. Offline, falls back to the repository's ``../shared/tiktoken_cache``
-    when TIKTOKEN_CACHE_DIR is unset."""
-    import tiktoken
-
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as e:
-        shared = REPO_ROOT.parent / "shared" / "tiktoken_cache"
-        if "TIKTOKEN_CACHE_DIR" not in os.environ and shared.is_dir():
-            os.environ["TIKTOKEN_CACHE_DIR"] = str(shared)
-            return get_encoding(name)
-        raise DataError(
-            f"cannot load tiktoken encoding {name!r} ({type(e).__name__}: {e}); offline, set TIKTOKEN_CACHE_DIR "
-            "to a folder holding its ranks file (e.g. ../shared/tiktoken_cache for r50k_base)"
-        ) from e
-
 
 _enc = None
 
@@ -275,7 +257,7 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
         source = {"dataset": dataset, "config": config, "split": split}
         where = f"--dataset {dataset} --config {config} --split {split}"
     settings = {**source, "text_column": text_column, "encoding": encoding, "shard_size": shard_size, "prefix": prefix}
-    get_encoding(encoding)  # fail early (and set the offline cache) before any worker starts
+    get_encoding(encoding)  # fail early, before any worker starts
 
     out = Path(out_dir)
     state = check_out_dir(out, prefix, settings)

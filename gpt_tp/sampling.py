@@ -100,7 +100,7 @@ class TextSampleCallback(Callback):
         self._enc = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        from gpt_tp.hellaswag import get_encoding
+        from gpt_tp.tokenizer import get_encoding
 
         self._enc = self._enc or get_encoding()
         if len(self._enc.encode(self.prompt)) >= self.max_length:

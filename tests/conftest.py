@@ -1,5 +1,7 @@
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +11,20 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "tests" / "workers"
-# GPT-2's BPE offline: tiktoken's r50k_base ranks file, cached under tiktoken's key in ../shared
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken_cache"))
+R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"  # tiktoken's source of r50k_base
+
+
+@pytest.fixture(scope="session")
+def tiktoken_cache(tmp_path_factory):
+    """tiktoken's own r50k_base loader, offline: TIKTOKEN_CACHE_DIR = a folder holding gpt_tp's shipped ranks file
+    under tiktoken's cache key (the sha1 of its URL), so tiktoken.get_encoding("r50k_base") is an independent reference."""
+    from gpt_tp.tokenizer import RANKS
+
+    d = tmp_path_factory.mktemp("tiktoken_cache")
+    shutil.copyfile(RANKS, d / hashlib.sha1(R50K_URL.encode()).hexdigest())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIKTOKEN_CACHE_DIR", str(d))
+        yield d
 
 
 def run_torchrun(script: str, nproc: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

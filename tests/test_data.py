@@ -1,6 +1,5 @@
 """Tests of gpt_tp.data: shard format, batches, data-parallel sharding, resume, memory, bad input."""
 
-import os
 import types
 import warnings
 from pathlib import Path
@@ -14,7 +13,6 @@ from gpt_tp.data import (DataError, GPTDataModule, TokenBatches, TokenStream, fi
                          shard_header, shard_name, write_shard)
 
 REPO = Path(__file__).resolve().parent.parent
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(REPO.parent / "shared" / "tiktoken_cache"))
 
 
 def make_shards(d: Path, sizes, prefix="tiny", start_value=0) -> np.ndarray:
