@@ -7,11 +7,16 @@ import torch
 
 from gpt_tp.model import GPT, GPTConfig, config_from_hf, from_hf_state_dict, hf_config_dict, load_hf_dir, qkv_from_per_head, qkv_to_per_head, to_hf_state_dict
 
-transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def transformers():
+    """Only the Hugging Face comparisons need transformers; the other model tests run without it."""
+    return pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("name", ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"])
-def test_named_sizes_match_hugging_face_parameter_counts(name):
+def test_named_sizes_match_hugging_face_parameter_counts(name, transformers):
     ours = GPTConfig.from_name(name, vocab_size=50257)
     cfg = transformers.GPT2Config(**{k: v for k, v in hf_config_dict(ours).items() if k != "architectures"})
     with torch.device("meta"):
@@ -90,7 +95,7 @@ def test_qkv_permutation_round_trip():
     assert torch.equal(per_head[48:64], w[16:32])
 
 
-def _hf_tiny():
+def _hf_tiny(transformers):
     torch.manual_seed(0)
     ours = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=50304, vocab_used=50257)
     cfg = transformers.GPT2Config(**{k: v for k, v in hf_config_dict(ours).items() if k != "architectures"})
@@ -102,8 +107,8 @@ def _hf_tiny():
     return ours, hf
 
 
-def test_hugging_face_import_gives_the_same_logits():
-    ours, hf = _hf_tiny()
+def test_hugging_face_import_gives_the_same_logits(transformers):
+    ours, hf = _hf_tiny(transformers)
     m = GPT(ours).eval()
     m.load_state_dict(from_hf_state_dict(hf.state_dict(), ours))
     assert m.lm_head.weight is m.transformer.wte.weight
@@ -121,8 +126,8 @@ def test_hugging_face_import_gives_the_same_logits():
     assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(ref.flatten(0, 1), y.flatten()).item(), rel=1e-5)
 
 
-def test_hugging_face_export_round_trip(tmp_path):
-    ours, hf = _hf_tiny()
+def test_hugging_face_export_round_trip(tmp_path, transformers):
+    ours, hf = _hf_tiny(transformers)
     m = GPT(ours).eval()
     m.load_state_dict(from_hf_state_dict(hf.state_dict(), ours))
     exported = to_hf_state_dict(m.state_dict(), ours)
