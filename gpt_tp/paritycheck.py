@@ -182,15 +182,23 @@ def config_from_yaml(path: str) -> dict:
 
 
 def settings(args, world: int) -> dict:
-    """Flags over the YAML over defaults; validated against the world size."""
+    """Flags over the YAML over defaults; validated against the world size. --dp or --tp on the command line
+    replaces the YAML's layout as a whole: the missing size is then derived (dp 1, tp = processes / dp)."""
     s = {"model": "tiny", "model_fields": None, "tp": None, "dp": 1, "batch_size": 2, "seq_len": 64}
     if args.config:
         s.update(config_from_yaml(args.config))
-    for k in ("model", "tp", "dp", "batch_size", "seq_len"):
+    if args.dp is not None or args.tp is not None:
+        s["dp"], s["tp"] = (1 if args.dp is None else args.dp), args.tp
+    for k in ("model", "batch_size", "seq_len"):
         if getattr(args, k) is not None:
             s[k] = getattr(args, k)
             if k == "model":
                 s["model_fields"] = None
+    for k in ("dp", "tp"):
+        if s[k] is not None and (not isinstance(s[k], int) or s[k] < 1):
+            raise ParityInputError(f"--{k}={s[k]!r} must be a positive integer")
+    if args.layers is not None and args.layers < 1:
+        raise ParityInputError(f"--layers={args.layers} must be >= 1: with no block there is nothing to check")
     if s["model_fields"] is not None:
         config = GPTConfig(**s["model_fields"])
     else:
@@ -200,6 +208,9 @@ def settings(args, world: int) -> dict:
     if args.layers is not None:
         config.n_layer = args.layers
     if s["tp"] is None:
+        if world % s["dp"]:
+            raise ParityInputError(f"--dp {s['dp']} does not divide the {world} processes torchrun started; set "
+                                   f"--nproc_per_node to a multiple of {s['dp']} or change --dp")
         s["tp"] = world // s["dp"]
     if s["dp"] * s["tp"] != world:
         raise ParityInputError(f"--dp {s['dp']} x --tp {s['tp']} = {s['dp'] * s['tp']} but torchrun started {world} "
@@ -222,9 +233,10 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="a training YAML (python cli.py fit --config ...): model, layout, batch shape")
     ap.add_argument("--model", help=f"a named size: {', '.join(SIZES)} (default tiny)")
-    ap.add_argument("--layers", type=int, help="override the number of blocks (a quicker check of a big model)")
-    ap.add_argument("--tp", type=int, help="tensor-parallel size (default: processes / dp)")
-    ap.add_argument("--dp", type=int, help="data-parallel size (default 1)")
+    ap.add_argument("--layers", type=int, help="override the number of blocks, >= 1 (a quicker check of a big model)")
+    ap.add_argument("--tp", type=int, help="tensor-parallel size (default: the --config's, else processes / dp); "
+                    "--tp or --dp replaces the --config's layout")
+    ap.add_argument("--dp", type=int, help="data-parallel size (default: the --config's, else 1)")
     ap.add_argument("--batch-size", type=int, help="rows per data-parallel rank (default 2)")
     ap.add_argument("--seq-len", type=int, help="tokens per row (default 64)")
     ap.add_argument("--plan", help="module:attribute of a custom TP plan (dict, or function of the GPTConfig)")
@@ -244,19 +256,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser().parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        print("error: run under torchrun, e.g. python -m torch.distributed.run --standalone --nproc_per_node=2 "
-              "-m gpt_tp.paritycheck --config configs/cpu.yaml", file=sys.stderr)
-        return 2
+        raise ParityInputError("run under torchrun, e.g. python -m torch.distributed.run --standalone "
+                               "--nproc_per_node=2 -m gpt_tp.paritycheck --config configs/cpu.yaml")
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    try:
-        s = settings(args, world)
-        plan = load_plan(args.plan, s["config"]) if args.plan else None
-        if args.tol <= 0:
-            raise ParityInputError(f"--tol={args.tol} must be > 0")
-    except ParityInputError as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr)
-        return 2
+    s = settings(args, world)
+    plan = load_plan(args.plan, s["config"]) if args.plan else None
+    if not args.tol > 0:
+        raise ParityInputError(f"--tol={args.tol} must be > 0")
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -271,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         res = compare(s["config"], mesh, s["batch_size"], s["seq_len"], args.seed, plan, device)
     except Exception as e:  # noqa: BLE001 - a broken plan fails in many ways; say so and exit 1
         print(f"FAIL (rank {rank}): the tensor-parallel model did not run: {type(e).__name__}: {e}"[:2000], file=sys.stderr)
-        dist.destroy_process_group()
-        return 1
+        return 1  # gpt_tp.entry.run leaves without waiting on peers that may be stuck in a collective
     text, ok = report(res, args.tol, args.top)
     if rank == 0:
         c = s["config"]
@@ -282,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         if args.json:
             Path(args.json).write_text(json.dumps({**res, "ok": ok, "dp": s["dp"], "tp": s["tp"]}, indent=1))
-    dist.destroy_process_group()
-    return 0 if ok else 1
+    return 0 if ok else 1  # gpt_tp.entry.run ends the process group
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpt_tp.entry import run
+
+    run(main)

@@ -69,5 +69,26 @@ def test_bad_input():
         load_plan("TP_PLAN", GPTConfig.from_name("tiny"))
     with pytest.raises(ParityInputError, match="no such file"):
         settings(parser().parse_args(["--config", "configs/nope.yaml"]), world=2)
+    with pytest.raises(ParityInputError, match="--layers=0 must be >= 1"):  # no block: a PASS would check nothing
+        settings(parser().parse_args(["--model", "tiny", "--layers", "0"]), world=2)
+    with pytest.raises(ParityInputError, match="--dp 3 does not divide the 2 processes"):
+        settings(parser().parse_args(["--model", "tiny", "--dp", "3"]), world=2)
     proc = subprocess.run([sys.executable, "-m", "gpt_tp.paritycheck"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2 and "run under torchrun" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("error: run under torchrun")
+
+
+def test_flags_replace_the_config_layout():
+    """cpu.yaml says DP=1 x TP=2; --dp 2 on 2 processes means DP=2 x TP=1 (TP = processes / dp, as --help says)."""
+    s = settings(parser().parse_args(["--config", "configs/cpu.yaml", "--dp", "2"]), world=2)
+    assert (s["dp"], s["tp"]) == (2, 1)
+    s = settings(parser().parse_args(["--config", "configs/cpu.yaml"]), world=2)
+    assert (s["dp"], s["tp"]) == (1, 2)
+    s = settings(parser().parse_args(["--config", "configs/cpu.yaml", "--tp", "1", "--dp", "2"]), world=2)
+    assert (s["dp"], s["tp"]) == (2, 1)
+
+
+def test_bad_input_under_torchrun_is_one_line():
+    """Printed once for the two ranks; each worker exits 2 (torchrun itself then exits 1 with its own report)."""
+    rc, out, _ = paritycheck(2, "--model", "tiny", "--layers", "0")
+    assert rc != 0 and out.count("error: --layers=0 must be >= 1") == 1 and "PASS" not in out
+    assert "exitcode  : 2 " in out
