@@ -2,6 +2,11 @@
 
     python -m gpt_tp.plot logs/gpt_tp/version_0 -o run.png     # a run dir, a folder of runs, or a metrics.csv
 
+One run, one curve: a resumed or requeued run writes a new CSVLogger version (version_N+1) next to the one it
+continues. A version continues the run of the version before it when both saved the same hparams.yaml and its
+first logged step is later than that run's first logged step (a fresh run starts where the earlier one started).
+The versions of a run are joined; where they overlap, the later version wins from its first logged step on.
+
 Reference lines: OpenAI's GPT-2 124M checkpoint (val loss 3.2924 on FineWeb-Edu val, HellaSwag 0.2945) and
 GPT-3 124M's HellaSwag 0.337 (GPT-3 paper), as build-nanogpt draws them. Needs matplotlib.
 """
@@ -9,7 +14,6 @@ GPT-3 124M's HellaSwag 0.337 (GPT-3 paper), as build-nanogpt draws them. Needs m
 import argparse
 import csv
 import math
-import sys
 from pathlib import Path
 
 from gpt_tp.errors import UserError
@@ -37,6 +41,52 @@ def find_csv(path: str | Path) -> Path:
             return found[-1]
         raise PlotError(f"no metrics.csv under {p}: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
     raise PlotError(f"{p} not found: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
+
+
+def _version(d: Path) -> int | None:
+    name = d.name
+    return int(name[8:]) if name.startswith("version_") and name[8:].isdigit() else None
+
+
+def _first_step(metrics: dict[str, list[tuple[int, float]]]) -> int:
+    return min(points[0][0] for points in metrics.values())
+
+
+def run_csvs(csv_path: str | Path) -> list[Path]:
+    """The metrics.csv files of the run that csv_path belongs to, oldest version first (see the module doc)."""
+    csv_path = Path(csv_path)
+    if _version(csv_path.parent) is None:
+        return [csv_path]
+    versions = sorted((d for d in csv_path.parent.parent.iterdir() if _version(d) is not None and (d / "metrics.csv").is_file()),
+                      key=_version)
+    runs: list[list[Path]] = []
+    first = hparams = None  # of the run being built
+    for d in versions:
+        try:
+            start = _first_step(read_metrics(d / "metrics.csv"))
+        except PlotError:
+            if d == csv_path.parent:
+                raise
+            continue  # a version that logged nothing (e.g. requeued before its first step)
+        h = (d / "hparams.yaml").read_text() if (d / "hparams.yaml").is_file() else None
+        if runs and h == hparams and start > first:
+            runs[-1].append(d / "metrics.csv")
+        else:
+            runs.append([d / "metrics.csv"])
+            first, hparams = start, h
+    return next(run for run in runs if csv_path.parent in [c.parent for c in run])
+
+
+def join(parts: list[dict[str, list[tuple[int, float]]]]) -> dict[str, list[tuple[int, float]]]:
+    """One curve per series from the versions of a run, oldest first: each later version replaces every point
+    at or after its own first logged step."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for metrics in parts:
+        start = _first_step(metrics)
+        out = {k: [(s, v) for s, v in points if s < start] for k, points in out.items()}
+        for k, points in metrics.items():
+            out.setdefault(k, []).extend(points)
+    return {k: sorted(v) for k, v in out.items() if v}
 
 
 def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -71,26 +121,32 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    finite = {k: [(s, v) for s, v in points if math.isfinite(v)] for k, points in metrics.items()}
+    if not any(finite.values()):
+        raise PlotError(f"every logged value of {', '.join(metrics)} is NaN or infinite: nothing to plot "
+                        "(did the run diverge from its first step?)")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6))
     for key, label, kw in (("train/loss", "train loss", dict(lw=1, alpha=0.8)), ("val/loss", "val loss", dict(lw=2, marker="."))):
         if key in metrics:
-            steps, values = zip(*metrics[key])
-            ax1.plot(steps, values, label=label, **kw)
-            ax1.set_title(f"min {label}: {min(values):.4f}" if key == "val/loss" else f"last {label}: {values[-1]:.4f}", loc="left")
+            ax1.plot(*zip(*metrics[key]), label=label, **kw)
+            good = [v for _, v in finite[key]]
+            if not good:
+                ax1.set_title(f"{label}: no finite value", loc="left")
+            else:
+                ax1.set_title(f"min {label}: {min(good):.4f}" if key == "val/loss" else f"last {label}: {good[-1]:.4f}", loc="left")
     if reference:
         ax1.axhline(REF_VAL_LOSS_GPT2, color="r", ls="--", label=f"OpenAI GPT-2 (124M) val loss {REF_VAL_LOSS_GPT2}")
-    finite = [v for k in ("train/loss", "val/loss") for _, v in metrics.get(k, []) if math.isfinite(v)]
-    if finite and reference and max(finite) < 2 * REF_VAL_LOSS_GPT2:  # build-nanogpt's 0-4 view once it is close
-        ax1.set_ylim(0.0, max(4.0, max(finite) * 1.05))
+    losses = [v for k in ("train/loss", "val/loss") for _, v in finite.get(k, [])]
+    if losses and reference and max(losses) < 2 * REF_VAL_LOSS_GPT2:  # build-nanogpt's 0-4 view once it is close
+        ax1.set_ylim(0.0, max(4.0, max(losses) * 1.05))
     ax1.set_xlabel("step")
     ax1.set_ylabel("loss")
     if ax1.get_legend_handles_labels()[0]:
         ax1.legend()
 
-    if "hellaswag/acc_norm" in metrics:
-        steps, values = zip(*metrics["hellaswag/acc_norm"])
-        ax2.plot(steps, values, marker=".", label="gpt_tp")
-        ax2.set_title(f"max HellaSwag acc_norm: {max(values):.4f}", loc="left")
+    if finite.get("hellaswag/acc_norm"):
+        ax2.plot(*zip(*metrics["hellaswag/acc_norm"]), marker=".", label="gpt_tp")
+        ax2.set_title(f"max HellaSwag acc_norm: {max(v for _, v in finite['hellaswag/acc_norm']):.4f}", loc="left")
     else:
         ax2.set_title("no hellaswag/acc_norm logged", loc="left")
     if reference:
@@ -111,24 +167,20 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
 
 
 def main(argv=None) -> Path:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.plot", description="Plot train/val loss and HellaSwag acc_norm from a CSVLogger log.")
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.plot", description="Plot train/val loss and HellaSwag acc_norm "
+                                 "from a CSVLogger log; the versions of a resumed run are joined into one curve.")
     ap.add_argument("run", help="metrics.csv, a run dir holding it, or a folder of runs (the newest metrics.csv is used)")
-    ap.add_argument("-o", "--out", default="run.png", help="PNG to write (default run.png)")
+    ap.add_argument("-o", "--out", default="run.png", help="PNG to write (default: run.png in the current directory)")
     ap.add_argument("--no-reference", action="store_true", help="leave out the GPT-2 / GPT-3 reference lines")
     args = ap.parse_args(argv)
-    csv_path = find_csv(args.run)
-    out = plot(read_metrics(csv_path), args.out, title=str(csv_path), reference=not args.no_reference)
-    print(f"wrote {out} from {csv_path}")
+    csvs = run_csvs(find_csv(args.run))
+    title = str(csvs[0]) if len(csvs) == 1 else f"{csvs[0].parent.parent}: " + " + ".join(c.parent.name for c in csvs)
+    out = plot(join([read_metrics(c) for c in csvs]), args.out, title=title, reference=not args.no_reference)
+    print(f"wrote {out} from {', '.join(map(str, csvs))}")
     return out
 
 
-def cli(argv=None) -> Path:
-    """main() with a bad log as a one-line message and exit status 1, not a traceback."""
-    try:
-        return main(argv)
-    except PlotError as e:
-        sys.exit(f"error: {e}")
-
-
 if __name__ == "__main__":
-    cli()
+    from gpt_tp.entry import run
+
+    run(main)

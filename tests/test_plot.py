@@ -1,8 +1,13 @@
-"""The plot command: a PNG from a small CSVLogger log, clear errors on a missing or empty one."""
+"""The plot command: a PNG from a small CSVLogger log, clear errors on a missing or empty one, NaN-safe titles, and
+the versions of a resumed run (written by Lightning's own CSVLogger) joined into one curve."""
+
+import subprocess
+import sys
 
 import pytest
 
-from gpt_tp.plot import PlotError, cli, find_csv, main, read_metrics
+from conftest import ROOT
+from gpt_tp.plot import PlotError, find_csv, join, main, plot, read_metrics, run_csvs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -67,6 +72,101 @@ def test_missing_or_empty_csv_fails_clearly(tmp_path):
     (tmp_path / "bad.csv").write_text("step,train/loss\n0,abc\n")
     with pytest.raises(PlotError, match=r"bad.csv:2: cannot read"):
         read_metrics(tmp_path / "bad.csv")
-    with pytest.raises(SystemExit, match="^error: .*is empty"):  # the command: a message, exit status 1
-        cli([str(tmp_path / "empty.csv"), "-o", str(tmp_path / "x.png")])
+    # the command: one line, exit status 2, nothing written
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.plot", str(tmp_path / "empty.csv"), "-o", str(tmp_path / "x.png")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [f"error: {tmp_path / 'empty.csv'} is empty: no header "
+                                                                  "row (has the run logged a step yet?)"]
     assert not (tmp_path / "x.png").exists()
+
+
+def _titles(monkeypatch, metrics, tmp_path) -> list[str]:
+    """The left-hand titles plot() sets, read back from matplotlib's axes."""
+    import matplotlib.pyplot as plt
+
+    seen = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (seen.extend(ax.get_title("left") for ax in fig.axes), close(fig)))
+    plot(metrics, tmp_path / "t.png")
+    return seen
+
+
+def test_nan_values(tmp_path, monkeypatch):
+    """min() of (nan, 7.5, 9.0) is nan in Python; the title takes the finite values. An all-NaN log is an error."""
+    run = write_run(tmp_path, "step,train/loss,val/loss\n0,10.0,nan\n1,9.0,7.5\n2,nan,9.0\n")
+    m = read_metrics(run / "metrics.csv")
+    assert m["val/loss"][0][1] != m["val/loss"][0][1] and str(min(v for _, v in m["val/loss"])) == "nan"
+    assert _titles(monkeypatch, m, tmp_path) == ["min val loss: 7.5000", "no hellaswag/acc_norm logged"]
+    bad = tmp_path / "nan.csv"
+    bad.write_text("step,train/loss,val/loss\n0,nan,\n1,nan,nan\n")
+    with pytest.raises(PlotError, match="every logged value of train/loss, val/loss is NaN or infinite"):
+        main([str(bad), "-o", str(tmp_path / "nan.png")])
+    assert not (tmp_path / "nan.png").exists()
+
+
+def test_help_names_the_default_output():
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.plot", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "run.png in the current directory" in " ".join(proc.stdout.split())
+
+
+def _fit(logs, ckpts, max_steps, ckpt_path=None, shift=0.0, lr=0.1):
+    """A real Lightning run on CPU with the CSVLogger: logs train/loss every step and val/loss every 3 steps,
+    checkpoints every 3 steps. `shift` is added to what it logs (not a hyper-parameter) to tell versions apart."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Model(L.LightningModule):
+        def __init__(self, lr):
+            super().__init__()
+            self.save_hyperparameters()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _):
+            loss = ((self.layer(batch[0]) - batch[1]) ** 2).mean()
+            self.log("train/loss", loss + shift)
+            return loss
+
+        def validation_step(self, batch, _):
+            self.log("val/loss", ((self.layer(batch[0]) - batch[1]) ** 2).mean() + shift)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=max_steps, logger=CSVLogger(logs, name="gpt_tp"), log_every_n_steps=1,
+        val_check_interval=3, limit_val_batches=1, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[ModelCheckpoint(dirpath=ckpts, every_n_train_steps=3, save_top_k=-1, filename="s{step}")])
+    trainer.fit(Model(lr), data, data, ckpt_path=ckpt_path)
+
+
+def test_resumed_versions_are_one_curve(tmp_path):
+    logs, ck = tmp_path / "logs", tmp_path / "ck"
+    _fit(logs, ck, 6)  # version_0: steps 0..5, checkpoints after steps 3 and 6
+    _fit(logs, ck / "b", 10, ckpt_path=ck / "sstep=3.ckpt", shift=100.0)  # version_1 resumes at step 3: 3..9
+    _fit(logs, ck / "c", 4)  # version_2: a fresh run, same hyper-parameters, from step 0
+    _fit(logs, ck / "d", 10, ckpt_path=ck / "sstep=6.ckpt", lr=0.2)  # version_3: resumed with another lr
+    v = [logs / "gpt_tp" / f"version_{i}" for i in range(4)]
+    parts = [read_metrics(d / "metrics.csv") for d in v]
+    assert [p["train/loss"][0][0] for p in parts] == [0, 3, 0, 6]  # what Lightning wrote
+    assert [s for s, _ in parts[0]["train/loss"]] == list(range(6))
+
+    assert run_csvs(v[0] / "metrics.csv") == run_csvs(v[1] / "metrics.csv") == [v[0] / "metrics.csv", v[1] / "metrics.csv"]
+    assert run_csvs(v[2] / "metrics.csv") == [v[2] / "metrics.csv"]
+    assert run_csvs(v[3] / "metrics.csv") == [v[3] / "metrics.csv"]  # other hparams.yaml: another run
+
+    joined = join(parts[:2])
+    # steps 0..2 from version_0, 3..9 from version_1 (it redid 3..5: the later version wins)
+    assert joined["train/loss"] == parts[0]["train/loss"][:3] + parts[1]["train/loss"]
+    assert [s for s, _ in joined["train/loss"]] == list(range(10))
+    assert [v > 100 for _, v in joined["train/loss"]] == [False] * 3 + [True] * 7
+    assert joined["val/loss"] == parts[0]["val/loss"][:1] + parts[1]["val/loss"]
+
+    out = main([str(v[1]), "-o", str(tmp_path / "run.png")])
+    assert out.read_bytes()[:8] == PNG_SIGNATURE
+    # a folder of runs: the newest version's run
+    assert run_csvs(find_csv(logs)) == [v[3] / "metrics.csv"]
