@@ -19,11 +19,15 @@ benchmark measures (tests/test_costmodel.py compares them byte for byte).
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 
+from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
 from gpt_tp.module import PEAK_FLOPS
+
+
+class CostModelError(UserError):
+    """A bad flag or bench file; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -300,13 +304,13 @@ def sizes_markdown(rows: list[dict]) -> str:
     out = ["| model | system | 1 GPU tok/s | DDP x2 tok/s | TP=2 tok/s | TP comm share of step | TP=2 per GPU vs 1 GPU | "
            "memory/GPU DDP / TP=2 (GB) |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        fit = lambda gb, ok: f"{gb:.0f}" + ("" if ok else f" > {r['gpu_mem_gb']:.0f}")  # noqa: E731
+        fit = lambda gb, ok: f"{gb:.1f}" + ("" if ok else f" > {r['gpu_mem_gb']:g}")  # noqa: E731
         out.append(f"| {r['model']} | {r['system']} | {_k(r['1gpu_tok_s'])} | {_k(r['ddp2_tok_s'])} | {_k(r['tp2_tok_s'])} | "
                    f"{100 * r['tp2_comm_share']:.0f}% | {r['tp2_per_gpu_tok_s_vs_1gpu']:.2f} | "
                    f"{fit(r['ddp_mem_gb'], r['ddp_fits'])} / {fit(r['tp2_mem_gb'], r['tp2_fits'])} |")
     out.append("\nB=16 per replica, T=1024, bf16, gpt_tp's sequence-parallel plan. MFU 0.8 on the 3090 (the anchor's "
                "1-GPU figure), 0.5 on H100. Memory: float32 params + grads + AdamW + rough bf16 activations; "
-               "'> 24' marks a layout that does not fit the GPU.")
+               "'N > 24' marks a layout that needs N GB, more than the GPU holds.")
     return "\n".join(out) + "\n"
 
 
@@ -327,20 +331,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpt_tp.costmodel", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", help="a bench.json from python -m gpt_tp.bench: price its measured collectives")
-    ap.add_argument("--link", default="nvlink-h100", help="the link to price --bench runs on")
+    ap.add_argument("--link", help=f"with --bench: the link to price its runs on, one of {', '.join(LINKS)} "
+                    "(default nvlink-h100)")
     args = ap.parse_args(argv)
-    if args.link not in LINKS:
-        print(f"error: unknown --link {args.link!r}; choose from {', '.join(LINKS)}", file=sys.stderr)
-        return 2
+    if args.link is not None and args.link not in LINKS:
+        raise CostModelError(f"unknown --link {args.link!r}; choose from {', '.join(LINKS)}")
     if args.bench:
         try:
             with open(args.bench) as f:
                 bench = json.load(f)
-            print(bench_markdown(bench, LINKS[args.link]))
-        except (OSError, ValueError, KeyError) as e:
-            print(f"error: --bench={args.bench}: not a bench.json from python -m gpt_tp.bench ({e})", file=sys.stderr)
-            return 2
+            print(bench_markdown(bench, LINKS[args.link or "nvlink-h100"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CostModelError(f"--bench={args.bench}: not a bench.json from python -m gpt_tp.bench ({e})") from None
         return 0
+    if args.link is not None:
+        raise CostModelError(f"--link {args.link} prices the runs of --bench; give --bench bench_out/bench.json "
+                             "(the tables without --bench use the links of their systems)")
     print("## Anchor: build-nanogpt on NVLinked RTX 3090s\n")
     print(anchor_markdown(anchor_check()))
     print("## GPT-2 sizes, 2 GPUs: DDP vs TP=2\n")
@@ -349,4 +355,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpt_tp.entry import run
+
+    run(main)

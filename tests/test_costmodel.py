@@ -3,7 +3,11 @@
 import pytest
 
 from gpt_tp.audit import megatron_sp_minimum
-from gpt_tp.costmodel import ANCHOR, LINKS, anchor_check, estimate, main, sizes_table, step_collectives, wire_bytes
+import json
+import re
+
+from gpt_tp.costmodel import (ANCHOR, LINKS, CostModelError, anchor_check, comm_seconds, estimate, main, sizes_markdown,
+                              sizes_table, step_collectives, wire_bytes)
 from gpt_tp.model import GPTConfig
 
 
@@ -77,9 +81,43 @@ def test_tp_efficiency_and_bad_input():
         step_collectives(config, 1, 8, tp=2, plan="foo")
 
 
-def test_cli(capsys):
+def test_memory_column_says_what_does_not_fit():
+    """Every 'a > b' in the table has a > b, every unmarked figure is within the GPU's memory (no '24 > 24')."""
+    rows = sizes_table()
+    text = sizes_markdown(rows)
+    cells = [line.split("|")[-2].strip() for line in text.splitlines() if line.startswith("| gpt2")]
+    assert len(cells) == len(rows) == 16
+    marked = 0
+    for cell, r in zip(cells, rows):
+        for part, gb, ok in zip(cell.split(" / "), (r["ddp_mem_gb"], r["tp2_mem_gb"]), (r["ddp_fits"], r["tp2_fits"])):
+            m = re.fullmatch(r"([\d.]+)(?: > ([\d.]+))?", part)
+            assert m and float(m[1]) == pytest.approx(gb, abs=0.05), (part, gb)
+            assert (m[2] is None) == ok, part
+            if m[2] is not None:
+                marked += 1
+                assert float(m[1]) > float(m[2]), part
+            else:
+                assert float(m[1]) <= r["gpu_mem_gb"]
+    assert marked >= 4 and "24.3 > 24" in text  # gpt2-medium under DDP on a 24 GB 3090 (24.3 GB)
+
+
+def test_cli(capsys, tmp_path):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "| DDP x2 | 132.0k |" in out and "gpt2-xl" in out
-    assert main(["--link", "nope"]) == 2
-    assert "unknown --link 'nope'" in capsys.readouterr().err
+    with pytest.raises(CostModelError, match="unknown --link 'nope'"):
+        main(["--link", "nope"])
+    with pytest.raises(CostModelError, match="--link pcie4 prices the runs of --bench; give --bench"):
+        main(["--link", "pcie4"])  # was silently ignored: the tables use their own links
+    # --bench with --link: the run's collectives priced on that link
+    colls = step_collectives(GPTConfig.from_name("tiny"), 2, 64, dp=1, tp=2)
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"runs": [{"name": "dp1xtp2 32-true", "collectives": colls, "step_time_s": {"median": 0.05}}]}))
+    for link in ("pcie4", "nvlink-h100"):
+        assert main(["--bench", str(bench), "--link", link]) == 0
+        out = capsys.readouterr().out
+        assert f"| dp1xtp2 32-true | {sum(c['wire_bytes'] for c in colls) / 1e6:.1f} | 0.0 | " \
+               f"{1e3 * comm_seconds(colls, LINKS[link]):.2f} | 50.0 |" in out and LINKS[link].name in out
+    bench.write_text("[]")
+    with pytest.raises(CostModelError, match="not a bench.json"):
+        main(["--bench", str(bench)])
