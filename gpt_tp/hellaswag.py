@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import urllib.request
 from contextlib import nullcontext
@@ -38,8 +37,9 @@ from lightning.pytorch.callbacks import Callback
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from gpt_tp.errors import UserError
+from gpt_tp.collective import one_does
 from gpt_tp.data import resolve_data_dir
+from gpt_tp.errors import UserError
 from gpt_tp.tokenizer import get_encoding
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -340,22 +340,28 @@ def parallel_layout(trainer, pl_module) -> tuple[int, int, int, object]:
     return 1, rank, size, None
 
 
+def config_of(model):
+    """The GPTConfig of a GPT, of a GPTModule (its .model) or of anything with a .config; None without one."""
+    return getattr(getattr(model, "model", model), "config", None) or getattr(model, "config", None)
+
+
 def block_size_of(pl_module) -> int:
-    inner = getattr(pl_module, "model", pl_module)
-    cfg = getattr(inner, "config", None) or getattr(pl_module, "config", None)
+    cfg = config_of(pl_module)
     if cfg is None:
         raise ValueError("HellaSwagCallback needs the model's block_size: pl_module.model.config.block_size or pl_module.config.block_size")
     return cfg.block_size
 
 
 def log_to_loggers(trainer, metrics: dict[str, float], step: int) -> None:
-    """Write metrics straight to the trainer's loggers at `step` (rank 0; works in hooks where self.log cannot,
-    and whatever log_every_n_steps is)."""
-    if trainer.global_rank != 0:
-        return
-    for logger in trainer.loggers:
-        logger.log_metrics(metrics, step=step)
-        logger.save()
+    """Write metrics straight to the trainer's loggers at `step` (rank 0, its failure raised on every rank; works in
+    hooks where self.log cannot, and whatever log_every_n_steps is). Call on every rank."""
+
+    def write():
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+            logger.save()
+
+    one_does(write, doer=trainer.global_rank == 0)
 
 
 class HellaSwagCallback(Callback):
@@ -386,19 +392,8 @@ class HellaSwagCallback(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit" or self.examples is not None:
             return
-        # one process per node downloads (the cache dir may be node-local), then every rank reads the file
-        error = None
-        if trainer.local_rank == 0:
-            try:
-                resolve_path(self.path, self.cache_dir)
-            except Exception as e:  # noqa: BLE001 - reported on every rank below, so none hangs in a barrier
-                error = f"{type(e).__name__}: {e}"
-        errors = [error]
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            errors = [None] * dist.get_world_size()
-            dist.all_gather_object(errors, error)
-        if any(errors):
-            raise HellaSwagError(next(e for e in errors if e))
+        # one process per node downloads (the cache dir may be node-local); a failure ends every rank with it
+        one_does(lambda: resolve_path(self.path, self.cache_dir), doer=trainer.local_rank == 0)
         self.examples = read_examples(resolve_path(self.path, self.cache_dir), self.limit)
 
     def run(self, trainer, pl_module) -> dict:
@@ -504,14 +499,12 @@ def main(argv=None) -> dict:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         tp = args.tp or world
         if world % tp:
-            raise SystemExit(f"--tp {tp} must divide the number of processes {world}")
+            raise HellaSwagError(f"--tp {tp} must divide the number of processes {world}: pass a divisor of {world}")
         mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
         dp_rank, dp_size, dp_group = mesh["data_parallel"].get_local_rank(), world // tp, mesh["data_parallel"].get_group()
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    if rank0:
-        resolve_path(args.path, args.cache_dir)  # download once, before the other ranks read
-    if dist.is_initialized():
-        dist.barrier()
+    # one process per node downloads, before the other ranks read; a failure ends every rank with it
+    one_does(lambda: resolve_path(args.path, args.cache_dir), doer=int(os.environ.get("LOCAL_RANK", "0")) == 0)
     examples = read_examples(resolve_path(args.path, args.cache_dir), args.limit)
     model = load_model(args).to(device).eval()
     if mesh is not None:
@@ -521,24 +514,19 @@ def main(argv=None) -> dict:
     ctx = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.dtype == "bfloat16" else nullcontext
     res = evaluate(model, examples, block_size=model.config.block_size, batch_size=args.batch_size, tp=tp,
                    dp_rank=dp_rank, dp_size=dp_size, dp_group=dp_group, device=device, forward_context=ctx)
-    if rank0:
+
+    def report():
         print(f"HellaSwag: acc_norm {res['correct_norm']}/{res['total']} = {res['acc_norm']:.4f}, "
               f"acc {res['correct']}/{res['total']} = {res['acc']:.4f}"
               + (f" ({res['truncated']} examples truncated to block_size={model.config.block_size})" if res["truncated"] else ""))
         if args.out:
             Path(args.out).write_text(json.dumps(res))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+
+    one_does(report, doer=rank0)  # a failed write of --out ends every rank with its error
     return res
 
 
-def cli(argv=None) -> dict:
-    """main() with file and checkpoint errors as a one-line message and exit status 1, not a traceback."""
-    try:
-        return main(argv)
-    except HellaSwagError as e:
-        sys.exit(f"error: {e}")
-
-
 if __name__ == "__main__":
-    cli()
+    from gpt_tp.entry import run
+
+    run(main)

@@ -17,6 +17,9 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from torch.distributed.tensor import DTensor, Shard
 
+from gpt_tp.collective import one_does
+from gpt_tp.hellaswag import block_size_of, parallel_layout
+
 PROMPT = "Hello, I'm a language model,"
 
 
@@ -107,8 +110,6 @@ class TextSampleCallback(Callback):
             raise ValueError(f"TextSampleCallback max_length={self.max_length} must exceed the prompt's token count")
 
     def run(self, trainer, pl_module) -> list[str]:
-        from gpt_tp.hellaswag import block_size_of, parallel_layout
-
         tp = parallel_layout(trainer, pl_module)[0]
         was_training = pl_module.training
         pl_module.eval()
@@ -123,7 +124,8 @@ class TextSampleCallback(Callback):
         self.history.append((step, texts))
         self._last_step = step
         log_dir = trainer.log_dir  # a broadcast inside: every rank must ask
-        if trainer.global_rank == 0:
+
+        def write():
             lines = [f"step {step} sample {i}: {t}" for i, t in enumerate(texts)]
             print("\n".join(lines), flush=True)
             if log_dir:
@@ -133,6 +135,8 @@ class TextSampleCallback(Callback):
             for logger in trainer.loggers:
                 if hasattr(getattr(logger, "experiment", None), "add_text"):  # TensorBoard
                     logger.experiment.add_text("samples", "\n\n".join(texts), global_step=step)
+
+        one_does(write, doer=trainer.global_rank == 0)  # rank 0 writes; its failure ends every rank with it
         return texts
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

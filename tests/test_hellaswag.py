@@ -297,14 +297,18 @@ def test_cli_hf_dir_and_ckpt_match_in_process(tmp_path, tiny, enc, monkeypatch):
         hs.main(["--ckpt_path", str(tmp_path / "nope.ckpt"), "--path", str(FIXTURE)])
 
 
-def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch, capsys):
+    from gpt_tp.entry import run
+
+    for k in ("WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": 9}\n')
     with pytest.raises(SystemExit) as e:  # what `python -m gpt_tp.hellaswag` runs
-        hs.cli(["--path", str(bad)])
-    assert str(e.value).startswith("error: 1 malformed")
-    assert f"{bad}:1: 'label' must be an integer 0-3, got 9" in str(e.value)
+        run(lambda: hs.main(["--path", str(bad)]))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: 1 malformed") and "Traceback" not in err
+    assert f"{bad}:1: 'label' must be an integer 0-3, got 9" in err
 
 
 def test_callback_arguments_checked():

@@ -3,6 +3,8 @@ TextSampleCallback attached, then a single-device check of the final weights on 
 
 Writes <out>.json on rank 0: each rank's callback history (gathered), the logged callback_metrics, the CSV logger's
 metrics.csv path, and the single-device HellaSwag result and text samples of the gathered final weights.
+Failure injection (tests/test_rank_failures.py): --hellaswag-cache DIR downloads HellaSwag into DIR instead of using
+the fixture; --break-samples puts a folder where rank 0 appends samples.txt.
 """
 
 import argparse
@@ -31,13 +33,18 @@ def main():
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--hellaswag-cache", help="download HellaSwag into this folder (no --path)")
+    ap.add_argument("--break-samples", action="store_true", help="a folder named samples.txt in the log dir")
     args = ap.parse_args()
-    hs = HellaSwagCallback(path=str(FIXTURE), every_n_steps=2, batch_size=4)
+    if args.break_samples:  # the CSV logger's version_0 folder, as below
+        (Path(args.out + "_logs") / "run" / "version_0" / "samples.txt").mkdir(parents=True, exist_ok=True)
+    source = dict(path=None, cache_dir=args.hellaswag_cache) if args.hellaswag_cache else dict(path=str(FIXTURE))
+    hs = HellaSwagCallback(every_n_steps=2, batch_size=4, **source)
     ts = TextSampleCallback(every_n_steps=2, num_samples=2, max_length=16, seed=3)
     trainer = L.Trainer(
         accelerator="cpu", devices=args.tp * args.dp, max_steps=args.steps, gradient_clip_val=1.0,
         strategy=ModelParallelStrategy(data_parallel_size=args.dp, tensor_parallel_size=args.tp), inference_mode=False,
-        logger=CSVLogger(args.out + "_logs", name="run"), enable_checkpointing=False, enable_progress_bar=False,
+        logger=CSVLogger(args.out + "_logs", name="run", version=0), enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, val_check_interval=2, limit_val_batches=1, log_every_n_steps=1, callbacks=[hs, ts],
     )
     L.seed_everything(1234, verbose=False)

@@ -1,0 +1,50 @@
+"""One rank acts for all, and every rank learns how it went.
+
+``one_does(fn, doer)`` runs ``fn`` on the ranks where ``doer`` is true (default: global rank 0) and then shares the
+outcome in one all-gather over the default process group: when ``fn`` raised on any doer, every rank raises that
+error. So no rank walks on into a collective or a barrier that its failed peer will never join, and every rank
+exits with the same error (gpt_tp.entry prints it once per run). Used for a download, a file written for the whole
+job, a log folder. Without a process group (one process) ``fn`` just runs.
+"""
+
+import pickle
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+def _portable(e: Exception | None) -> Exception | None:
+    """``e`` if it survives pickling (what the all-gather does), else a RuntimeError with its type and message."""
+    if e is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - an exception class whose __init__ does not take its args back
+        return RuntimeError(f"{type(e).__name__}: {e}")
+
+
+def one_does(fn: Callable[[], T], doer: bool | None = None) -> T | None:
+    """Run ``fn`` where ``doer`` is true (None: on global rank 0), then raise its error on every rank if it failed
+    on any doer. Returns ``fn``'s result on the doers and None elsewhere. Call it on every rank of the job."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return fn()
+    if doer is None:
+        doer = dist.get_rank() == 0
+    result, error = None, None
+    if doer:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - shared with every rank below, then raised here too
+            error = e
+    outcomes: list[Exception | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, _portable(error))
+    if error is not None:
+        raise error
+    first = next((e for e in outcomes if e is not None), None)
+    if first is not None:
+        raise first
+    return result
