@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gpt_tp.errors import UserError
+from gpt_tp.errors import UserError
 from gpt_tp.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.optim import get_lr, make_adamw
@@ -84,11 +85,13 @@ class GPTModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
-        if not isinstance(model, str):  # plain types only, so checkpoints load with torch.load(weights_only=True)
-            self.hparams["model"] = dataclasses.asdict(config)
         hf_state = None
         if init_from is not None:
             config, hf_state = load_hf_dir(init_from, vocab_size=config.vocab_size)
+        if init_from is not None or not isinstance(model, str):
+            # the model actually built (init_from's shape, lm_head's vocabulary mask), as plain types so checkpoints
+            # load with torch.load(weights_only=True); export and HellaSwag rebuild the model from it
+            self.hparams["model"] = dataclasses.asdict(config)
         self.config = config
         with torch.device("meta") if meta_init and hf_state is None else nullcontext():
             self.model = GPT(config)
@@ -104,21 +107,55 @@ class GPTModule(L.LightningModule):
         """Apply the TP plan (+ FSDP2) on the strategy's mesh, then initialise any meta-device shards."""
         if self.hparams.async_tp:  # before the first compiled forward
             if not self.hparams.compile:
-                raise ValueError("model.async_tp needs model.compile: true (it is an Inductor pass)")
+                raise UserError("model.async_tp needs model.compile: true (it is an Inductor pass)")
             if self.device_mesh is None:
-                raise ValueError("model.async_tp needs a tensor-parallel run (ModelParallelStrategy, TP > 1)")
+                raise UserError("model.async_tp needs a tensor-parallel run (ModelParallelStrategy, TP > 1)")
             enable_async_tp(self.device_mesh["tensor_parallel"])
         param_dtype = torch.bfloat16 if str(self.trainer.precision) == "bf16-mixed" else None  # FSDP2's gathers
         parallelize(self.model, self.device_mesh, compile=self.hparams.compile, param_dtype=param_dtype)
         materialize(self.model, self.device)
 
+    def _lr(self, step: int) -> float:
+        h = self.hparams
+        return get_lr(step, h.max_lr, h.min_lr, h.warmup_steps, h.max_steps)
+
+    def _grad_scaler(self) -> torch.amp.GradScaler | None:
+        """fp16 (16-mixed)'s gradient scaler; None in every other precision."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        return scaler if scaler is not None and scaler.is_enabled() else None
+
     def configure_optimizers(self):
         h = self.hparams
-        opt = make_adamw(self.model, h.max_lr, h.weight_decay, tuple(h.betas), h.eps, h.fused)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: get_lr(step, h.max_lr, h.min_lr, h.warmup_steps, h.max_steps) / h.max_lr
-        )
+        fused = h.fused
+        if self._grad_scaler() is not None:
+            # Lightning unscales the gradients before clipping only for optimizers that do not unscale inside their
+            # step; a fused AdamW would be clipped on the scaled gradients
+            if fused:
+                raise UserError(
+                    "model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be clipped "
+                    "before the gradient scaler unscales them; set model.fused=null, or use trainer.precision=bf16-mixed"
+                )
+            fused = False
+        opt = make_adamw(self.model, h.max_lr, h.weight_decay, tuple(h.betas), h.eps, fused)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: self._lr(step) / h.max_lr)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        """Put the optimizer on this run's schedule at the current step. After a resume, the optimizer and LambdaLR
+        states loaded from the checkpoint hold the saved run's learning rate, base_lrs and last lr: the first step
+        would use the old schedule (its min_lr, when the old run had ended) even with a longer model.max_steps."""
+        sched = self.lr_schedulers()
+        lr = self._lr(self.global_step)
+        sched.base_lrs = [self.hparams.max_lr] * len(sched.base_lrs)
+        for group in sched.optimizer.param_groups:
+            group["lr"] = lr
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        """Write the rows logged so far before each step. Lightning's CSVLogger keeps them in memory for 100 steps
+        and writes them on a clean end or a Python exception in this process; a process ended by a signal (torchrun
+        and Slurm end every rank when one fails; the OOM killer) would lose them. Appending is cheap."""
+        for logger in self.loggers:
+            logger.save()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
@@ -131,7 +168,7 @@ class GPTModule(L.LightningModule):
         """Before the first step: T fits the model and the TP degree, and the batch adds up to total_batch_size."""
         B, T = x.shape
         if T > self.config.block_size:
-            raise ValueError(f"data.seq_len={T} exceeds model.block_size={self.config.block_size}")
+            raise UserError(f"data.seq_len={T} exceeds model.block_size={self.config.block_size}")
         if self.device_mesh is not None:
             tp, dp = self.device_mesh["tensor_parallel"].size(), self.device_mesh["data_parallel"].size()
             validate_layout(self.config, tp=tp, dp=dp, seq_len=T)
@@ -139,6 +176,7 @@ class GPTModule(L.LightningModule):
         self._batch_checked = True
 
     def training_step(self, batch, batch_idx):
+        self._restore_rng_state()
         x, y = batch
         if not self._batch_checked:
             self._check_batch(x)
@@ -155,7 +193,7 @@ class GPTModule(L.LightningModule):
         """Runs once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware),
         clipping at trainer.gradient_clip_val, the finite check, and the step's metrics."""
         if gradient_clip_algorithm not in (None, "norm"):
-            raise ValueError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
+            raise UserError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
         self._log_step(clip_grad_norm(self.model, gradient_clip_val), optimizer)
 
     def _log_step(self, grad_norm: torch.Tensor, optimizer) -> None:
@@ -163,11 +201,15 @@ class GPTModule(L.LightningModule):
         loss = self._loss_sum / self.trainer.accumulate_grad_batches
         if dp > 1:  # each data-parallel rank saw its own micro-batches: average their losses (as build-nanogpt)
             loss = loss.clone()
-            torch.distributed.all_reduce(loss, group=self.device_mesh["data_parallel"].get_group())
+            group = self.device_mesh["data_parallel"].get_group() if self.device_mesh is not None else None  # DDP: all
+            torch.distributed.all_reduce(loss, group=group)
             loss = loss / dp
         loss, grad_norm = torch.stack([loss, grad_norm.float()]).tolist()  # the step's one host sync
         step = self.global_step
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        scaler_skips = self._grad_scaler() is not None and math.isfinite(loss)
+        # fp16: an overflow in the scaled gradients makes the norm inf; the scaler then skips this optimizer step and
+        # lowers its scale (the scaler's own recovery, not a failure). A non-finite loss is a failure in any precision.
+        if not (math.isfinite(loss) and (math.isfinite(grad_norm) or scaler_skips)):
             raise RuntimeError(
                 f"non-finite training at step {step}: loss={loss}, grad_norm={grad_norm}. The run is stopped so no "
                 f"checkpoint holds NaNs; resume from the last good checkpoint with a lower model.max_lr, check the "
@@ -207,13 +249,21 @@ class GPTModule(L.LightningModule):
         checkpoint["rng_states"] = states
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Keep this rank's saved RNG state for the first training step after the resume (_restore_rng_state): the
+        loop draws from the global generator between loading and that step (a DataLoader iterator takes its base
+        seed from it) that the saved run made before its save, so restoring at load would shift every dropout mask."""
         states = checkpoint.get("rng_states")
         if not states:
             return
         if len(states) != self.trainer.world_size:
             rank_zero_warn(f"checkpoint saved on {len(states)} processes, resumed on {self.trainer.world_size}: RNG states not restored")
             return
-        state = states[self.trainer.global_rank]
+        self._rng_state = states[self.trainer.global_rank]
+
+    def _restore_rng_state(self) -> None:
+        state, self._rng_state = getattr(self, "_rng_state", None), None
+        if state is None:
+            return
         random.setstate(state["python"])
         n = state["numpy"]
         np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))

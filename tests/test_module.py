@@ -1,10 +1,14 @@
-"""GPTModule on one device, in-process: metrics, the non-finite stop, batch checks."""
+"""GPTModule on one device, in-process: metrics, the non-finite stop, batch checks, the schedule on resume, fp16."""
 
 import math
 
 import lightning as L
 import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins import MixedPrecision
 
+from gpt_tp.errors import UserError
 from gpt_tp.module import GPTModule
 from gpt_tp.optim import get_lr
 from gpt_tp.synthetic import SyntheticDataModule
@@ -45,3 +49,82 @@ def test_total_batch_size_checked_at_first_step():
     with pytest.raises(ValueError, match=r"data.batch_size=2 x data.seq_len=32 x data-parallel size 1 x trainer.accumulate_grad_batches=2 = 128: set trainer.accumulate_grad_batches=16"):
         t.fit(model, SyntheticDataModule(batch_size=2, seq_len=32))
     assert t.global_step == 0
+
+
+class LrRecord(Callback):
+    """The learning rate each optimizer step used, by global step."""
+
+    def __init__(self):
+        self.lr = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.lr[trainer.global_step - 1] = float(trainer.callback_metrics["train/lr"])
+
+
+def test_run_as_long_as_its_warmup_trains_every_step():
+    """max_steps == warmup_steps: every step warms up, the scheduler's step after the last one gets min_lr."""
+    t = trainer(3, callbacks=[rec := LrRecord()])
+    model = GPTModule("tiny", max_lr=1e-3, min_lr=1e-4, warmup_steps=3, max_steps=3, total_batch_size=None)
+    t.fit(model, SyntheticDataModule(batch_size=2, seq_len=32))
+    assert t.global_step == 3
+    assert list(rec.lr.values()) == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3])
+    assert model.lr_schedulers().get_last_lr() == pytest.approx([1e-4, 1e-4])
+
+
+def test_resume_with_a_longer_schedule_uses_it_from_the_first_step(tmp_path):
+    """A checkpoint saved at the end of a 4-step schedule, resumed with max_steps 8: step 4 is on the new cosine
+    (max_lr at its start), not the saved run's min_lr; later steps too."""
+    data = SyntheticDataModule(batch_size=2, seq_len=32)
+    first = trainer(4)
+    first.fit(GPTModule("tiny", max_lr=1e-3, min_lr=1e-4, warmup_steps=2, max_steps=4, total_batch_size=None), data)
+    first.save_checkpoint(tmp_path / "end.ckpt")
+    rec = LrRecord()
+    second = trainer(8, callbacks=[rec])
+    second.fit(GPTModule("tiny", max_lr=1e-3, min_lr=1e-4, warmup_steps=2, max_steps=8, total_batch_size=None), data, ckpt_path=tmp_path / "end.ckpt")
+    assert sorted(rec.lr) == [4, 5, 6, 7]
+    new = [get_lr(s, max_lr=1e-3, min_lr=1e-4, warmup_steps=2, max_steps=8) for s in range(4, 8)]
+    assert [rec.lr[s] for s in range(4, 8)] == pytest.approx(new, rel=1e-6)
+    assert get_lr(4, max_lr=1e-3, min_lr=1e-4, warmup_steps=2, max_steps=4) == 1e-4 != pytest.approx(new[0])
+
+
+class ScaleRecord(Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        m = trainer.callback_metrics
+        weights = torch.cat([p.detach().flatten() for p in pl_module.parameters()])
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.rows.append((scaler and scaler.get_scale(), float(m["train/loss"]), float(m["train/grad_norm"]), weights.clone()))
+
+
+def _fp16_fit(steps, init_scale=None):
+    """16-mixed with a GradScaler (Lightning turns '16-mixed' into bf16 on CPU; a plugin instance keeps fp16)."""
+    L.seed_everything(3, verbose=False)
+    plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=init_scale))] if init_scale else []
+    t = trainer(steps, callbacks=[rec := ScaleRecord()], plugins=plugins)
+    t.fit(GPTModule("tiny", max_lr=3e-3, warmup_steps=1, max_steps=steps, total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
+    return t, rec.rows
+
+
+def test_fp16_trains_with_its_gradient_scaler():
+    """A step the scaler skips (scaled gradients overflow fp16) is no failure: the weights stay, the scale halves,
+    and the next steps train. The clipped, logged norm is the unscaled one: fp16 follows fp32."""
+    t, rows = _fp16_fit(8, init_scale=2.0**22)  # overflows for the first steps
+    skipped = [i for i, r in enumerate(rows) if not math.isfinite(r[2])]
+    assert skipped and skipped == list(range(len(skipped))) and len(skipped) < 6, [r[:3] for r in rows]
+    for i in skipped[1:]:
+        assert torch.equal(rows[i][3], rows[0][3]) and rows[i][0] == rows[i - 1][0] / 2
+    assert not torch.equal(rows[-1][3], rows[0][3])  # the steps after the skips moved the weights
+    assert t.optimizers[0].defaults["fused"] is False  # Lightning unscales before clipping only for non-fused AdamW
+    _, fp32 = _fp16_fit(6)
+    _, fp16 = _fp16_fit(6, init_scale=2.0**10)  # no overflow
+    assert [r[2] for r in fp16] == pytest.approx([r[2] for r in fp32], rel=2e-2)
+    assert [r[1] for r in fp16] == pytest.approx([r[1] for r in fp32], rel=1e-3)
+    assert fp16[-1][1] < fp16[0][1]
+
+
+def test_fp16_refuses_fused_adamw():
+    plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]
+    with pytest.raises(UserError, match=r"model.fused=true cannot train with trainer.precision=16-mixed.*bf16-mixed"):
+        trainer(2, plugins=plugins).fit(GPTModule("tiny", fused=True, total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
