@@ -20,18 +20,19 @@ import itertools
 import math
 import os
 import re
-import warnings
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gpt_tp.errors import UserError
 from gpt_tp.parallel import data_parallel_rank_size
 
 EOT_TOKEN = 50256  # <|endoftext|> of GPT-2's BPE (tiktoken "gpt2" == "r50k_base")
+GPT2_VOCAB = EOT_TOKEN + 1  # ids GPT-2's BPE produces; a model's vocab_size above it (50304) is padding
 SPLITS = ("train", "val")
 SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d{6})\.npy$")
 _SHARD_LIKE_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d+)\.[A-Za-z0-9]+$")
@@ -40,6 +41,49 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 class DataError(UserError):
     """Bad data input: the message names the file or flag at fault and how to fix it."""
+
+
+# ----------------------------------------------------------------------------------------------
+# token ids
+
+
+def check_token_ids(ids, vocab_size: int, where: str) -> None:
+    """Raise DataError unless every id in ``ids`` (numpy array or torch tensor, any shape) lies in
+    ``0 .. min(50257, vocab_size) - 1``: a GPT-2 BPE id the model has an embedding row for.
+
+    The message names ``where``, the first bad position and its id, and the fix. One pass over the
+    data (its min and max); the position is searched only when an id is out of range.
+    """
+    limit = min(GPT2_VOCAB, int(vocab_size))
+    if isinstance(ids, torch.Tensor):
+        if ids.is_floating_point() or ids.is_complex():
+            raise DataError(f"{where}: token ids must be integers, got dtype {ids.dtype}")
+        if ids.numel() == 0:
+            return
+        lo, hi = (0 if ids.dtype == torch.uint8 else int(ids.min())), int(ids.max())
+    else:
+        ids = np.asarray(ids)
+        if ids.size == 0:
+            return
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise DataError(f"{where}: token ids must be integers, got dtype {ids.dtype}")
+        lo, hi = (0 if np.issubdtype(ids.dtype, np.unsignedinteger) else int(ids.min())), int(ids.max())
+    if lo >= 0 and hi < limit:
+        return
+    bad = (ids < 0) | (ids >= limit)
+    flat = int(torch.argmax(bad.flatten().to(torch.uint8))) if isinstance(ids, torch.Tensor) else int(np.argmax(bad.ravel()))
+    pos = np.unravel_index(flat, tuple(ids.shape)) if len(ids.shape) > 1 else flat
+    pos = tuple(int(i) for i in pos) if isinstance(pos, tuple) else pos
+    value = int(ids.flatten()[flat]) if isinstance(ids, torch.Tensor) else int(ids.ravel()[flat])
+    if value < 0:
+        why = "is negative: the data is corrupt; rebuild it with python -m gpt_tp.prepare"
+    elif value >= GPT2_VOCAB:
+        why = (f"is not a GPT-2 BPE id (0..{GPT2_VOCAB - 1}): the data was not tokenized with GPT-2's BPE "
+               "(tiktoken r50k_base) or is corrupt; rebuild it with python -m gpt_tp.prepare")
+    else:
+        why = (f"is outside the model's vocabulary (0..{limit - 1}): set model.vocab_size to at least {GPT2_VOCAB} "
+               "(e.g. 50304), and model.vocab_used, if set, to 50257")
+    raise DataError(f"{where}: token id {value} at position {pos} {why}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,6 +159,36 @@ def read_shard(path, mmap: bool = True) -> np.ndarray:
     return np.load(os.fspath(path), mmap_mode="r" if mmap else None, allow_pickle=False)
 
 
+CHECK_CHUNK = 1 << 22  # tokens (8 MB) mapped at a time while checking a shard
+_checked_shards: set = set()  # (file identity, id limit) of the shards checked in this process
+
+
+def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
+    """``check_token_ids`` over the whole shard ``path`` (DataError naming the file, position and id),
+    once per process for each version of the file: a shard opened again is not read again."""
+    path = os.fspath(path)
+    st = os.stat(path)
+    limit = min(GPT2_VOCAB, int(vocab_size))
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, limit)
+    if key in _checked_shards:
+        return
+    if shard_max(path) >= limit:
+        check_token_ids(read_shard(path), vocab_size, path)  # finds and names the first bad id
+    _checked_shards.add(key)
+
+
+def shard_max(path) -> int:
+    """The largest token id in shard ``path`` (-1 if empty), read ``CHECK_CHUNK`` tokens at a time, so
+    memory does not grow with the shard's size."""
+    n, offset = shard_header(path)
+    hi = -1
+    for lo in range(0, n, CHECK_CHUNK):
+        chunk = np.memmap(path, dtype=np.uint16, mode="r", offset=offset + 2 * lo, shape=(min(CHECK_CHUNK, n - lo),))
+        hi = max(hi, int(chunk.max()))
+        del chunk
+    return hi
+
+
 def resolve_data_dir(data_dir) -> Path:
     """``data_dir`` as given, or, when a relative path is missing from the working directory, the
     same path under the repository root (so ``data/sample`` works from anywhere)."""
@@ -159,13 +233,17 @@ def find_shards(data_dir, split: str) -> list[Path]:
 class TokenStream:
     """Several shards read as one concatenated token stream.
 
+    Opening checks every shard's header and token ids (``check_shard``: ids below
+    ``min(50257, vocab_size)``), so a bad shard raises DataError here, before any batch is read.
     ``read(start, stop)`` maps only the bytes it needs (one small ``np.memmap`` per shard touched,
     dropped right after copying), so resident memory does not depend on shard size or count.
     """
 
-    def __init__(self, paths):
+    def __init__(self, paths, vocab_size: int = GPT2_VOCAB):
         self.paths = [Path(p) for p in paths]
         headers = [shard_header(p) for p in self.paths]
+        for p in self.paths:
+            check_shard(p, vocab_size)
         self.sizes = np.array([n for n, _ in headers], dtype=np.int64)
         self.data_offsets = [off for _, off in headers]
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)])
@@ -209,19 +287,21 @@ class TokenBatches(IterableDataset):
     """(x, y) int64 batches of shape (batch_size, seq_len) for one data-parallel rank.
 
     Global batch ``k`` covers ``batch_size * seq_len * dp_size + 1`` stream tokens; rank ``dp_rank``
-    takes its slice (see the module docstring). Iteration starts at global batch ``start`` and runs
+    takes its slice (see the module docstring). The shards' token ids are checked against
+    ``min(50257, vocab_size)`` on construction (``TokenStream``). Iteration starts at global batch ``start`` and runs
     for ``num_batches`` batches, or forever (wrapping over epochs) if ``num_batches`` is None.
     With DataLoader workers, worker ``w`` of ``W`` makes batches ``start + w, start + w + W, ...``,
     which the DataLoader returns in order, so the output does not depend on the worker count.
     """
 
     def __init__(self, paths, batch_size: int, seq_len: int, dp_rank: int = 0, dp_size: int = 1,
-                 seed: int = 1337, start: int = 0, num_batches: int | None = None, split: str = "train"):
+                 seed: int = 1337, start: int = 0, num_batches: int | None = None, split: str = "train",
+                 vocab_size: int = GPT2_VOCAB):
         if batch_size < 1 or seq_len < 1:
             raise DataError(f"batch_size and seq_len must be positive, got batch_size={batch_size} seq_len={seq_len}")
         if not 0 <= dp_rank < dp_size:
             raise DataError(f"need 0 <= dp_rank < dp_size, got dp_rank={dp_rank} dp_size={dp_size}")
-        self.stream = TokenStream(paths)
+        self.stream = TokenStream(paths, vocab_size)
         self.batch_size, self.seq_len = batch_size, seq_len
         self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
         self.start, self.num_batches, self.split = start, num_batches, split
@@ -366,21 +446,32 @@ class GPTDataModule(L.LightningDataModule):
 
     # -- Lightning hooks ------------------------------------------------------------------------
 
+    def model_vocab_size(self) -> int:
+        """Token ids the attached model can take (its config's ``vocab_used`` or ``vocab_size``); GPT-2's
+        50257 when no trainer or model is attached."""
+        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+        config = getattr(module, "config", None)
+        return getattr(config, "vocab_used", None) or getattr(config, "vocab_size", None) or GPT2_VOCAB
+
     def setup(self, stage: str | None = None) -> None:
-        """Find and check the shards and build this rank's datasets."""
+        """Find and check the shards and build this rank's datasets.
+
+        Every rank opens every shard of the splits it uses, so every rank checks every shard's token ids
+        (``check_shard``) here, before any step: a bad id stops all ranks alike, none waits in a collective."""
         rank, size = self.data_parallel()
+        vocab = self.model_vocab_size()
         if stage in (None, "fit"):
             self.train_data = TokenBatches(find_shards(self.data_dir, "train"), self.batch_size, self.seq_len,
-                                           rank, size, self.seed, split="train")
+                                           rank, size, self.seed, split="train", vocab_size=vocab)
             self.train_data.start_fn = self._train_position_at_iter
             self.train_data.on_yield = self._count_yield
         if stage in (None, "fit", "validate") and self.val_batches > 0:
             val = TokenBatches(find_shards(self.data_dir, "val"), self.batch_size, self.seq_len,
-                               rank, size, self.seed, split="val")
+                               rank, size, self.seed, split="val", vocab_size=vocab)
             n = min(self.val_batches, val.batches_per_epoch0)
             if n < self.val_batches:
-                warnings.warn(f"val split in {val.stream.paths[0].parent} holds only {n} batches of "
-                              f"{self.batch_size}x{self.seq_len}x{size} ranks: validating on {n}, not {self.val_batches}")
+                rank_zero_warn(f"val split in {val.stream.paths[0].parent} holds only {n} batches of "
+                               f"{self.batch_size}x{self.seq_len}x{size} ranks: validating on {n}, not {self.val_batches}")
             val.num_batches = n
             self.val_data = val
 
@@ -443,10 +534,10 @@ class GPTDataModule(L.LightningDataModule):
         old = state_dict["batch_size"] * state_dict["seq_len"] * state_dict["dp_size"]
         new = self.batch_size * self.seq_len * size
         if old != new:
-            warnings.warn(f"checkpoint data position was saved with {old} tokens per global batch, now {new}: "
-                          "resuming at the same token position, not an exact continuation")
+            rank_zero_warn(f"checkpoint data position was saved with {old} tokens per global batch, now {new}: "
+                           "resuming at the same token position, not an exact continuation")
             k = -(-k * old // new)
         if state_dict.get("seed", self.seed) != self.seed:
-            warnings.warn(f"checkpoint data seed {state_dict['seed']} differs from seed {self.seed}: "
-                          "later epochs will be ordered differently")
+            rank_zero_warn(f"checkpoint data seed {state_dict['seed']} differs from seed {self.seed}: "
+                           "later epochs will be ordered differently")
         self._start, self._mark, self._yielded = k, None, 0

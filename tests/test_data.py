@@ -1,5 +1,11 @@
 """Tests of gpt_tp.data: shard format, batches, data-parallel sharding, resume, memory, bad input."""
 
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
 import types
 import warnings
 from pathlib import Path
@@ -9,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_tp.data import (DataError, GPTDataModule, TokenBatches, TokenStream, find_shards, read_shard,
+from gpt_tp import data as data_mod
+from gpt_tp.model import GPTConfig
+from gpt_tp.data import (DataError, GPTDataModule, TokenBatches, TokenStream, check_token_ids, find_shards, read_shard,
                          shard_header, shard_name, write_shard)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -249,6 +257,26 @@ def test_trainer_resume_continues_with_next_unseen_batch(tmp_path, num_workers):
     assert resumed == full[21:40]
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_data_warnings_print_on_rank_zero_only(tmp_path, monkeypatch, rank):
+    from lightning.pytorch.utilities import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", rank)
+    make_shards(tmp_path, [1000, 700])
+    dm = GPTDataModule(tmp_path, batch_size=10, seq_len=10, val_batches=20, seed=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm.load_state_dict({"train_batches": 10, "batch_size": 5, "seq_len": 10, "dp_size": 1, "seed": 7})
+        dm.setup("fit")  # the val split holds 9 batches of 100, not 20
+    assert dm.train_position() == 5  # every rank resumes at the same token position ...
+    messages = [str(w.message) for w in caught]
+    if rank == 0:  # ... and rank 0 alone says so
+        assert len(messages) == 3 and "50 tokens per global batch, now 100" in messages[0]
+        assert "seed 7 differs" in messages[1] and "holds only 9 batches" in messages[2]
+    else:
+        assert messages == []
+
+
 # ----------------------------------------------------------------------------------------------
 # memory
 
@@ -267,20 +295,20 @@ def peak_rss_bytes(reset: bool = False) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_large_shard_is_not_read_into_memory(tmp_path):
-    n = 1_000_000_000  # a 2 GB shard (sparse on disk): reading it whole would show in RSS
+    n = 200_000_000  # two 400 MB shards (sparse on disk): reading one whole would show in RSS
     for split, idx, size in (("val", 0, 10_000), ("train", 1, n), ("train", 2, n)):
         arr = np.lib.format.open_memmap(tmp_path / shard_name("big", split, idx), mode="w+", dtype=np.uint16, shape=(size,))
         arr[-5:] = 7
         del arr
     dm = GPTDataModule(tmp_path, batch_size=8, seq_len=1024, val_batches=1)
-    dm.setup("fit")
-    assert len(dm.train_data.stream) == 2 * n
     before = peak_rss_bytes(reset=True)
+    dm.setup("fit")  # checks every token id of both shards
+    assert len(dm.train_data.stream) == 2 * n
     ds = dm.train_data
-    x, y = ds.batch_at(122_070)  # tokens [999_997_440, 1_000_005_633): crosses from shard 1 into shard 2
-    end = n - 999_997_440
+    x, y = ds.batch_at(24_414)  # tokens [199_999_488, 200_007_680): crosses from shard 1 into shard 2
+    end = n - 199_999_488
     assert x.flatten()[end - 5 : end].tolist() == [7] * 5 and int(x.flatten()[end]) == 0
-    for k in (0, 60_000, 244_139):  # start, middle, last batch of the epoch
+    for k in (0, 12_000, 48_827):  # start, middle, last batch of the epoch
         ds.batch_at(k)
     it = iter(dm.train_dataloader())
     for _ in range(100):
@@ -341,3 +369,161 @@ def test_error_mixed_prefixes(tmp_path):
     make_shards(tmp_path, [100, 100], prefix="b")
     with pytest.raises(DataError, match="several prefixes"):
         GPTDataModule(tmp_path, batch_size=2, seq_len=8).setup("fit")
+
+
+# ----------------------------------------------------------------------------------------------
+# token ids
+
+
+def put_id(path: Path, position: int, value: int) -> None:
+    """Rewrite shard ``path`` with ``value`` at ``position``."""
+    tokens = read_shard(path, mmap=False)
+    tokens[position] = value
+    write_shard(path, tokens)
+
+
+@pytest.mark.parametrize("value", [50257, 50303, 65535])
+def test_check_token_ids_names_where_position_and_id(value):
+    ids = np.random.default_rng(0).integers(0, 50257, size=10_000).astype(np.uint16)
+    check_token_ids(ids, 50304, "ok.npy")  # every GPT-2 id passes, 50256 included
+    check_token_ids(np.array([0, 50256]), 50304, "edges")
+    ids[7321], ids[9000] = value, value
+    with pytest.raises(DataError, match=rf"^shard.npy: token id {value} at position 7321 is not a GPT-2 BPE id "
+                                        r"\(0..50256\).*python -m gpt_tp.prepare"):
+        check_token_ids(ids, 50304, "shard.npy")
+    t = torch.from_numpy(ids.astype(np.int64)).view(100, 100)  # a (B, T) tensor: the position is (row, column)
+    with pytest.raises(DataError, match=rf"^prompt: token id {value} at position \(73, 21\)"):
+        check_token_ids(t, 50304, "prompt")
+
+
+def test_check_token_ids_model_vocab_negative_and_dtype():
+    ids = torch.tensor([5, 999, 1000, 4])
+    check_token_ids(ids[:2], 1000, "small")
+    with pytest.raises(DataError, match=r"small: token id 1000 at position 2 is outside the model's vocabulary "
+                                        r"\(0..999\): set model.vocab_size to at least 50257"):
+        check_token_ids(ids, 1000, "small")
+    with pytest.raises(DataError, match=r"neg: token id -1 at position 1 is negative"):
+        check_token_ids(np.array([3, -1, 2]), 50304, "neg")
+    with pytest.raises(DataError, match=r"f: token ids must be integers"):
+        check_token_ids(np.array([1.0]), 50304, "f")
+    check_token_ids(torch.zeros(0, dtype=torch.long), 50304, "empty")
+
+
+@pytest.mark.parametrize("split, value", [("train", 50257), ("train", 60000), ("val", 50303)])
+def test_setup_rejects_a_bad_id_in_either_split(tmp_path, split, value):
+    make_shards(tmp_path, [2000, 3000, 3000])
+    bad = tmp_path / ("tiny_val_000000.npy" if split == "val" else "tiny_train_000002.npy")
+    put_id(bad, 1234, value)
+    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
+    with pytest.raises(DataError, match=rf"{bad.name}: token id {value} at position 1234 is not a GPT-2 BPE id"):
+        dm.setup("fit")
+    assert dm.train_data is None or split == "val"  # nothing to train on from a bad train split
+    if split == "val":
+        GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=0).setup("fit")  # val not read: train is fine
+
+
+def test_setup_checks_against_the_attached_models_vocab(tmp_path):
+    make_shards(tmp_path, [2000, 3000])  # ids 0..4999
+    trainer = fake_trainer(0, 1)
+    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
+    for config, ok in [(GPTConfig(vocab_size=5000), True), (GPTConfig(vocab_size=4096), False),
+                       (GPTConfig(vocab_size=50304, vocab_used=4000), False), (GPTConfig(vocab_size=50304), True)]:
+        trainer.lightning_module = types.SimpleNamespace(config=config)
+        dm.trainer = trainer
+        if ok:
+            dm.setup("fit")
+        else:
+            limit = config.vocab_used or config.vocab_size
+            with pytest.raises(DataError, match=rf"tiny_\w+_00000\d.npy: token id {limit} at position \d+ is outside "
+                                                rf"the model's vocabulary \(0..{limit - 1}\)"):
+                dm.setup("fit")
+
+
+def test_each_shard_is_checked_once_never_per_batch(tmp_path, monkeypatch):
+    make_shards(tmp_path, [3000, 1000, 1000, 1000])
+    reads = []
+    real = data_mod.shard_max
+    monkeypatch.setattr(data_mod, "shard_max", lambda p: reads.append(Path(p).name) or real(p))
+    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
+    dm.setup("fit")
+    assert sorted(reads) == ["tiny_train_000001.npy", "tiny_train_000002.npy", "tiny_train_000003.npy",
+                             "tiny_val_000000.npy"]
+    it = iter(dm.train_dataloader())
+    for _ in range(400):  # 2.7 epochs over the 3 train shards
+        next(it)
+    list(dm.val_dataloader())
+    dm.setup("validate")  # opened again (as trainer.validate after fit does): not read again
+    GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2).setup("fit")
+    assert len(reads) == 4
+    put_id(tmp_path / "tiny_train_000003.npy", 10, 50300)  # a new version of a file is read again
+    with pytest.raises(DataError, match=r"tiny_train_000003.npy: token id 50300 at position 10 "):
+        GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2).setup("fit")
+    assert reads[4:] == ["tiny_train_000003.npy"]
+
+
+DATA_FIT = REPO / "tests" / "workers" / "data_fit.py"
+
+
+def fit_worker(tmp_path, data_dir, nproc: int, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run tests/workers/data_fit.py on ``nproc`` processes under torchrun; return it and the ranks' marks."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(DATA_FIT),
+           "--data-dir", str(data_dir), "--marks", str(marks), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # a hang fails here
+    return proc, sorted(p.name for p in marks.iterdir())
+
+
+def fit_in_process(tmp_path, data_dir) -> list[str]:
+    """data_fit.fit at TP=1 in this process; return the marks of ranks that trained."""
+    spec = importlib.util.spec_from_file_location("data_fit", DATA_FIT)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    marks = tmp_path / "marks"
+    marks.mkdir(exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        worker.fit(data_dir, marks)
+    return sorted(p.name for p in marks.iterdir())
+
+
+def sample_with_bad_id(tmp_path, split: str, value: int) -> Path:
+    """A copy of data/sample with ``value`` at position 54321 of one ``split`` shard; return that shard."""
+    data = tmp_path / "data"
+    shutil.copytree(REPO / "data" / "sample", data)
+    bad = data / ("shakespeare_val_000000.npy" if split == "val" else "shakespeare_train_000009.npy")
+    put_id(bad, 54321, value)
+    return bad
+
+
+def bad_id_message(bad: Path, value: int) -> str:
+    return (f"{bad}: token id {value} at position 54321 is not a GPT-2 BPE id (0..50256): the data was not tokenized "
+            "with GPT-2's BPE (tiktoken r50k_base) or is corrupt; rebuild it with python -m gpt_tp.prepare")
+
+
+@pytest.mark.parametrize("layout, split, value", [
+    ("--tp=2", "train", 60000),  # TP=2 trained to the end on such an id
+    ("--dp=2", "val", 50257),  # the first padding id, in the val split, data-parallel ranks reading other rows
+])
+def test_bad_id_stops_every_rank_before_any_step(tmp_path, layout, split, value):
+    bad = sample_with_bad_id(tmp_path, split, value)
+    proc, marks = fit_worker(tmp_path, bad.parent, 2, layout)
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {bad_id_message(bad, value)}"], out[-4000:]  # once, not once per rank
+    assert "DataError" not in out and f'File "{REPO / "gpt_tp"}' not in out, out[-4000:]  # no traceback of ours
+    assert marks == []  # no rank started a training step
+    # torchrun's summary: every rank exited with the user-error code
+    assert proc.returncode != 0 and sorted(re.findall(r"rank\s*: (\d) .*\n\s*exitcode\s*: (\d+)", out)) == [
+        ("0", "2"), ("1", "2")], out[-4000:]
+
+
+def test_bad_id_stops_one_device_before_any_step(tmp_path):
+    bad = sample_with_bad_id(tmp_path, "train", 50303)  # the last padding id: trained silently at TP=1
+    with pytest.raises(DataError) as e:
+        fit_in_process(tmp_path, bad.parent)
+    assert str(e.value) == bad_id_message(bad, 50303)
+    assert sorted(p.name for p in (tmp_path / "marks").iterdir()) == []
+    # the control: the same run on the unmodified sample trains, and leaves its mark
+    assert fit_in_process(tmp_path, REPO / "data" / "sample") == ["trained_rank0"]
