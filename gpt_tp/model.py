@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt_tp.errors import UserError
+
 
 @dataclass
 class GPTConfig:
@@ -39,9 +41,9 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
-            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+            raise UserError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
         if self.vocab_used is not None and not 0 < self.vocab_used <= self.vocab_size:
-            raise ValueError(f"model.vocab_used={self.vocab_used} must be in 1..model.vocab_size={self.vocab_size}")
+            raise UserError(f"model.vocab_used={self.vocab_used} must be in 1..model.vocab_size={self.vocab_size}")
 
     @property
     def head_dim(self) -> int:
@@ -51,7 +53,7 @@ class GPTConfig:
     def from_name(cls, name: str, **overrides) -> "GPTConfig":
         """A named size (see SIZES), with optional field overrides."""
         if name not in SIZES:
-            raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(SIZES)} or give the fields")
+            raise UserError(f"unknown model size {name!r}; choose one of {', '.join(SIZES)} or give the fields")
         return cls(**{**SIZES[name], **overrides})
 
     @classmethod
@@ -315,9 +317,9 @@ def hf_config_dict(config: GPTConfig) -> dict:
 def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
     """GPTConfig from a transformers GPT-2 config.json dict; refuses other architectures."""
     if hf.get("model_type") != "gpt2":
-        raise ValueError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
+        raise UserError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
+        raise UserError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
     vocab = max(vocab_size, hf["vocab_size"])
     return GPTConfig(
         block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
