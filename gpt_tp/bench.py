@@ -362,6 +362,8 @@ def model_config(args) -> GPTConfig:
         raise BenchError(f"--model={args.model!r} is unknown; choose one of {', '.join(SIZES)}")
     overrides = {k: v for k, v in (("n_layer", args.layers), ("block_size", args.block_size)) if v is not None}
     config = GPTConfig.from_name(args.model, **overrides)
+    if args.seq_len is None:
+        args.seq_len = min(256, config.block_size)
     if args.seq_len > config.block_size:
         raise BenchError(f"--seq-len={args.seq_len} exceeds the model's block_size={config.block_size}; lower --seq-len")
     return config
@@ -413,10 +415,17 @@ def specs_from_args(args) -> list[dict]:
 
 
 def launch(spec: dict, workdir: Path, timeout: float) -> dict:
-    """Run one spec as a torchrun job of dp x tp processes; return its result or {'error': ...}."""
+    """Run one spec as a torchrun job of dp x tp processes; return its result or {'error': ...}.
+
+    The result file rank 0 writes is the result, whatever torchrun's exit status: a process that aborts while
+    exiting after it was written (see gpt_tp.entry) loses no measurement; the status is kept in 'exit_note'.
+    Without a result, the error is the one each failed worker wrote (gpt_tp.bench --worker), else torchrun's."""
     nproc = spec["dp"] * spec["tp"]
     safe = spec["name"].replace(" ", "_")
     spec = {**spec, "result": str(workdir / f"{safe}.json")}
+    result = Path(spec["result"])
+    for stale in [result, *_error_files(result)]:  # left by an earlier bench into the same --out
+        stale.unlink(missing_ok=True)
     spec_file = workdir / f"{safe}.spec.json"
     spec_file.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -434,10 +443,41 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
         if isinstance(e, subprocess.TimeoutExpired):
             return {**spec, "error": f"timed out after {timeout:.0f}s (raise --timeout or lower --steps)"}
         raise
-    if proc.returncode != 0 or not Path(spec["result"]).exists():
-        lines = [l for l in (stderr + stdout).splitlines() if "Error" in l or "error" in l]
-        return {**spec, "error": (lines[-1] if lines else stderr[-500:]).strip()[:500]}
-    return json.loads(Path(spec["result"]).read_text())
+    if result.exists():
+        out = json.loads(result.read_text())
+        if proc.returncode != 0:
+            out["exit_note"] = f"torchrun exited {proc.returncode} after the result was written: {_torchrun_reason(stderr)}"
+        return out
+    errors = list(dict.fromkeys(f.read_text().strip() for f in _error_files(result)))
+    if errors:
+        return {**spec, "error": "; ".join(errors)[:500]}
+    return {**spec, "error": f"no result, torchrun exited {proc.returncode}: {_torchrun_reason(stderr or stdout)}"[:500]}
+
+
+def _error_files(result: Path) -> list[Path]:
+    """The error each failed worker wrote (gpt_tp.bench --worker), by rank."""
+    files = result.parent.glob(f"{result.name}.rank*.error")
+    return sorted(files, key=lambda f: int(f.name.rsplit(".rank", 1)[1].split(".")[0]))
+
+
+def _torchrun_reason(text: str) -> str:
+    """What torchrun's failure report says about the first failed worker ('traceback : Signal 6 (SIGABRT) ...'),
+    or the last line of the output."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    reasons = [l.split(":", 1)[1].strip() for l in lines if l.startswith(("traceback :", "exitcode  :"))]
+    useful = [r for r in reasons if not r.startswith("To enable traceback")]
+    return ", ".join(useful[:2]) if useful else (lines[-1] if lines else "no output")
+
+
+def run_worker(spec_file: str) -> None:
+    """One rank of a run; on failure its error is written next to the result for the launcher, then raised."""
+    spec = json.loads(Path(spec_file).read_text())
+    try:
+        worker(spec)
+    except BaseException as e:
+        rank = os.environ.get("RANK", "0")
+        Path(f"{spec['result']}.rank{rank}.error").write_text(f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())}")
+        raise
 
 
 def _mb(n: float) -> str:
@@ -507,7 +547,8 @@ def run(args) -> list[dict]:
         print(f"[bench] {spec['name']}: {spec['dp'] * spec['tp']} process(es) ...", flush=True)
         r = launch(spec, work, args.timeout)
         print(f"[bench] {spec['name']}: " + (f"failed: {r['error']}" if "error" in r else
-              f"{r['tokens_per_s']:,.0f} tok/s, median step {1e3 * r['step_time_s']['median']:.1f} ms"), flush=True)
+              f"{r['tokens_per_s']:,.0f} tok/s, median step {1e3 * r['step_time_s']['median']:.1f} ms"
+              + (f" ({r['exit_note']})" if "exit_note" in r else "")), flush=True)
         results.append(r)
     first = specs[0]
     title = (f"{first['model']} B={first['batch_size']} T={first['seq_len']} on {first['device']}"
@@ -533,7 +574,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile", default="off", help="torch.compile per block: off, on or off,on (default off)")
     ap.add_argument("--async-tp", action="store_true", help="async TP (GPU, TP>1, compile on only)")
     ap.add_argument("--batch-size", type=int, default=4, help="micro-batch rows per data-parallel rank (default 4)")
-    ap.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
+    ap.add_argument("--seq-len", type=int, help="tokens per row (default 256, or the model's block_size if smaller)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps (default 10); the median is reported")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3; more with compile)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -550,17 +591,15 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.worker:
-        worker(json.loads(Path(args.worker).read_text()))
+        run_worker(args.worker)
         return 0
     if args.precision is None:
         args.precision = "bf16-mixed" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "32-true"
-    try:
-        results = run(args)
-    except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    results = run(args)
     return 1 if any("error" in r for r in results) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpt_tp.entry import run as run_command
+
+    run_command(main)

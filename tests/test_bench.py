@@ -5,6 +5,7 @@ derivation, so the bytes the cost model prices are the ones a real step moves.
 """
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT
-from gpt_tp.bench import main, parse_layouts
+from gpt_tp.bench import BenchError, launch, main, parse_layouts, parser, specs_from_args
 from gpt_tp.parallel import enable_async_tp
 from gpt_tp.costmodel import step_collectives
 from gpt_tp.model import GPTConfig
@@ -73,7 +74,7 @@ def test_collectives_equal_cost_model(bench):
             assert got["wire_bytes"] == pytest.approx(got["bytes"] * (1.0 if got["kind"] == "all_reduce" else 0.5))
 
 
-def test_bad_flags(capsys, tmp_path):
+def test_bad_flags(tmp_path):
     cases = [
         (["--layouts", "1x3"], "tensor_parallel_size=3 must divide model.n_head=4"),
         (["--layouts", "2"], "'2' is not DPxTP"),
@@ -85,9 +86,49 @@ def test_bad_flags(capsys, tmp_path):
         (["--model", "gpt5"], "--model='gpt5' is unknown"),
     ]
     for flags, msg in cases:
-        assert main(["--model", "tiny", "--seq-len", "64", "--device", "cpu", "--out", str(tmp_path), *flags]) == 2, flags
-        assert msg in capsys.readouterr().err, flags
+        with pytest.raises(BenchError, match=re.escape(msg)):
+            main(["--model", "tiny", "--seq-len", "64", "--device", "cpu", "--out", str(tmp_path), *flags])
     assert parse_layouts("1x1, 2x4") == [(1, 1), (2, 4)]
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.bench", "--model", "tiny", "--layouts", "2", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "error: --layouts: '2' is not DPxTP (e.g. 1x1 for one device, 1x2 for TP=2, 2x2 for DP=2 x TP=2)"]
+
+
+def test_default_seq_len_follows_the_model():
+    """256 tokens, or the model's block_size when smaller: tiny (block_size 128) runs without --seq-len."""
+    specs = specs_from_args(parser().parse_args(["--model", "tiny", "--device", "cpu", "--precision", "32-true"]))
+    assert [s["seq_len"] for s in specs] == [128, 128]
+    specs = specs_from_args(parser().parse_args(["--model", "gpt2", "--device", "cpu", "--precision", "32-true"]))
+    assert [s["seq_len"] for s in specs] == [256, 256]
+
+
+def _spec(**over):
+    args = parser().parse_args(["--model", "tiny", "--layouts", "1x1", "--seq-len", "32", "--batch-size", "1",
+                                "--steps", "1", "--warmup", "0", "--device", "cpu", "--precision", "32-true"])
+    return {**specs_from_args(args)[0], **over}
+
+
+def test_a_written_result_survives_an_abort_at_exit(tmp_path, monkeypatch):
+    """A worker that wrote its result and then aborted while exiting (SIGABRT, as gloo's threads can at interpreter
+    shutdown): torchrun fails, and the result is still the result, with torchrun's status noted."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("import atexit, os\nif 'LOCAL_RANK' in os.environ:\n    atexit.register(os.abort)\n")
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    (tmp_path / "dp1xtp1_32-true.json").write_text('{"stale": true}')  # an earlier bench's file is not taken
+    r = launch(_spec(), tmp_path, timeout=300)
+    assert "error" not in r and "stale" not in r, r
+    assert r["tokens_per_step"] == 32 and len(r["step_times_s"]) == 1
+    assert r["exit_note"].startswith("torchrun exited 1 after the result was written") and "SIGABRT" in r["exit_note"]
+
+
+def test_a_failed_worker_reports_its_own_error(tmp_path):
+    """A run that fails inside the worker (here: T=32 on a model whose block_size was lowered to 16 behind the
+    flag checks) reports the worker's exception, not torchrun's last line containing 'error'."""
+    spec = _spec()
+    r = launch({**spec, "config": {**spec["config"], "block_size": 16}}, tmp_path, timeout=300)
+    assert r["error"] == "rank 0: ValueError: sequence length 32 exceeds model.block_size=16", r["error"]
 
 
 def test_async_tp_refused_on_cpu():
