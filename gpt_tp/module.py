@@ -150,13 +150,6 @@ class GPTModule(L.LightningModule):
         for group in sched.optimizer.param_groups:
             group["lr"] = lr
 
-    def on_train_batch_start(self, batch, batch_idx) -> None:
-        """Write the rows logged so far before each step. Lightning's CSVLogger keeps them in memory for 100 steps
-        and writes them on a clean end or a Python exception in this process; a process ended by a signal (torchrun
-        and Slurm end every rank when one fails; the OOM killer) would lose them. Appending is cheap."""
-        for logger in self.loggers:
-            logger.save()
-
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 

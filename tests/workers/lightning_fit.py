@@ -48,10 +48,14 @@ def main():
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--val-batches", type=int, default=0, help="validate this many batches after the last step")
+    ap.add_argument("--strategy", choices=("model_parallel", "ddp"), default="model_parallel", help="for more than one process")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     world = args.tp * args.dp
     strategy = ModelParallelStrategy(data_parallel_size=args.dp, tensor_parallel_size=args.tp) if world > 1 else "auto"
+    if args.strategy == "ddp":
+        assert args.tp == 1, "DDP replicates the whole model: --tp 1"
+        strategy = "ddp"
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=world, strategy=strategy, max_steps=args.steps,
         accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False,
