@@ -21,13 +21,16 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections import deque
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
-from gpt_tp.data import SHARD_RE, DataError, _SHARD_LIKE_RE, shard_header, shard_name, write_shard
+from gpt_tp.data import (GPT2_VOCAB, SHARD_RE, DataError, _SHARD_LIKE_RE, check_token_ids, shard_header, shard_name,
+                         write_shard)
+from gpt_tp.entry import run
 from gpt_tp.tokenizer import get_encoding
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
@@ -53,13 +56,10 @@ def _init_worker(encoding: str) -> None:
 
 
 def _tokenize(index: int, text: str) -> np.ndarray:
-    """``[eot] + encode_ordinary(text)`` as uint16; DataError if an id does not fit uint16."""
+    """``[eot] + encode_ordinary(text)`` as uint16; DataError (``check_token_ids``) for an id that is not
+    GPT-2's (0..50256), checked before the cast, so no id is ever wrapped or written."""
     tokens = np.array([_enc.eot_token] + _enc.encode_ordinary(text), dtype=np.int64)
-    if tokens.max() >= 2**16:
-        raise DataError(
-            f"document {index}: token id {int(tokens.max())} of encoding {_enc.name!r} does not fit uint16 "
-            "(0..65535) shards: use --encoding r50k_base (GPT-2's BPE, 50257 ids)"
-        )
+    check_token_ids(tokens, GPT2_VOCAB, f"--encoding {_enc.name}, document {index}")
     return tokens.astype(np.uint16)
 
 
@@ -157,18 +157,21 @@ def load_rows(dataset=None, config=None, split="train", local=None):
 
 
 def texts_of(rows, text_column: str, where: str):
-    """Iterate the ``text_column`` strings of ``rows``; DataError if the column is missing or empty input."""
-    n = 0
-    for row in rows:
+    """Iterate the non-empty ``text_column`` strings of ``rows`` (an empty text is no document and is
+    skipped); DataError if the column is missing or no row holds text."""
+    n = rows_seen = 0
+    for rows_seen, row in enumerate(rows, 1):
         if text_column not in row:
             raise DataError(f"{where}: no text column {text_column!r} (columns: {sorted(row)}); set --text-column")
         text = row[text_column]
         if not isinstance(text, str):
-            raise DataError(f"{where}: row {n} column {text_column!r} is {type(text).__name__}, not text")
-        n += 1
-        yield text
+            raise DataError(f"{where}: row {rows_seen - 1} column {text_column!r} is {type(text).__name__}, not text")
+        if text:
+            n += 1
+            yield text
     if n == 0:
-        raise DataError(f"{where}: empty input, no documents")
+        empty = f" ({rows_seen} rows, all with empty {text_column!r})" if rows_seen else ""
+        raise DataError(f"{where}: empty input, no documents{empty}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,12 +260,16 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
         source = {"dataset": dataset, "config": config, "split": split}
         where = f"--dataset {dataset} --config {config} --split {split}"
     settings = {**source, "text_column": text_column, "encoding": encoding, "shard_size": shard_size, "prefix": prefix}
-    get_encoding(encoding)  # fail early, before any worker starts
+    enc = get_encoding(encoding)  # fail early, before any worker starts
+    if enc.n_vocab > GPT2_VOCAB:
+        raise DataError(f"--encoding {encoding} has {enc.n_vocab:,} token ids; shards hold GPT-2 BPE ids (0..{GPT2_VOCAB - 1}), "
+                        "the vocabulary the model trains on: use --encoding r50k_base")
 
     out = Path(out_dir)
     state = check_out_dir(out, prefix, settings)
     if state["complete"]:
         _log(progress, f"{out}: already complete, {len(state['shards'])} shards, {state['tokens']:,} tokens")
+        _warn_if_no_train_shard(out, state)
         return state
     shards = state["shards"]
     index = len(shards)
@@ -310,7 +317,18 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
     state = {**state, "shards": shards, "complete": True, "documents": ndocs, "tokens": ntok}
     _write_json(_state_path(out, prefix), state)
     _log(progress, f"{out}: {len(shards)} shards, {ndocs:,} documents, {ntok:,} tokens")
+    _warn_if_no_train_shard(out, state)
     return state
+
+
+def _warn_if_no_train_shard(out: Path, state: dict) -> None:
+    """Warn when the input filled only shard 0 (val): training needs a train shard."""
+    if len(state["shards"]) > 1:
+        return
+    tokens, size = state["tokens"], state["settings"]["shard_size"]
+    warnings.warn(f"{out}: all {tokens:,} tokens fit in the val shard (--shard-size {size:,}), so there is no train "
+                  f"shard to train on: rerun into an empty --out with a --shard-size below {tokens:,}, e.g. "
+                  f"--shard-size {max(1, tokens // 10):,} (shard 0 is val, the rest train)", stacklevel=3)
 
 
 def _log(on: bool, msg: str) -> None:
@@ -341,12 +359,13 @@ def main(argv=None) -> None:
     p.add_argument("--encoding", default=DEFAULT_ENCODING, help="tiktoken encoding (default r50k_base = GPT-2 BPE)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
-    try:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
         prepare(a.out, a.dataset, a.config, a.split, a.local, a.text_column, a.shard_size, a.prefix, a.workers,
                 a.encoding, progress=not a.quiet)
-    except DataError as e:
-        sys.exit(f"error: {e}")
+    for w in caught:  # one plain line each, as the errors are
+        print(f"warning: {w.message}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -61,12 +61,13 @@ def shard_bytes(d: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The documents as jsonl, and build-nanogpt's shards of them (shard size 1000)."""
+    """The documents as jsonl, and build-nanogpt's shards of them (shard size 1000). build-nanogpt would write an
+    empty text as a bare <|endoftext|>; prepare skips it, so the reference is made without it."""
     d = tmp_path_factory.mktemp("ref")
     docs = documents()
     write_jsonl(d / "docs.jsonl", docs)
     (d / "nanogpt").mkdir()
-    nanogpt_shards(docs, d / "nanogpt", 1000)
+    nanogpt_shards([t for t in docs if t], d / "nanogpt", 1000)
     return d, docs
 
 
@@ -81,13 +82,13 @@ def test_local_jsonl_matches_build_nanogpt_byte_for_byte(tmp_path, reference):
     state = prep.prepare(tmp_path, local=[d / "docs.jsonl"], shard_size=1000, workers=1, progress=False)
     ref = shard_bytes(d / "nanogpt")
     assert len(ref) >= 4 and shard_bytes(tmp_path) == ref
-    assert state["complete"] and state["documents"] == len(docs)
+    assert docs[-1] == "" and state["complete"] and state["documents"] == len(docs) - 1  # the empty one skipped
     assert [s["file"] for s in state["shards"]][:2] == ["edufineweb_val_000000.npy", "edufineweb_train_000001.npy"]
     # the stream decodes back to the documents, each preceded by <|endoftext|>
     enc = prep.get_encoding()
     stream = np.concatenate([read_shard(tmp_path / s["file"]) for s in state["shards"]])
-    assert state["tokens"] == len(stream) and (stream == 50256).sum() == len(docs)
-    assert enc.decode(stream.tolist()) == "".join("<|endoftext|>" + t for t in docs)
+    assert state["tokens"] == len(stream) and (stream == 50256).sum() == len(docs) - 1
+    assert enc.decode(stream.tolist()) == "".join("<|endoftext|>" + t for t in docs if t)
 
 
 def test_local_parquet_and_workers(tmp_path, reference):
@@ -108,7 +109,8 @@ def test_local_txt_folder_one_document_per_file(tmp_path):
     for name, t in texts.items():
         (src / name).write_text(t)
     (src / "notes.md").write_text("ignored: not a data file type")
-    state = prep.prepare(tmp_path / "out", local=[src], shard_size=10**6, prefix="t", workers=1, progress=False)
+    with pytest.warns(UserWarning, match="no train shard"):
+        state = prep.prepare(tmp_path / "out", local=[src], shard_size=10**6, prefix="t", workers=1, progress=False)
     assert state["documents"] == 3 and [s["file"] for s in state["shards"]] == ["t_val_000000.npy"]
     stream = read_shard(tmp_path / "out" / "t_val_000000.npy")
     want = "".join("<|endoftext|>" + texts[n] for n in sorted(texts))  # sorted file order
@@ -146,14 +148,20 @@ def test_rerun_skips_complete_shards_and_resumes(tmp_path, reference, monkeypatc
     assert again["complete"] and not tokenized  # complete: nothing to do
 
 
-def test_cli_help_and_run(tmp_path, reference):
+def test_cli_help_and_run(tmp_path, reference, capsys):
     d, _ = reference
-    r = subprocess.run([sys.executable, "-m", "gpt_tp.prepare", "--help"], cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 0 and "--local" in r.stdout and "--shard-size" in r.stdout
+    with pytest.raises(SystemExit) as e:
+        prep.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert e.value.code == 0 and "--local" in help_text and "--shard-size" in help_text
     prep.main(["--local", str(d / "docs.jsonl"), "--out", str(tmp_path), "--shard-size", "1e3", "--workers", "1", "--quiet"])
     assert shard_bytes(tmp_path) == shard_bytes(d / "nanogpt")
-    with pytest.raises(SystemExit, match=r"error: --local .*nope.*no such file"):
+    with pytest.raises(DataError, match=r"--local .*nope.*no such file"):
         prep.main(["--local", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o2"), "--quiet"])
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.prepare", "--local", str(tmp_path / "nope.jsonl"), "--out",
+                        str(tmp_path / "o2")], cwd=REPO, capture_output=True, text=True)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: --local {tmp_path / 'nope.jsonl'}: no such file or folder\n")
+    assert not (tmp_path / "o2").exists()
 
 
 def test_prepared_shards_feed_the_data_module(tmp_path, reference):
@@ -218,6 +226,37 @@ def test_error_missing_text_column(tmp_path):
         prep.prepare(tmp_path / "o", local=[tmp_path / "d.jsonl"], workers=1, progress=False)
 
 
+def test_empty_documents_are_skipped(tmp_path):
+    write_jsonl(tmp_path / "d.jsonl", ["First.", "", "Second.", ""])
+    state = prep.prepare(tmp_path / "o", local=[tmp_path / "d.jsonl"], shard_size=4, workers=1, progress=False)
+    stream = np.concatenate([read_shard(tmp_path / "o" / s["file"]) for s in state["shards"]])
+    assert state["documents"] == 2 and (stream == 50256).sum() == 2  # no bare <|endoftext|> documents
+    assert prep.get_encoding().decode(stream.tolist()) == "<|endoftext|>First.<|endoftext|>Second."
+    write_jsonl(tmp_path / "e.jsonl", ["", ""])
+    with pytest.raises(DataError, match=r"e.jsonl: empty input, no documents \(2 rows, all with empty 'text'\)"):
+        prep.prepare(tmp_path / "o2", local=[tmp_path / "e.jsonl"], workers=1, progress=False)
+
+
+def test_small_corpus_warns_that_there_is_no_train_shard(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = documents(4)
+    pq.write_table(pa.table({"text": docs}), tmp_path / "small.parquet")
+    n = sum(1 + len(prep.get_encoding().encode_ordinary(t)) for t in docs if t)
+    args = ["--local", str(tmp_path / "small.parquet"), "--workers", "1", "--quiet"]
+    prep.main([*args, "--out", str(tmp_path / "one")])  # the default --shard-size: 1e8 tokens
+    assert sorted(p.name for p in (tmp_path / "one").glob("*.npy")) == ["edufineweb_val_000000.npy"]
+    err = capsys.readouterr().err
+    assert err == (f"warning: {tmp_path / 'one'}: all {n:,} tokens fit in the val shard (--shard-size 100,000,000), "
+                   f"so there is no train shard to train on: rerun into an empty --out with a --shard-size below {n:,}, "
+                   f"e.g. --shard-size {n // 10:,} (shard 0 is val, the rest train)\n")
+    prep.main([*args, "--out", str(tmp_path / "one")])  # a rerun of the finished folder says it again
+    assert "no train shard" in capsys.readouterr().err
+    prep.main([*args, "--out", str(tmp_path / "ten"), "--shard-size", str(n // 10)])  # the advice works
+    assert len(list((tmp_path / "ten").glob("*_train_*.npy"))) >= 9 and capsys.readouterr().err == ""
+
+
 def test_error_empty_input(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match=r"empty.jsonl: empty input"):
@@ -231,17 +270,35 @@ def test_error_empty_input(tmp_path):
         prep.prepare(tmp_path / "o", local=[tmp_path / "nodata"], workers=1, progress=False)
 
 
-def test_error_token_id_over_uint16(tmp_path, monkeypatch):
-    class BigVocab:  # an encoding with ids past 65535, like cl100k_base
-        name, eot_token = "big", 100257
+class FakeEncoding:
+    """An encoding with ``n_vocab`` ids whose tokens are the characters' code points (``bad`` is appended to the
+    document "bad")."""
 
-        def encode_ordinary(self, text):
-            return [70000] * len(text)
+    def __init__(self, name, n_vocab, bad):
+        self.name, self.n_vocab, self.eot_token, self.bad = name, n_vocab, 50256, bad
 
-    monkeypatch.setattr(prep, "get_encoding", lambda name="big": BigVocab())
+    def encode_ordinary(self, text):
+        return [ord(c) for c in text] + ([self.bad] if text == "bad" else [])
+
+
+def test_error_encoding_with_more_ids_than_gpt2(tmp_path, monkeypatch):
+    monkeypatch.setattr(prep, "get_encoding", lambda name: FakeEncoding(name, 100_277, 100_000))  # like cl100k_base
     write_jsonl(tmp_path / "d.jsonl", ["hi"])
-    with pytest.raises(DataError, match=r"document 0: token id 100257 of encoding 'big' does not fit uint16"):
+    with pytest.raises(DataError, match=r"--encoding big has 100,277 token ids; shards hold GPT-2 BPE ids \(0..50256\).*"
+                                        r"use --encoding r50k_base"):
         prep.prepare(tmp_path / "o", local=[tmp_path / "d.jsonl"], workers=1, encoding="big", progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("bad", [50257, 50303, 70000])
+def test_error_token_id_outside_gpt2_is_never_written(tmp_path, monkeypatch, bad):
+    monkeypatch.setattr(prep, "get_encoding", lambda name: FakeEncoding(name, 50257, bad))
+    write_jsonl(tmp_path / "d.jsonl", ["good"] * 70 + ["bad", "after"])  # 5 tokens each; tokenized 64 at a time
+    with pytest.raises(DataError, match=rf"^--encoding odd, document 70: token id {bad} at position 4 is not a GPT-2 BPE id"):
+        prep.prepare(tmp_path / "o", local=[tmp_path / "d.jsonl"], shard_size=100, workers=1, encoding="odd", progress=False)
+    written = sorted((tmp_path / "o").glob("*.npy"))
+    assert len(written) == 3  # the shards of the first 64 documents are kept ...
+    assert max(int(read_shard(f).max()) for f in written) < 50257  # ... and no shard holds the bad id, not even wrapped
 
 
 @pytest.mark.parametrize("existing", ["bin", "int32", "nanogpt", "prefix", "settings"])
