@@ -1,19 +1,31 @@
-"""gpt_tp command line: `python cli.py fit --config configs/tp2.yaml` (see README)."""
+"""gpt_tp command line: `python cli.py fit --config configs/tp2.yaml` (see README).
+
+Subcommands: fit, validate (val loss, and HellaSwag where its callback is configured), predict (continue prompts).
+A user's mistake prints one line, `error: ...`, and exits with code 2 (gpt_tp.entry)."""
 
 import importlib.util
 import os
 import sys
 
 import torch
-from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 
-from gpt_tp.data import GPTDataModule
+from gpt_tp.data import GPTDataModule, find_shards
+from gpt_tp.entry import run
+from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
 from gpt_tp.module import GPTModule, check_total_batch
 from gpt_tp.parallel import LayoutError, validate_layout
 from gpt_tp.planner import detect_device_memory_gib, resolve_layout
+from gpt_tp.predict import prompt_batches, read_prompts, write_predictions
+from gpt_tp.progress import StepProgressBar
+
+CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 
 
 def default_loggers(save_dir: str = "logs") -> list:
@@ -29,7 +41,38 @@ def model_config(cfg) -> GPTConfig:
     return GPTConfig.resolve(cfg.model.model)
 
 
+class GPTTrainer(Trainer):
+    def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions=None, ckpt_path=None, *,
+                prompt: list[str] | None = None, prompts_file: str | None = None, output: str | None = None,
+                max_new_tokens: int = 32, num_samples: int = 1, top_k: int = 50, seed: int = 42):
+        """Continue prompts with the model and print them (rank 0); --output FILE also writes them as JSON lines.
+
+        Args:
+            prompt: a prompt to continue (repeat the flag for several); default: the text sampler's prompt.
+            prompts_file: a text file with one prompt a line, after any --prompt.
+            output: also write {"prompt", "sample", "text"} JSON lines to this file (rank 0).
+            max_new_tokens: tokens to add to each prompt (fewer where the model's block_size ends first).
+            num_samples: continuations per prompt.
+            top_k: sample from the k most likely tokens (1: greedy).
+            seed: the sampling generator's seed, per prompt: the same seed and weights give the same text on any layout.
+        """
+        if dataloaders is None:
+            if max_new_tokens < 1 or num_samples < 1 or top_k < 1:
+                raise UserError(f"--max_new_tokens={max_new_tokens}, --num_samples={num_samples} and --top_k={top_k} must be >= 1")
+            settings = {"max_new_tokens": max_new_tokens, "num_samples": num_samples, "top_k": top_k, "seed": seed}
+            dataloaders = prompt_batches(read_prompts(prompt, prompts_file), **settings)
+        out = super().predict(model, dataloaders, None, True if return_predictions is None else return_predictions, ckpt_path)
+        if out is not None and self.global_rank == 0:
+            write_predictions([row for batch in out for row in batch], output)
+        return out
+
+
 class GPTCLI(LightningCLI):
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """fit, validate and predict; `test` is not offered (gpt_tp's data has a train and a val split only)."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k != "test"}
+
     def before_instantiate_classes(self) -> None:
         """`auto` data/tensor-parallel sizes: the planner picks the smallest TP that fits the device memory."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
@@ -46,8 +89,18 @@ class GPTCLI(LightningCLI):
         init.data_parallel_size, init.tensor_parallel_size = dp, tp
         print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.planner shows the table)", file=sys.stderr)
 
-    def before_fit(self) -> None:
-        """Check the layout and the batch arithmetic in every process before any process group or model exists."""
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        """Add the optimizer-step progress bar unless the config brings its own or turns the bar off."""
+        trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
+        callbacks = trainer.get("callbacks") or []
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            trainer["callbacks"] = [*callbacks, StepProgressBar()]
+        return super().instantiate_trainer(**kwargs)
+
+    # ---- checks before any process group or model shard exists (in the launching process: errors print once) ----
+    def _check_layout(self) -> int:
+        """The layout fits the model; returns the data-parallel size."""
         if self.trainer.num_devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
             # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.trainer.num_devices))
@@ -57,14 +110,50 @@ class GPTCLI(LightningCLI):
         if isinstance(self.trainer.strategy, ModelParallelStrategy):
             args = cfg.trainer.strategy.init_args  # numbers by now (before_instantiate_classes plans 'auto')
             dp, tp = int(args.data_parallel_size), int(args.tensor_parallel_size)
-        validate_layout(model_config(cfg), tp=tp, dp=dp, world_size=world, seq_len=cfg.data.seq_len)
-        check_total_batch(cfg.model.total_batch_size, cfg.data.batch_size, cfg.data.seq_len, dp, self.trainer.accumulate_grad_batches)
+        config = self.model.config  # resolved, init_from's folder included
+        seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
+        if seq_len is not None and seq_len > config.block_size:
+            raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
+        validate_layout(config, tp=tp, dp=dp, world_size=world, seq_len=seq_len)
+        if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
+            raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
+        ckpt = cfg.get("ckpt_path")
+        if ckpt is not None and ckpt not in CKPT_ALIASES and not os.path.exists(ckpt):
+            raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
+        return dp
+
+    def before_fit(self) -> None:
+        cfg = self.config[self.subcommand]
+        dp = self._check_layout()
+        find_shards(cfg.data.data_dir, "train")
+        if cfg.data.val_batches:
+            find_shards(cfg.data.data_dir, "val")
+        accum = self.trainer.accumulate_grad_batches
+        check_total_batch(cfg.model.total_batch_size, cfg.data.batch_size, cfg.data.seq_len, dp, accum)
+        interval, max_steps = cfg.trainer.val_check_interval, self.trainer.max_steps
+        if isinstance(interval, int) and cfg.data.val_batches and max_steps > 0 and interval > max_steps * accum:
+            rank_zero_warn(
+                f"trainer.val_check_interval={interval} micro-batches is beyond the run's {max_steps} steps x "
+                f"{accum} accumulation: no validation will run; lower trainer.val_check_interval"
+            )
+
+    def before_validate(self) -> None:
+        self._check_layout()
+        find_shards(self.config[self.subcommand].data.data_dir, "val")
+
+    def before_predict(self) -> None:
+        self._check_layout()
 
 
 def main(args=None) -> GPTCLI:
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] == "test":
+        raise UserError("`test` is not a gpt_tp subcommand: the data has a train and a val split; "
+                        "use `python cli.py validate --config ... --ckpt_path ...` for val loss and HellaSwag")
     return GPTCLI(
         GPTModule,
         GPTDataModule,
+        trainer_class=GPTTrainer,
         trainer_defaults={
             "logger": default_loggers(),
             "inference_mode": False,  # DTensors do not support inference_mode on GPUs
@@ -77,4 +166,4 @@ def main(args=None) -> GPTCLI:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -26,25 +26,41 @@ def test_print_config():
     assert "total_batch_size: 524288" in proc.stdout and "accumulate_grad_batches: 32" in proc.stdout
 
 
+def one_error_line(proc) -> str:
+    """A user's mistake: exit code 2, no traceback anywhere in the output, exactly one `error:` line; returns it."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out and 'File "' not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out[-3000:]
+    return errors[0]
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [
         (["--trainer.strategy.init_args.tensor_parallel_size", "3"], "data_parallel_size=1 x tensor_parallel_size=3 = 3, but the run has 2 devices"),
-        (["--model.model.n_head", "2", "--model.model.n_embd", "64", "--trainer.devices", "4", "--trainer.strategy.init_args.tensor_parallel_size", "4"],
-         "tensor_parallel_size=4 must divide model.n_head=2"),
+        (["--trainer.devices", "3", "--trainer.strategy.init_args.tensor_parallel_size", "3"], "tensor_parallel_size=3 must divide model.n_head=4"),
         (["--model.total_batch_size", "4096"], "set trainer.accumulate_grad_batches=4"),
         (["--data.seq_len", "127", "--model.total_batch_size", "null"], "must divide the sequence length (data.seq_len)=127"),
+        (["--data.seq_len", "256", "--model.total_batch_size", "null"], "data.seq_len=256 exceeds the model's block_size=128"),
         (["--data.data_dir", "no/such/dir"], "no/such/dir"),
-        (["--model.model", "gpt5"], "gpt5"),
+        (["--model.model", "gpt5"], "unknown model size 'gpt5'"),
+        (["--model.init_from", "no/such/hf"], "no/such/hf/config.json not found"),
+        (["--ckpt_path", "no/such/ckpt"], "--ckpt_path no/such/ckpt: no such checkpoint"),
         (["--model.async_tp", "true", "--model.compile", "true"], "async TP needs CUDA GPUs"),
     ],
-    ids=["world-size", "heads", "total-batch", "seq-len", "data-dir", "model-size", "async-tp-on-cpu"],
+    ids=["world-size", "heads", "total-batch", "seq-len-split", "seq-len-block", "data-dir", "model-size", "init-from", "ckpt-path", "async-tp-on-cpu"],
 )
-def test_bad_flags_fail_before_training_with_the_fix(tmp_path, flags, message):
+def test_bad_flags_fail_before_training_with_one_line(tmp_path, flags, message):
     proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", *flags, timeout=300)
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr.splitlines()[-1]
+    assert message in one_error_line(proc)
+
+
+def test_test_subcommand_is_not_offered():
+    assert "use `python cli.py validate" in one_error_line(cli("test", "--config", "configs/cpu.yaml"))
+    help_text = cli("--help").stdout
+    assert "validate" in help_text and "predict" in help_text and "{fit,validate,predict}" in help_text
 
 
 def test_auto_layout_is_planned(tmp_path):
