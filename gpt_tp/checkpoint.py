@@ -7,21 +7,31 @@ and datamodule state (the data position), hyper-parameters, and every rank's RNG
 DCP stores each tensor with its global shape, so a checkpoint loads into any DP x TP layout, one device
 included.
 
-`ModelParallel` is ModelParallelStrategy with three changes:
+`ModelParallel` is ModelParallelStrategy with these changes:
 - saving goes to `<name>.partial` and is renamed to `<name>` only once every rank has written its shards and
   rank 0 its metadata, so a process killed mid-save leaves the previous checkpoints intact and no partial
-  folder ever carries a checkpoint name (nor is picked as `last`);
+  folder ever carries a checkpoint name (nor is picked as `last`). Overwriting a name (save_last in copy mode,
+  a rerun saving the same step) moves the old folder to `<name>.old` first and deletes it only after the new
+  one is in place; a run killed between the two renames gets the `.old` folder back under its name at the next
+  load or save (recover_interrupted_saves);
+- a failure of any rank in a save (writing, fsync, rename) reaches every rank, which all raise the same
+  CheckpointError at once instead of waiting in a collective for the process-group timeout;
 - loading first checks the folder (complete, every shard file present, shapes equal to the model's) and
-  fails with an error naming the files or parameters at fault;
+  fails with an error naming the files or parameters at fault; `meta.pt` is read with weights_only=True;
+- resuming keeps ModelCheckpoint's `last` name: a checkpoint saved before the first `last` link existed holds an
+  empty last_model_path, and Lightning would then write `last-v1.ckpt` beside the `last.ckpt` of the very run it
+  continues, leaving `last.ckpt` on the old step for good;
 - TP=1 x DP=1 (plain tensors, one device) loads DCP checkpoints too.
 """
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import load as dcp_load
@@ -36,6 +46,7 @@ if TYPE_CHECKING:
 
 META = "meta.pt"  # Lightning's name for the non-tensor part (lightning.fabric.utilities.load._METADATA_FILENAME)
 PARTIAL = ".partial"
+OLD = ".old"  # a checkpoint being replaced under its name
 
 
 class CheckpointError(UserError):
@@ -47,6 +58,12 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
     expected_shapes, e.g. 'model.transformer.wte.weight') have the expected global shapes."""
     p = Path(path)
     if not p.exists():
+        aside = p.with_name(p.name + OLD)
+        if aside.is_dir():
+            raise CheckpointError(
+                f"checkpoint folder {p} does not exist: a save that replaced it was interrupted and {aside} holds it; "
+                f"load {aside}, or resume training from {p} (which moves it back first)"
+            )
         raise CheckpointError(f"checkpoint folder {p} does not exist (for a run: --ckpt_path takes a checkpoint folder or 'last')")
     if p.name.endswith(PARTIAL):
         raise CheckpointError(f"{p} is an unfinished checkpoint (its save was interrupted); resume from a checkpoint without '{PARTIAL}'")
@@ -94,40 +111,100 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def recover_interrupted_saves(folder: str | os.PathLike, clean: bool = False) -> list[Path]:
+    """Undo what a save killed mid-way left in `folder`: a checkpoint moved aside to `<name>.old` whose replacement
+    never arrived goes back to `<name>`. With clean, also delete the leftovers: `.old` folders whose replacement is
+    in place and unfinished `.partial` folders. Returns the checkpoints put back. Several processes may run it at
+    once (each rename happens once; the others find nothing to do)."""
+    restored = []
+    for old in sorted(Path(folder).glob(f"*{OLD}")):
+        name = old.with_name(old.name.removesuffix(OLD))
+        if not name.exists() and not name.is_symlink():
+            try:
+                os.rename(old, name)
+                restored.append(name)
+            except FileNotFoundError:  # another process put it back first
+                pass
+        elif clean:
+            shutil.rmtree(old, ignore_errors=True)
+    if clean:
+        for stale in Path(folder).glob(f"*{PARTIAL}"):
+            shutil.rmtree(stale, ignore_errors=True)
+    return restored
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Make the finished `tmp` folder the checkpoint `final`, never leaving `final` without a complete checkpoint
+    that recover_interrupted_saves cannot bring back."""
+    _fsync(tmp / META)
+    _fsync(tmp)
+    old = final.with_name(final.name + OLD)
+    if final.is_symlink() or final.is_file():
+        final.unlink()
+    elif final.exists():
+        os.rename(final, old)  # a crash from here to the next rename: recover_interrupted_saves puts `old` back
+    os.rename(tmp, final)  # atomic: the checkpoint appears complete or not at all
+    _fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _keep_last_name(callbacks: list, checkpoint: dict) -> None:
+    """Give ModelCheckpoint back its `last` name when resuming in its own folder (see the module doc): a saved
+    state with an empty last_model_path gets `<dirpath>/last.ckpt` (the callback's unversioned last name)."""
+    states = checkpoint.get("callbacks") or {}
+    for cb in callbacks:
+        state = states.get(cb.state_key)
+        if (
+            isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath and "{" not in cb.CHECKPOINT_NAME_LAST
+            and isinstance(state, dict) and not state.get("last_model_path") and state.get("dirpath") == cb.dirpath
+        ):
+            state["last_model_path"] = cb.format_checkpoint_name({}, cb.CHECKPOINT_NAME_LAST)
+
+
 class ModelParallel(ModelParallelStrategy):
     """ModelParallelStrategy with crash-safe saves, checked loads, and single-device loading (see module doc)."""
+
+    def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:
+        """Run `action` here, then share its outcome: if it failed on any rank, every rank raises the same
+        CheckpointError (an error that is not an OSError is a bug and is re-raised with its traceback where it
+        happened). Also a barrier."""
+        error, message = None, None
+        try:
+            action()
+        except Exception as e:  # noqa: BLE001 - shared with every rank, then raised
+            error, message = e, f"{what} failed on rank {self.global_rank}: {type(e).__name__}: {e}"
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            messages = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(messages, message)
+            message = next((m for m in messages if m), None)
+        if message is None:
+            return
+        if error is not None and not isinstance(error, OSError):
+            raise error
+        raise CheckpointError(message + "; fix the storage (space, permissions) and resume from the last checkpoint")
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         final = Path(self.broadcast(str(filepath)))
         tmp = final.with_name(final.name + PARTIAL)
-        if self.is_global_zero:
-            for stale in final.parent.glob(f"*{PARTIAL}"):  # left by a run killed mid-save
-                shutil.rmtree(stale, ignore_errors=True)
-        self.barrier()
-        super().save_checkpoint(checkpoint, tmp, storage_options)
-        self.barrier()  # every rank's shards (and rank 0's meta.pt) are on disk
-        if self.is_global_zero:
-            _fsync(tmp / META)
-            old = final.with_name(final.name + ".old")
-            if final.is_symlink() or final.is_file():
-                final.unlink()
-            elif final.exists():
-                os.rename(final, old)
-            os.rename(tmp, final)  # atomic: the checkpoint appears complete or not at all
-            shutil.rmtree(old, ignore_errors=True)
-            _fsync(final.parent)
-        self.barrier()
+        zero = self.is_global_zero
+        self._on_every_rank(f"preparing {final.parent}", lambda: zero and recover_interrupted_saves(final.parent, clean=True))
+        self._on_every_rank(f"writing checkpoint {tmp}", lambda: super(ModelParallel, self).save_checkpoint(checkpoint, tmp, storage_options))
+        self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and _publish(tmp, final))
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         path = Path(self.broadcast(str(checkpoint_path)))
+        self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
         check_checkpoint(path, global_shapes(self.lightning_module))
         if any(isinstance(p, DTensor) for p in self.model.parameters()):
-            return super().load_checkpoint(path, weights_only)
-        return self._load_plain(path, weights_only)
+            checkpoint = super().load_checkpoint(path, weights_only=True)
+        else:
+            checkpoint = self._load_plain(path)
+        _keep_last_name(self.lightning_module.trainer.checkpoint_callbacks, checkpoint)
+        return checkpoint
 
-    def _load_plain(self, path: Path, weights_only) -> dict:
+    def _load_plain(self, path: Path) -> dict:
         """One device, plain tensors: DCP assembles the full tensors from whatever layout saved them."""
         module_state = {"state_dict": get_model_state_dict(self.model)}
         dcp_load(module_state, checkpoint_id=path)
@@ -136,7 +213,7 @@ class ModelParallel(ModelParallelStrategy):
             optim_state = {f"optimizer_{i}": get_optimizer_state_dict(self.model, optimizer)}
             dcp_load(optim_state, checkpoint_id=path)
             set_optimizer_state_dict(self.model, optimizer, optim_state[f"optimizer_{i}"], options=StateDictOptions(cpu_offload=True))
-        return torch.load(path / META, weights_only=False if weights_only is None else weights_only)
+        return torch.load(path / META, weights_only=True)
 
 
 def load_consolidated(path: str | os.PathLike) -> tuple["GPTConfig", dict[str, torch.Tensor]]:
@@ -145,7 +222,7 @@ def load_consolidated(path: str | os.PathLike) -> tuple["GPTConfig", dict[str, t
     from gpt_tp.model import GPT, GPTConfig
 
     check_checkpoint(path)
-    meta = torch.load(Path(path) / META, weights_only=False)
+    meta = torch.load(Path(path) / META, weights_only=True)
     hparams = dict(meta.get("hyper_parameters") or {})
     if "model" not in hparams:
         raise CheckpointError(f"{path}/{META} holds no gpt_tp hyper-parameters: not a gpt_tp checkpoint")

@@ -1,12 +1,15 @@
-"""Train the tiny GPT on the bundled sample with distributed checkpoints; optionally resume, or die mid-save.
+"""Train the tiny GPT on the bundled sample with distributed checkpoints; optionally resume, die mid-save, or
+fail a save's fsync.
 
 Rank 0 writes <out>.json: {"losses": {step: train/loss}, "last": the checkpoint 'last' points to}.
 """
 
 import argparse
+import errno
 import json
 import os
 import signal
+import time
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -43,6 +46,34 @@ def die_on_save(n: int) -> None:
     mp._distributed_checkpoint_save = save
 
 
+def die_on_aside(n: int) -> None:
+    """SIGKILL this process right after the n-th checkpoint it moves aside to `<name>.old` to overwrite the name,
+    before the new folder is renamed in: the one moment a checkpoint name holds nothing."""
+    original, calls = os.rename, [0]
+
+    def rename(src, dst, *args, **kwargs):
+        original(src, dst, *args, **kwargs)
+        if str(dst).endswith(".old"):
+            calls[0] += 1
+            if calls[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    os.rename = rename
+
+
+def fail_fsync(stamp: str) -> None:
+    """Rank 0's fsync of the first checkpoint fails (a full or broken disk); the time it fails goes to `stamp`."""
+    import gpt_tp.checkpoint as ckpt
+
+    def broken(path):
+        with open(stamp, "w") as f:
+            f.write(str(time.time()))
+        raise OSError(errno.EIO, "Input/output error (injected)", str(path))
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        ckpt._fsync = broken
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
@@ -52,23 +83,34 @@ def main():
     ap.add_argument("--n-embd", type=int, default=64)
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--resume", default=None)
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--accum", type=int, default=1, help="trainer.accumulate_grad_batches")
+    ap.add_argument("--save-last", choices=["link", "copy"], default="link")
+    ap.add_argument("--no-version-counter", action="store_true", help="a rerun saves over the same step names")
     ap.add_argument("--die-on-save", type=int, default=0)
+    ap.add_argument("--die-on-aside", type=int, default=0)
+    ap.add_argument("--fail-fsync", default=None, help="rank 0's fsync fails; the time it failed goes to this file")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.die_on_save:
         die_on_save(args.die_on_save)
+    if args.die_on_aside:
+        die_on_aside(args.die_on_aside)
+    if args.fail_fsync:
+        fail_fsync(args.fail_fsync)
     world = args.tp * args.dp
     ckpt = ModelCheckpoint(
         dirpath=args.ckpt_dir, filename="step{step:04d}", auto_insert_metric_name=False, every_n_train_steps=2,
-        save_top_k=2, monitor="step", mode="max", save_last="link",
+        save_top_k=2, monitor="step", mode="max", save_last="link" if args.save_last == "link" else True,
+        enable_version_counter=not args.no_version_counter,
     )
     trainer = L.Trainer(
         accelerator="cpu", devices=world, strategy=ModelParallel(data_parallel_size=args.dp, tensor_parallel_size=args.tp),
-        max_steps=args.steps, gradient_clip_val=1.0, inference_mode=False, logger=False, enable_progress_bar=False,
+        max_steps=args.steps, accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False, logger=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record(), ckpt],
     )
     L.seed_everything(1234, verbose=False)
-    config = GPTConfig(n_layer=2, n_head=4, n_embd=args.n_embd, block_size=64)
+    config = GPTConfig(n_layer=2, n_head=4, n_embd=args.n_embd, block_size=64, dropout=args.dropout)
     model = GPTModule(config, max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=12, total_batch_size=None)
     data = GPTDataModule("data/sample", batch_size=args.batch_size, seq_len=64, val_batches=0)
     trainer.fit(model, data, ckpt_path=args.resume)
