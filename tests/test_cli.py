@@ -2,7 +2,9 @@
 second process itself), its validation errors, and `--ckpt_path last`."""
 
 import csv
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -109,3 +111,71 @@ data:
     assert len(full) == 9 and full[8] < full[0] - 0.5  # the loss falls on the bundled sample (still in warmup)
     assert part1 == {k: full[k] for k in range(6)}
     assert part2 == {k: full[k] for k in range(6, 9)}  # bit-identical after --ckpt_path last
+
+
+def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
+    """validate reports val loss and HellaSwag from a checkpoint under two layouts; predict continues prompts at TP=2
+    with the same text as one process."""
+    ckpt = tmp_path / "ckpt"
+    fit = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.max_steps", "4",
+              "--data.val_batches", "0", "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
+              "--trainer.callbacks.dirpath", str(ckpt), "--trainer.callbacks.save_last", "true")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    hellaswag = ("--trainer.callbacks", "gpt_tp.hellaswag.HellaSwagCallback", "--trainer.callbacks.path", "tests/fixtures/hellaswag_small.jsonl")
+    val_losses = []
+    for layout in (("--trainer.strategy.init_args.tensor_parallel_size", "2"),
+                   ("--trainer.strategy.init_args.tensor_parallel_size", "1", "--trainer.strategy.init_args.data_parallel_size", "2")):
+        proc = cli("validate", "--config", "configs/cpu.yaml", "--trainer.logger", "false", *hellaswag, *layout,
+                   "--ckpt_path", str(ckpt / "last.ckpt"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = proc.stdout + proc.stderr
+        val_losses.append(float(re.search(r"val/loss\s*[│|]?\s*([0-9.]+)", out).group(1)))
+        assert re.search(r"HellaSwag acc_norm \d+/11", out), out[-2000:]
+    assert val_losses[0] == pytest.approx(val_losses[1], rel=1e-5) and 5 < val_losses[0] < 11
+    texts = []
+    for devices, tp in (("2", "2"), ("1", "1")):
+        out_file = tmp_path / f"pred{tp}.jsonl"
+        proc = cli("predict", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.callbacks", "[]",
+                   "--trainer.devices", devices, "--trainer.strategy.init_args.tensor_parallel_size", tp,
+                   "--ckpt_path", str(ckpt / "last.ckpt"), "--prompt", "To be, or not to be", "--prompt", "ROMEO:",
+                   "--num_samples", "2", "--max_new_tokens", "12", "--output", str(out_file))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(line) for line in out_file.read_text().splitlines()]
+        assert [(r["prompt"], r["sample"]) for r in rows] == [("To be, or not to be", 0), ("To be, or not to be", 1), ("ROMEO:", 0), ("ROMEO:", 1)]
+        assert all(r["text"].startswith(r["prompt"]) and len(r["text"]) > len(r["prompt"]) for r in rows)
+        assert proc.stdout.count("prompt 'ROMEO:' sample 1:") == 1  # printed once, by rank 0
+        texts.append([r["text"] for r in rows])
+    assert texts[0] == texts[1]
+
+
+def test_progress_bar_counts_optimizer_steps():
+    """accumulate_grad_batches=4, max_steps=3: the bar goes to 3/3 (not 12/3), shows loss, tok/s and lr, no epoch."""
+    proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.callbacks", "[]",
+               "--trainer.devices", "1", "--trainer.strategy", "auto", "--trainer.accumulate_grad_batches", "4",
+               "--trainer.max_steps", "3", "--model.total_batch_size", "null", "--data.val_batches", "0",
+               "--data.batch_size", "2", "--data.seq_len", "32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    frames = re.split(r"[\r\n]", proc.stdout + proc.stderr)
+    counts = [m.group(1) for f in frames if (m := re.search(r"train: .*?\| (\d+/\d+) ", f))]
+    assert counts and counts[-1] == "3/3" and set(counts) <= {"0/3", "1/3", "2/3", "3/3"}, counts
+    last = [f for f in frames if "3/3" in f][-1]
+    assert "loss=" in last and "tok/s=" in last and "lr=" in last
+    assert "Epoch" not in proc.stdout + proc.stderr
+
+
+def test_progress_bar_is_ours_with_or_without_rich(monkeypatch):
+    import lightning.pytorch.trainer.connectors.callback_connector as connector
+
+    from cli import GPTCLI, GPTTrainer
+    from gpt_tp.data import GPTDataModule
+    from gpt_tp.module import GPTModule
+    from gpt_tp.progress import StepProgressBar
+
+    args = ["--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.devices", "1", "--trainer.strategy", "auto"]
+    for rich in (True, False):
+        monkeypatch.setattr(connector, "_RICH_AVAILABLE", rich)
+        monkeypatch.chdir(ROOT)
+        cli_ = GPTCLI(GPTModule, GPTDataModule, trainer_class=GPTTrainer, args=args, run=False)
+        assert type(cli_.trainer.progress_bar_callback) is StepProgressBar
+    off = GPTCLI(GPTModule, GPTDataModule, trainer_class=GPTTrainer, args=[*args, "--trainer.enable_progress_bar", "false"], run=False)
+    assert off.trainer.progress_bar_callback is None
