@@ -104,9 +104,10 @@ def test_nan_values(tmp_path, monkeypatch):
     assert not (tmp_path / "nan.png").exists()
 
 
-def test_help_names_the_default_output():
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.plot", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "run.png in the current directory" in " ".join(proc.stdout.split())
+def test_help_names_the_default_output(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "run.png in the current directory" in " ".join(capsys.readouterr().out.split())
 
 
 def _fit(logs, ckpts, max_steps, ckpt_path=None, shift=0.0, lr=0.1):
