@@ -4,7 +4,7 @@
     python -m gpt_tp.prepare --config sample-100BT --out edu_fineweb100B
     python -m gpt_tp.prepare --local corpus/*.jsonl --out my_shards --prefix mydata   # no internet needed
 
-Each document becomes ``[<|endoftext|>] + enc.encode_ordinary(text)`` with tiktoken's ``r50k_base``
+Each non-empty document becomes ``[<|endoftext|>] + enc.encode_ordinary(text)`` with tiktoken's ``r50k_base``
 encoding, which is byte-identical to GPT-2's BPE (tiktoken's ``gpt2``). Documents are tokenized in
 worker processes and packed into ``uint16`` ``.npy`` shards of ``--shard-size`` tokens named
 ``{prefix}_val_000000.npy``, ``{prefix}_train_000001.npy``, ... (shard 0 is the validation split), the
