@@ -2,13 +2,19 @@
 to resume from. Used by scripts/slurm/*.sbatch (see docs/scale.md).
 
 Preemption. Slurm sends SIGUSR1 to every task some time before the job ends (`#SBATCH --signal=USR1@90`, or
-`scancel --signal=USR1 JOB`). Lightning's own SLURM handler (SLURMEnvironment(auto_requeue=True)) saves an
-`hpc_ckpt_N.ckpt` from *inside* the signal handler, wherever each rank happens to be; under ModelParallelStrategy that
-save is a distributed checkpoint, i.e. collectives, and ranks interrupted at different points of a step would pair the
-checkpoint's collectives with the training step's. `Preemption` does it at a point where all ranks agree: the signal
-handler only sets a flag; after each optimizer step the ranks OR their flags in one tiny all-reduce, and when it is set
-they all save `dirpath/preempt-step=N.ckpt`, rank 0 runs `scontrol requeue $SLURM_JOB_ID`, and training stops. Its
-handler, installed in `setup`, is found by Lightning, which then leaves SIGUSR1 alone.
+`scancel --signal=USR1 JOB`), and SIGTERM when it ends the job: `scancel JOB`, the time limit, a preempting job
+(SIGKILL follows KillWait seconds later, 30 by default). Lightning's own handlers act *inside* the signal handler,
+wherever each rank happens to be: on SIGUSR1 (SLURMEnvironment(auto_requeue=True)) it saves an `hpc_ckpt_N.ckpt`, on
+SIGTERM it broadcasts a tensor. Under ModelParallelStrategy a save is a distributed checkpoint, i.e. collectives, and
+ranks interrupted at different points of a step would pair those collectives with the training step's.
+`Preemption` acts at a point where all ranks agree: its handlers only set a flag; after each optimizer step the ranks
+sum their flags in one tiny all-reduce, and when one is set they all save `dirpath/preempt-step=N.ckpt`. After
+SIGUSR1 rank 0 runs `scontrol requeue $SLURM_JOB_ID` and every rank exits 0; after SIGTERM every rank exits 143
+(128 + SIGTERM: not finished) without requeue. A SIGTERM that comes before the next step boundary finishes is
+too late for a new checkpoint: the last complete one is intact (`latest` below skips a cut-off save). The SIGUSR1
+handler, installed in `setup`, is found by Lightning, which then leaves SIGUSR1 alone; the SIGTERM handler replaces
+Lightning's when training starts (Lightning installs its own just before). A SIGTERM before that point ends the
+process at once, as it would without gpt_tp.
 
 Resume. `python -m gpt_tp.slurm latest DIR...` prints the newest complete checkpoint in the folders (a file, or a
 distributed-checkpoint folder holding Lightning's `meta.pt`, which rank 0 writes after every shard is written), so the
@@ -32,12 +38,14 @@ import threading
 import time
 from pathlib import Path
 
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 # distributed-checkpoint folders written by Lightning's ModelParallelStrategy end with this file (rank 0, last)
 LIGHTNING_META = "meta.pt"
 PREFIX = "gpt_tp"
+EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM": the run did not finish
 
 
 def _say(msg: str) -> None:
@@ -45,13 +53,14 @@ def _say(msg: str) -> None:
 
 
 class Preemption(Callback):
-    """Save a checkpoint at the next optimizer step after SIGUSR1 (all ranks together), requeue the Slurm job, stop.
+    """At the next optimizer step after SIGUSR1 or SIGTERM, save a checkpoint (all ranks together), then leave:
+    after SIGUSR1 requeue the Slurm job and exit 0, after SIGTERM exit 143.
 
     Args:
         dirpath: folder for `preempt-step=N.ckpt` (a distributed-checkpoint folder under ModelParallelStrategy);
             give the same folder to `python -m gpt_tp.slurm latest` when resuming.
-        signal_name: the signal Slurm sends (`#SBATCH --signal=USR1@90`).
-        requeue: run `scontrol requeue $SLURM_JOB_ID` on rank 0 after the save (only inside a Slurm job).
+        signal_name: the signal Slurm sends before the end (`#SBATCH --signal=USR1@90`); not SIGTERM.
+        requeue: run `scontrol requeue $SLURM_JOB_ID` on rank 0 after a save for signal_name (only inside a Slurm job).
     """
 
     def __init__(self, dirpath: str = "checkpoints", signal_name: str = "SIGUSR1", requeue: bool = True):
@@ -59,61 +68,93 @@ class Preemption(Callback):
             self.signum = signal.Signals[signal_name]
         except KeyError:
             raise ValueError(f"signal_name={signal_name!r} is not a signal name; use e.g. SIGUSR1") from None
+        if self.signum == signal.SIGTERM:
+            raise ValueError("signal_name='SIGTERM': SIGTERM always saves and exits without requeue; use SIGUSR1 (#SBATCH --signal=USR1@90)")
         self.dirpath = dirpath
         self.requeue = requeue
-        self.requested = False
+        self.requested = False  # signal_name arrived
+        self.terminated = False  # SIGTERM arrived
         self.saved_path: str | None = None
-        self._previous = None
+        self._previous: dict = {}  # signal -> (our handler, the one it replaced)
         self._last_step = None
+        self._leave_after: str | None = None  # "requeue" or "sigterm" once saved
         self._requeue_job: str | None = None
 
-    def _handler(self, signum, frame) -> None:  # only a flag: no I/O, no collectives inside a signal handler
+    # the handlers only set a flag: no I/O, no collectives inside a signal handler
+    def _on_signal(self, signum, frame) -> None:
         self.requested = True
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    def _on_sigterm(self, signum, frame) -> None:
+        self.terminated = True
+
+    def _install(self, signum, handler) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(self.signum, self._handler)
+            self._previous[signum] = (handler, signal.signal(signum, handler))
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._install(self.signum, self._on_signal)
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._install(signal.SIGTERM, self._on_sigterm)  # replaces Lightning's, installed just before training
         env = " ".join(f"{k}={os.environ.get(k, '-')}" for k in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"))
         _say(f"rank {trainer.global_rank} of {trainer.world_size}: {env} host={socket.gethostname()} "
              f"restart={os.environ.get('SLURM_RESTART_COUNT', 0)}")
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        if self._previous is not None:
-            signal.signal(self.signum, self._previous)
-            self._previous = None
+        for signum, (ours, previous) in self._previous.items():
+            if signal.getsignal(signum) == ours:  # Lightning may have restored its snapshot already
+                signal.signal(signum, previous)
+        self._previous = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self._last_step:  # inside gradient accumulation: not a step boundary
             return
         self._last_step = trainer.global_step
-        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+        flags = torch.tensor([self.requested, self.terminated], dtype=torch.int32, device=trainer.strategy.root_device)
+        requested, terminated = (bool(v) for v in trainer.strategy.reduce(flags, reduce_op="sum").tolist())
+        if not (requested or terminated):
             return
+        name = "SIGTERM" if terminated else self.signum.name
         path = os.path.join(self.dirpath, f"preempt-step={trainer.global_step}.ckpt")
-        rank_zero_info(f"[{PREFIX}] preemption signal: saving {path} at step {trainer.global_step}")
+        rank_zero_info(f"[{PREFIX}] preemption signal ({name}): saving {path} at step {trainer.global_step}")
         trainer.save_checkpoint(path)
         trainer.strategy.barrier("gpt_tp_preemption_saved")
         self.saved_path = path
         job = os.environ.get("SLURM_ARRAY_JOB_ID")
         job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
-        if self.requeue and job:
-            self._requeue_job = job  # after Lightning has logged this step: at the next batch start (or train end)
+        if terminated:
+            self._leave_after = "sigterm"  # the job is ending: no requeue
+        elif self.requeue and job:
+            self._leave_after, self._requeue_job = "requeue", job
         else:
             trainer.should_stop = True  # a clean stop; whoever sent the signal restarts the run
 
+    # after Lightning has logged the saved step: at the next batch start, validation start or train end
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._requeue_job:
-            self._requeue_and_exit(trainer)
+        self._leave(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._leave(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self._requeue_job:
-            self._requeue_and_exit(trainer)
+        self._leave(trainer)
+
+    def _leave(self, trainer) -> None:
+        if self._leave_after is None:
+            return
+        for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
+            logger.save()
+        if self._leave_after == "sigterm":
+            # Everything is saved, and Slurm sends SIGKILL KillWait seconds after SIGTERM: leave now rather than run
+            # end-of-training hooks (more checkpoints, collectives) into the kill.
+            _say(f"rank {trainer.global_rank}: checkpoint saved after SIGTERM: exiting")
+            sys.stdout.flush()
+            os._exit(EXIT_SIGTERM)
+        self._leave_after = None
+        self._requeue_and_exit(trainer)
 
     def _requeue_and_exit(self, trainer) -> None:
         job, self._requeue_job = self._requeue_job, None
-        for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
-            logger.save()
         ok = True
         if trainer.is_global_zero:
             rc = subprocess.call(["scontrol", "requeue", job])
@@ -254,4 +295,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpt_tp.entry import run
+
+    run(main)

@@ -1,5 +1,6 @@
 """Slurm: the sbatch scripts under a real single-node Slurm (slurmctld + slurmd + munged started here), preemption by
-SIGUSR1 -> checkpoint -> requeue -> resume, and fail-fast behaviour of real ranks when a peer dies or hangs.
+SIGUSR1 -> checkpoint -> requeue -> resume and by SIGTERM (scancel) -> checkpoint -> exit, and fail-fast behaviour of
+real ranks when a peer dies or hangs.
 
 The real-Slurm tests need Debian's slurmctld, slurmd, slurm-client and munge (.ci/run installs them) and root; without
 them they are skipped with the reason. The fail-fast and preemption mechanics are also tested without Slurm, on real
@@ -207,7 +208,7 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
     log = log_path.read_text()
     assert info["JobState"] == "COMPLETED", log[-6000:]
     assert int(info.get("Restarts", "0")) == 1, info
-    saved = re.findall(r"preemption signal: saving (\S+) at step (\d+)", log)
+    saved = re.findall(r"preemption signal \(SIGUSR1\): saving (\S+) at step (\d+)", log)
     assert len(saved) == 1, log[-6000:]
     path, step = saved[0][0], int(saved[0][1])
     assert 0 < step < 16 and Path(path, "meta.pt").is_file()
@@ -222,6 +223,33 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
     before = [int(r["step"]) for r in rows if r["_file"] == files[0]]
     assert max(before) == step - 1, before  # nothing lost: the first run logged every step up to the checkpoint
     assert latest_checkpoint(str(tmp_path / "ckpt")) == path
+
+
+def test_scancel_sigterm_saves_at_a_step_and_ends(slurm, tmp_path):
+    """scancel without --signal sends SIGTERM (as the time limit does), then SIGKILL KillWait (15 s here) later.
+    Every rank saves at the same step boundary and exits 143 before the kill: the checkpoint is complete and holds
+    the step's weights, nothing is requeued, no task is killed."""
+    from gpt_tp.checkpoint import load_consolidated
+
+    job = _submit(slurm, tmp_path, env={"MAX_STEPS": "400"})
+    log_path = tmp_path / f"slurm-gpt_tp_cpu-{job}.out"
+    _wait_for(lambda: log_path.exists() and "[gpt_tp] rank 0: step 3" in log_path.read_text(), 300, "step 3 of the job")
+    slurm.run("scancel", job)
+    _wait_for(lambda: slurm.job(job)["JobState"] not in ("RUNNING", "COMPLETING"), 60, f"job {job} to end")
+    _wait_for(lambda: slurm.run("squeue", "-h", "-t", "CG", "-j", job, check=False).stdout.strip() == "", 60, "the tasks to end")
+    log = log_path.read_text()
+    info = slurm.job(job)
+    assert info["JobState"] == "CANCELLED" and int(info.get("Restarts", "0")) == 0, info
+    saved = re.findall(r"preemption signal \(SIGTERM\): saving (\S+) at step (\d+)", log)
+    assert len(saved) == 1, log[-6000:]
+    path, step = saved[0][0], int(saved[0][1])
+    assert sorted(re.findall(r"rank (\d): checkpoint saved after SIGTERM: exiting", log)) == ["0", "1"], log[-6000:]
+    assert "Killed" not in log and "scontrol requeue" not in log, log[-6000:]
+    assert 3 <= step < 400 and latest_checkpoint(str(tmp_path / "ckpt")) == path
+    config, sd = load_consolidated(Path(path))  # every rank's shards are there
+    assert sd["transformer.wte.weight"].shape == (config.vocab_size, config.n_embd)
+    steps = [int(r["step"]) for r in _metrics(tmp_path) if r.get("train/loss")]
+    assert max(steps) == step - 1, steps  # every step up to the checkpoint logged
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -301,22 +329,24 @@ def test_process_group_timeout_ends_a_rank_waiting_on_a_hung_peer(tmp_path):
         _cleanup(procs)
 
 
-@pytest.mark.skipif(_skip_reason() is None, reason="a real Slurm is installed: test_preemption_requeues_and_resumes covers this")
-def test_usr1_saves_once_at_the_same_step_and_resumes(tmp_path):
-    """Without Slurm: SIGUSR1 to the ranks at different moments: they agree on one step, save one checkpoint and
-    stop cleanly; a restart with --ckpt_path continues from that step."""
+@pytest.mark.skipif(_skip_reason() is None, reason="a real Slurm is installed: test_preemption_requeues_and_resumes and test_scancel_sigterm_saves_at_a_step_and_ends cover this")
+@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGTERM"])
+def test_signal_saves_once_at_the_same_step_and_resumes(tmp_path, sig):
+    """Without Slurm: the signal to the ranks at different moments: they agree on one step, save one checkpoint and
+    leave (SIGUSR1 without a job to requeue: a clean stop, exit 0; SIGTERM: exit 143); a restart with --ckpt_path
+    continues from that step."""
     procs = _launch_ranks(tmp_path)
     try:
         _wait_training(procs)
-        os.kill(procs[0][0].pid, signal.SIGUSR1)
+        os.kill(procs[0][0].pid, signal.Signals[sig])
         time.sleep(0.5)
-        os.kill(procs[1][0].pid, signal.SIGUSR1)
+        os.kill(procs[1][0].pid, signal.Signals[sig])
         rcs = [p.wait(timeout=120) for p, _ in procs]
     finally:
         _cleanup(procs)
     text = procs[0][1].read_text()
-    assert rcs == [0, 0], text[-3000:]
-    saved = re.findall(r"preemption signal: saving (\S+) at step (\d+)", text)
+    assert rcs == ([0, 0] if sig == "SIGUSR1" else [143, 143]), (rcs, text[-3000:])
+    saved = re.findall(rf"preemption signal \({sig}\): saving (\S+) at step (\d+)", text)
     assert len(saved) == 1 and latest_checkpoint(str(tmp_path / "ckpt")) == saved[0][0]
     step = int(saved[0][1])
     procs = _launch_ranks(tmp_path, "--ckpt_path", saved[0][0], "--trainer.max_steps", str(step + 2))

@@ -26,8 +26,10 @@ CKPT=$("$PY" -m gpt_tp.slurm latest "$CKPT_DIR" ${GPT_TP_RESUME_DIRS:-})
 echo "[gpt_tp] job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $NNODES node(s) x $NTASKS_PER_NODE tasks, config $CONFIG," \
      "checkpoints $CKPT_DIR, resume ${CKPT:-none}"
 
-# --kill-on-bad-exit: when one task fails, Slurm ends the others; --wait: and when one exits, the rest within 120 s
-srun --kill-on-bad-exit=1 --wait=120 --ntasks-per-node="$NTASKS_PER_NODE" \
+# --kill-on-bad-exit: when one task fails, Slurm ends the others; --wait: and when one exits, the rest within 120 s.
+# exec: srun is the batch step's process, so on scancel / the time limit it forwards SIGTERM to the tasks and waits
+# for their checkpoint instead of a shell dying under it.
+exec srun --kill-on-bad-exit=1 --wait=120 --ntasks-per-node="$NTASKS_PER_NODE" \
   "$PY" "$REPO/cli.py" fit --config "$CONFIG" \
   --trainer.num_nodes "$NNODES" --trainer.devices "$NTASKS_PER_NODE" \
   --trainer.callbacks+=gpt_tp.slurm.Preemption --trainer.callbacks.dirpath "$CKPT_DIR" \
