@@ -7,7 +7,8 @@ torch: OUT_DIR/model.pt = {"config": GPTConfig fields, "state_dict": the single-
 hf:    OUT_DIR/config.json + OUT_DIR/model.safetensors in Hugging Face GPT-2's layout (Conv1D weights,
        fused [q|k|v] c_attn, vocabulary cut back to 50257), loadable with
        transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR) and usable as model.init_from.
-Runs in one process on the CPU, whatever layout saved the checkpoint. The output folder is written under a
+Runs in one process on the CPU, whatever layout saved the checkpoint (a checkpoint started from model.init_from
+included: its hyper-parameters hold the model it built). The output folder is written under a
 temporary name and renamed when complete; an existing non-empty OUT_DIR is never overwritten.
 """
 
@@ -15,19 +16,24 @@ import argparse
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 
-from gpt_tp.checkpoint import CheckpointError, load_consolidated
+from gpt_tp.checkpoint import load_consolidated
+from gpt_tp.entry import run
+from gpt_tp.errors import UserError
 from gpt_tp.model import hf_config_dict, to_hf_state_dict
+
+
+class ExportError(UserError):
+    """An output folder export cannot write; the message says which and what to do."""
 
 
 def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
     out_dir = Path(out)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FileExistsError(f"{out_dir} exists and is not an empty folder; choose a new --out (nothing is overwritten)")
+        raise ExportError(f"--out {out_dir} exists and is not an empty folder; choose a new --out (nothing is overwritten)")
     config, state = load_consolidated(checkpoint)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -53,14 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="new output folder")
     ap.add_argument("--format", choices=("torch", "hf", "both"), default="both")
     args = ap.parse_args(argv)
-    try:
-        path = export(args.checkpoint, args.out, args.format)
-    except (CheckpointError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {path}")
+    print(f"wrote {export(args.checkpoint, args.out, args.format)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)  # a bad checkpoint or --out: one line, exit code 2 (gpt_tp.entry)

@@ -1,0 +1,100 @@
+"""Whole user paths through the commands: Hugging Face GPT-2 in, TP=2 fine-tuning with a resume on a longer
+schedule, export, Hugging Face and HellaSwag out; and the metrics a killed run leaves on disk."""
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, WORKERS
+
+from gpt_tp.model import GPT, GPTConfig
+from gpt_tp.optim import get_lr
+
+
+def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("OMP_NUM_THREADS", None)  # cli.py shares the cores between its processes
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{args[:3]} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def rows(path) -> dict[int, dict[str, float]]:
+    """metrics.csv's training rows by step."""
+    with open(path) as f:
+        return {int(r["step"]): {k: float(v) for k, v in r.items() if v} for r in csv.DictReader(f) if r.get("train/loss")}
+
+
+def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
+    """A GPT-2 folder as transformers writes it (vocabulary 50257; 3 layers, where configs/cpu.yaml says 2) ->
+    model.init_from -> `cli.py fit --config configs/cpu.yaml` at TP=2 for 4 steps with warmup_steps 4 (a schedule
+    no longer than its warmup) -> resumed from 'last' with max_steps 8 -> export -> transformers gives our logits ->
+    HellaSwag scores the checkpoint and the exported folder alike."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf_dir = tmp_path / "hf"
+    shape = dict(n_layer=3, n_head=4, n_embd=64, n_positions=128)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=50257, **shape)).save_pretrained(hf_dir)
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "logs"
+    (tmp_path / "run.yaml").write_text(json.dumps({  # JSON is YAML: the logger and checkpoints in tmp_path
+        "trainer": {
+            "log_every_n_steps": 1,
+            "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(logs), "name": "ft"}}],
+            "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {
+                "dirpath": str(ckpt), "filename": "step{step:04d}", "auto_insert_metric_name": False,
+                "every_n_train_steps": 4, "save_top_k": -1, "save_last": "link"}}],
+        },
+        "model": {"init_from": str(hf_dir), "warmup_steps": 4},
+    }))
+    fit = ("cli.py", "fit", "--config", "configs/cpu.yaml", "--config", str(tmp_path / "run.yaml"))
+    run(*fit, "--trainer.max_steps", "4", "--model.max_steps", "4")
+    run(*fit, "--trainer.max_steps", "8", "--model.max_steps", "8", "--ckpt_path", "last")
+    assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0004.ckpt", "step0008.ckpt"]
+
+    # every step logged, on the schedule its run asked for: step 4, the first after the resume, starts the new
+    # cosine at max_lr (the saved optimizer held the old schedule's end, min_lr)
+    first, resumed = rows(logs / "ft" / "version_0" / "metrics.csv"), rows(logs / "ft" / "version_1" / "metrics.csv")
+    assert sorted(first) == [0, 1, 2, 3] and sorted(resumed) == [4, 5, 6, 7]
+    for steps, log in ((4, first), (8, resumed)):
+        for s, r in log.items():
+            assert r["train/lr"] == pytest.approx(get_lr(s, 3e-3, 3e-4, warmup_steps=4, max_steps=steps), rel=1e-6), s
+    assert resumed[4]["train/lr"] == pytest.approx(3e-3) and get_lr(4, 3e-3, 3e-4, 4, 4) == 3e-4
+    losses = [r["train/loss"] for r in (first | resumed).values()]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+    out = tmp_path / "export"
+    run("-m", "gpt_tp.export", str(ckpt / "last.ckpt"), "--out", str(out))
+    d = torch.load(out / "model.pt")
+    ours = GPT(GPTConfig(**d["config"])).eval()
+    ours.load_state_dict(d["state_dict"])
+    assert (ours.config.n_layer, ours.config.vocab_used) == (3, 50257)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    start = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    x = torch.randint(0, 50257, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x)[..., :50257], hf(x).logits, rtol=1e-4, atol=1e-4)
+        assert (hf(x).logits - start(x).logits).abs().max() > 1e-2  # 8 steps of fine-tuning changed the model
+
+    hs = [tmp_path / "hs_ckpt.json", tmp_path / "hs_hf.json"]
+    for src, dest in zip((["--ckpt_path", str(ckpt / "last.ckpt")], ["--hf-dir", str(out)]), hs):
+        run("-m", "gpt_tp.hellaswag", *src, "--path", "tests/fixtures/hellaswag_small.jsonl", "--out", str(dest))
+    a, b = (json.loads(p.read_text()) for p in hs)
+    assert a["total"] == 11 and (a["acc"], a["acc_norm"]) == (b["acc"], b["acc_norm"])
+
+
+def test_killed_run_keeps_the_rows_it_logged(tmp_path):
+    """SIGKILL inside step 5 (no Python cleanup runs): metrics.csv holds steps 0-4. The Trainer has the CSVLogger
+    write each row as it is logged (its own flush_logs_every_n_steps=100 alone would keep them in memory)."""
+    proc = subprocess.run([sys.executable, str(WORKERS / "killed_fit.py"), "--logs", str(tmp_path), "--kill-at", "5"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    logged = rows(tmp_path / "run" / "version_0" / "metrics.csv")
+    assert sorted(logged) == [0, 1, 2, 3, 4]
+    assert all(math.isfinite(r["train/loss"]) and r["train/loss"] > 5 for r in logged.values())
