@@ -5,12 +5,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from conftest import ROOT, WORKERS, read_json, run_python, run_torchrun
-from gpt_tp.checkpoint import CheckpointError, check_checkpoint, load_consolidated
+from gpt_tp.checkpoint import CheckpointError, check_checkpoint, load_consolidated, recover_interrupted_saves
 from gpt_tp.errors import UserError
 from gpt_tp.export import main as export_main
 
@@ -24,6 +25,15 @@ def fit(tmp, name, nproc=2, *args):
         run_torchrun("ckpt_fit.py", nproc, *base)
     res = read_json(out + ".json")
     return {int(k): v for k, v in res["losses"].items()}, res["last"]
+
+
+def run_to_failure(*args: str) -> subprocess.CompletedProcess:
+    """ckpt_fit.py on 2 processes, expected to be killed or to fail: its output, without failing the test."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKERS / "ckpt_fit.py"), *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode != 0, proc.stderr[-4000:]
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -86,25 +96,77 @@ def test_checkpoint_of_another_model_size_is_refused(straight, tmp_path):
     assert sorted(os.listdir(saved)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # untouched
 
 
-def test_kill_mid_save_keeps_previous_checkpoint(straight, tmp_path):
-    """SIGKILL both ranks inside the second save (step 4): step 2 stays intact and is what 'last' resumes."""
-    _, losses, _ = straight
+def test_kill_mid_save_then_resume_is_exact_with_dropout_and_accumulation(tmp_path):
+    """TP=2 with dropout 0.1 and accumulate_grad_batches=2, SIGKILL inside the step-4 save: step 2 stays intact and
+    is what 'last' resumes. The resumed run is bit-identical to an uninterrupted one (a wrong RNG restore changes
+    the dropout masks, a wrong data position under accumulation the batches), and 'last.ckpt' follows it: step 6,
+    with no 'last-v1.ckpt' beside it."""
+    args = ("--tp", "2", "--steps", "6", "--dropout", "0.1", "--accum", "2")
+    straight, _ = fit(tmp_path, "straight", 2, *args)
+    assert sorted(straight) == list(range(1, 7))
     ckpt_dir = tmp_path / "ckpt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKERS / "ckpt_fit.py"),
-           "--tp", "2", "--steps", "8", "--die-on-save", "2", "--ckpt-dir", str(ckpt_dir), "--out", str(tmp_path / "dead")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert proc.returncode != 0 and "SIGKILL" in proc.stderr + proc.stdout
-    names = sorted(os.listdir(ckpt_dir))
-    assert names == ["last.ckpt", "step0002.ckpt", "step0004.ckpt.partial"], names
+    proc = run_to_failure(*args, "--die-on-save", "2", "--ckpt-dir", str(ckpt_dir), "--out", str(tmp_path / "dead"))
+    assert "SIGKILL" in proc.stderr + proc.stdout
+    assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt", "step0002.ckpt", "step0004.ckpt.partial"]
     assert os.readlink(ckpt_dir / "last.ckpt") == "step0002.ckpt"
     check_checkpoint(ckpt_dir / "step0002.ckpt")
     with pytest.raises(CheckpointError, match="unfinished checkpoint"):
         check_checkpoint(ckpt_dir / "step0004.ckpt.partial")
     out = str(tmp_path / "after")
-    run_torchrun("ckpt_fit.py", 2, "--tp", "2", "--steps", "8", "--ckpt-dir", str(ckpt_dir), "--resume", "last", "--out", out)
+    run_torchrun("ckpt_fit.py", 2, *args, "--ckpt-dir", str(ckpt_dir), "--resume", "last", "--out", out)
     resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
-    assert resumed == {k: losses[k] for k in range(3, 9)}
-    assert not any(n.endswith(".partial") for n in os.listdir(ckpt_dir))
+    assert resumed == {k: straight[k] for k in range(3, 7)}
+    assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt", "step0004.ckpt", "step0006.ckpt"]
+    assert os.readlink(ckpt_dir / "last.ckpt") == "step0006.ckpt"
+
+
+def test_kill_between_the_renames_of_an_overwrite_keeps_the_name(straight, tmp_path):
+    """save_last in copy mode and no version counter (a rerun saves over its own step names). SIGKILL right after
+    the step-2 'last.ckpt' is moved aside to be overwritten at step 4, the one moment the name holds nothing: the
+    next start puts 'last.ckpt.old' back, resumes from it exactly, and overwrites 'step0004.ckpt' and 'last.ckpt'."""
+    _, losses, _ = straight
+    args = ("--tp", "2", "--steps", "6", "--save-last", "copy", "--no-version-counter")
+    ckpt_dir = tmp_path / "ckpt"
+    proc = run_to_failure(*args, "--die-on-aside", "1", "--ckpt-dir", str(ckpt_dir), "--out", str(tmp_path / "dead"))
+    assert "SIGKILL" in proc.stderr + proc.stdout
+    assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt.old", "last.ckpt.partial", "step0002.ckpt", "step0004.ckpt"]
+    with pytest.raises(CheckpointError, match="save that replaced it was interrupted.*last.ckpt.old holds it"):
+        check_checkpoint(ckpt_dir / "last.ckpt")
+    out = str(tmp_path / "after")
+    run_torchrun("ckpt_fit.py", 2, *args, "--ckpt-dir", str(ckpt_dir), "--resume", str(ckpt_dir / "last.ckpt"), "--out", out)
+    resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
+    assert resumed == {k: losses[k] for k in range(3, 7)}
+    assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt", "step0004.ckpt", "step0006.ckpt"]
+    check_checkpoint(ckpt_dir / "step0004.ckpt")
+    assert torch.load(ckpt_dir / "last.ckpt" / "meta.pt", weights_only=True)["global_step"] == 6
+
+
+def test_failed_fsync_stops_every_rank_at_once(tmp_path):
+    """Rank 0's fsync fails while publishing the first checkpoint: both ranks exit with code 2 and the one error
+    line within seconds (not the process-group timeout), and nothing is published under the checkpoint's name."""
+    stamp, ckpt_dir = tmp_path / "failed_at", tmp_path / "ckpt"
+    proc = run_to_failure("--tp", "2", "--steps", "6", "--fail-fsync", str(stamp), "--ckpt-dir", str(ckpt_dir), "--out", str(tmp_path / "o"))
+    assert time.time() - float(stamp.read_text()) < 30
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: publishing checkpoint {ckpt_dir}/step0002.ckpt failed on rank 0: OSError: [Errno 5] Input/output error "
+        f"(injected): '{ckpt_dir}/step0002.ckpt.partial/meta.pt'; fix the storage (space, permissions) and resume from the last checkpoint"
+    ]
+    assert proc.stderr.count("exitcode  : 2 ") == 2  # torchrun's summary: both ranks ended with the error's code
+    assert sorted(os.listdir(ckpt_dir)) == ["step0002.ckpt.partial"]
+
+
+def test_recover_interrupted_saves(tmp_path):
+    """A name moved aside whose replacement never arrived comes back; leftovers go only with clean."""
+    for d in ("a.ckpt.old", "b.ckpt", "b.ckpt.old", "c.ckpt.partial"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "meta.pt").write_text(d)
+    assert recover_interrupted_saves(tmp_path) == [tmp_path / "a.ckpt"]
+    assert (tmp_path / "a.ckpt" / "meta.pt").read_text() == "a.ckpt.old"
+    assert sorted(os.listdir(tmp_path)) == ["a.ckpt", "b.ckpt", "b.ckpt.old", "c.ckpt.partial"]
+    assert recover_interrupted_saves(tmp_path, clean=True) == []
+    assert sorted(os.listdir(tmp_path)) == ["a.ckpt", "b.ckpt"]
+    assert (tmp_path / "b.ckpt" / "meta.pt").read_text() == "b.ckpt"
 
 
 def test_bad_checkpoint_folders(straight, tmp_path):
