@@ -98,3 +98,16 @@ def test_killed_run_keeps_the_rows_it_logged(tmp_path):
     logged = rows(tmp_path / "run" / "version_0" / "metrics.csv")
     assert sorted(logged) == [0, 1, 2, 3, 4]
     assert all(math.isfinite(r["train/loss"]) and r["train/loss"] > 5 for r in logged.values())
+
+
+def test_export_mistakes_are_one_line(tmp_path):
+    """`python -m gpt_tp.export` on a missing checkpoint, and onto a non-empty --out: one line each, exit code 2."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    ckpt = tmp_path / "nothing.ckpt"
+    for args, msg in (([str(ckpt), "--out", str(tmp_path / "x")], f"error: checkpoint folder {ckpt} does not exist"),
+                      ([str(ckpt), "--out", str(tmp_path / "out")], f"error: --out {tmp_path / 'out'} exists and is not an empty folder")):
+        proc = subprocess.run([sys.executable, "-m", "gpt_tp.export", *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.startswith(msg) and proc.stderr.count("\n") == 1, proc.stderr
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine" and not (tmp_path / "x").exists()
