@@ -159,10 +159,11 @@ def slurm(tmp_path_factory):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _submit(slurm: LocalSlurm, work: Path, *args: str, env: dict | None = None) -> str:
+def _submit(slurm: LocalSlurm, work: Path, *args: str, env: dict | None = None, sbatch: tuple[str, ...] = ()) -> str:
     env = {"GPT_TP_REPO": str(ROOT), "GPT_TP_PYTHON": sys.executable, "GPT_TP_CKPT_DIR": str(work / "ckpt"), **(env or {})}
     exports = "ALL," + ",".join(f"{k}={v}" for k, v in env.items())
-    out = slurm.run("sbatch", "--parsable", f"--chdir={work}", f"--export={exports}", str(ROOT / "scripts" / "slurm" / "cpu.sbatch"), *args)
+    out = slurm.run("sbatch", "--parsable", f"--chdir={work}", f"--export={exports}", *sbatch,
+                    str(ROOT / "scripts" / "slurm" / "cpu.sbatch"), *args)
     return out.stdout.strip().split(";")[0]
 
 
@@ -225,21 +226,27 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
     assert latest_checkpoint(str(tmp_path / "ckpt")) == path
 
 
-def test_scancel_sigterm_saves_at_a_step_and_ends(slurm, tmp_path):
-    """scancel without --signal sends SIGTERM (as the time limit does), then SIGKILL KillWait (15 s here) later.
-    Every rank saves at the same step boundary and exits 143 before the kill: the checkpoint is complete and holds
-    the step's weights, nothing is requeued, no task is killed."""
+@pytest.mark.parametrize("how", ["scancel", "time limit"])
+def test_sigterm_saves_at_a_step_and_ends(slurm, tmp_path, how):
+    """scancel without --signal, and the time limit, send SIGTERM, then SIGKILL KillWait (15 s here) later. Every
+    rank saves at the same step boundary and exits 143 before the kill: the checkpoint is complete and holds the
+    step's weights, nothing is requeued, no task is killed. The time-limit job is trained a while, then its limit
+    cut to 1 minute; its early warning signal is SIGURG (ignored), so only the limit's SIGTERM acts."""
     from gpt_tp.checkpoint import load_consolidated
 
-    job = _submit(slurm, tmp_path, env={"MAX_STEPS": "400"})
+    job = _submit(slurm, tmp_path, env={"MAX_STEPS": "400"}, sbatch=("--signal=URG@1",) if how == "time limit" else ())
     log_path = tmp_path / f"slurm-gpt_tp_cpu-{job}.out"
     _wait_for(lambda: log_path.exists() and "[gpt_tp] rank 0: step 3" in log_path.read_text(), 300, "step 3 of the job")
-    slurm.run("scancel", job)
-    _wait_for(lambda: slurm.job(job)["JobState"] not in ("RUNNING", "COMPLETING"), 60, f"job {job} to end")
+    if how == "scancel":
+        slurm.run("scancel", job)
+    else:
+        slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=1")
+    _wait_for(lambda: slurm.job(job)["JobState"] not in ("RUNNING", "COMPLETING"), 120, f"job {job} to end")
     _wait_for(lambda: slurm.run("squeue", "-h", "-t", "CG", "-j", job, check=False).stdout.strip() == "", 60, "the tasks to end")
     log = log_path.read_text()
     info = slurm.job(job)
-    assert info["JobState"] == "CANCELLED" and int(info.get("Restarts", "0")) == 0, info
+    assert info["JobState"] == ("CANCELLED" if how == "scancel" else "TIMEOUT"), (info, log[-4000:])
+    assert int(info.get("Restarts", "0")) == 0, info
     saved = re.findall(r"preemption signal \(SIGTERM\): saving (\S+) at step (\d+)", log)
     assert len(saved) == 1, log[-6000:]
     path, step = saved[0][0], int(saved[0][1])
