@@ -18,9 +18,10 @@ included.
   CheckpointError at once instead of waiting in a collective for the process-group timeout;
 - loading first checks the folder (complete, every shard file present, shapes equal to the model's) and
   fails with an error naming the files or parameters at fault; `meta.pt` is read with weights_only=True;
-- resuming keeps ModelCheckpoint's `last` name: a checkpoint saved before the first `last` link existed holds an
-  empty last_model_path, and Lightning would then write `last-v1.ckpt` beside the `last.ckpt` of the very run it
-  continues, leaving `last.ckpt` on the old step for good;
+- resuming continues ModelCheckpoint where the saved run left it. A checkpoint saved before the first `last`
+  link existed holds an empty last_model_path, and Lightning would then write `last-v1.ckpt` beside the
+  `last.ckpt` of the very run it continues, leaving `last.ckpt` on the old step for good; and with gradient
+  accumulation it would save the loaded step again after the first micro-batch, mid-accumulation;
 - TP=1 x DP=1 (plain tensors, one device) loads DCP checkpoints too.
 """
 
@@ -148,15 +149,21 @@ def _publish(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _keep_last_name(callbacks: list, checkpoint: dict) -> None:
-    """Give ModelCheckpoint back its `last` name when resuming in its own folder (see the module doc): a saved
-    state with an empty last_model_path gets `<dirpath>/last.ckpt` (the callback's unversioned last name)."""
+def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
+    """A resumed run's ModelCheckpoint callbacks carry on the saved run's (see the module doc): the loaded step
+    counts as saved, and a saved state with an empty last_model_path gets `<dirpath>/last.ckpt` (the callback's
+    unversioned last name) when resuming in the same folder."""
     states = checkpoint.get("callbacks") or {}
     for cb in callbacks:
+        if not isinstance(cb, ModelCheckpoint):
+            continue
+        # Lightning does not restore this: with gradient accumulation, the micro-batches after the resume still see
+        # the loaded global step and would save it again mid-accumulation, as `<step>-v1.ckpt`
+        cb._last_global_step_saved = checkpoint.get("global_step", cb._last_global_step_saved)
         state = states.get(cb.state_key)
         if (
-            isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath and "{" not in cb.CHECKPOINT_NAME_LAST
-            and isinstance(state, dict) and not state.get("last_model_path") and state.get("dirpath") == cb.dirpath
+            cb.save_last and cb.dirpath and "{" not in cb.CHECKPOINT_NAME_LAST and isinstance(state, dict)
+            and not state.get("last_model_path") and state.get("dirpath") == cb.dirpath
         ):
             state["last_model_path"] = cb.format_checkpoint_name({}, cb.CHECKPOINT_NAME_LAST)
 
@@ -201,7 +208,7 @@ class ModelParallel(ModelParallelStrategy):
             checkpoint = super().load_checkpoint(path, weights_only=True)
         else:
             checkpoint = self._load_plain(path)
-        _keep_last_name(self.lightning_module.trainer.checkpoint_callbacks, checkpoint)
+        _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint)
         return checkpoint
 
     def _load_plain(self, path: Path) -> dict:

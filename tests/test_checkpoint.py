@@ -99,9 +99,9 @@ def test_checkpoint_of_another_model_size_is_refused(straight, tmp_path):
 def test_kill_mid_save_then_resume_is_exact_with_dropout_and_accumulation(tmp_path):
     """TP=2 with dropout 0.1 and accumulate_grad_batches=2, SIGKILL inside the step-4 save: step 2 stays intact and
     is what 'last' resumes. The resumed run is bit-identical to an uninterrupted one (a wrong RNG restore changes
-    the dropout masks, a wrong data position under accumulation the batches), and 'last.ckpt' follows it: step 6,
-    with no 'last-v1.ckpt' beside it."""
-    args = ("--tp", "2", "--steps", "6", "--dropout", "0.1", "--accum", "2")
+    the dropout masks, a wrong data position under accumulation the batches), and 'last.ckpt' follows it to step 6,
+    with no 'last-v1.ckpt' beside it (every checkpoint is kept, so a stale 'last.ckpt' would still point at step 2)."""
+    args = ("--tp", "2", "--steps", "6", "--dropout", "0.1", "--accum", "2", "--save-top-k", "-1")
     straight, _ = fit(tmp_path, "straight", 2, *args)
     assert sorted(straight) == list(range(1, 7))
     ckpt_dir = tmp_path / "ckpt"
@@ -116,7 +116,7 @@ def test_kill_mid_save_then_resume_is_exact_with_dropout_and_accumulation(tmp_pa
     run_torchrun("ckpt_fit.py", 2, *args, "--ckpt-dir", str(ckpt_dir), "--resume", "last", "--out", out)
     resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
     assert resumed == {k: straight[k] for k in range(3, 7)}
-    assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt", "step0004.ckpt", "step0006.ckpt"]
+    assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt", "step0002.ckpt", "step0004.ckpt", "step0006.ckpt"]
     assert os.readlink(ckpt_dir / "last.ckpt") == "step0006.ckpt"
 
 

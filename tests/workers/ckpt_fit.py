@@ -86,6 +86,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--accum", type=int, default=1, help="trainer.accumulate_grad_batches")
     ap.add_argument("--save-last", choices=["link", "copy"], default="link")
+    ap.add_argument("--save-top-k", type=int, default=2)
     ap.add_argument("--no-version-counter", action="store_true", help="a rerun saves over the same step names")
     ap.add_argument("--die-on-save", type=int, default=0)
     ap.add_argument("--die-on-aside", type=int, default=0)
@@ -101,7 +102,7 @@ def main():
     world = args.tp * args.dp
     ckpt = ModelCheckpoint(
         dirpath=args.ckpt_dir, filename="step{step:04d}", auto_insert_metric_name=False, every_n_train_steps=2,
-        save_top_k=2, monitor="step", mode="max", save_last="link" if args.save_last == "link" else True,
+        save_top_k=args.save_top_k, monitor="step", mode="max", save_last="link" if args.save_last == "link" else True,
         enable_version_counter=not args.no_version_counter,
     )
     trainer = L.Trainer(
