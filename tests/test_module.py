@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins import MixedPrecision
 
 from gpt_tp.errors import UserError
+from gpt_tp.model import GPTConfig
 from gpt_tp.module import GPTModule
 from gpt_tp.optim import get_lr
 from gpt_tp.synthetic import SyntheticDataModule
@@ -103,25 +104,26 @@ def _fp16_fit(steps, init_scale=None):
     L.seed_everything(3, verbose=False)
     plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=init_scale))] if init_scale else []
     t = trainer(steps, callbacks=[rec := ScaleRecord()], plugins=plugins)
-    t.fit(GPTModule("tiny", max_lr=3e-3, warmup_steps=1, max_steps=steps, total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
+    model = GPTModule(GPTConfig.from_name("tiny", vocab_size=1024), max_lr=3e-3, warmup_steps=1, max_steps=steps, total_batch_size=None)
+    t.fit(model, SyntheticDataModule(batch_size=2, seq_len=32, vocab=1024))
     return t, rec.rows
 
 
 def test_fp16_trains_with_its_gradient_scaler():
     """A step the scaler skips (scaled gradients overflow fp16) is no failure: the weights stay, the scale halves,
     and the next steps train. The clipped, logged norm is the unscaled one: fp16 follows fp32."""
-    t, rows = _fp16_fit(8, init_scale=2.0**22)  # overflows for the first steps
+    t, rows = _fp16_fit(6, init_scale=2.0**20)  # overflows for the first steps
     skipped = [i for i, r in enumerate(rows) if not math.isfinite(r[2])]
-    assert skipped and skipped == list(range(len(skipped))) and len(skipped) < 6, [r[:3] for r in rows]
+    assert skipped and skipped == list(range(len(skipped))) and len(skipped) < 5, [r[:3] for r in rows]
     for i in skipped[1:]:
         assert torch.equal(rows[i][3], rows[0][3]) and rows[i][0] == rows[i - 1][0] / 2
     assert not torch.equal(rows[-1][3], rows[0][3])  # the steps after the skips moved the weights
     assert t.optimizers[0].defaults["fused"] is False  # Lightning unscales before clipping only for non-fused AdamW
-    _, fp32 = _fp16_fit(6)
-    _, fp16 = _fp16_fit(6, init_scale=2.0**10)  # no overflow
-    assert [r[2] for r in fp16] == pytest.approx([r[2] for r in fp32], rel=2e-2)
-    assert [r[1] for r in fp16] == pytest.approx([r[1] for r in fp32], rel=1e-3)
-    assert fp16[-1][1] < fp16[0][1]
+    _, fp32 = _fp16_fit(4)
+    _, fp16 = _fp16_fit(4, init_scale=2.0**10)  # no overflow
+    assert [r[2] for r in fp16] == pytest.approx([r[2] for r in fp32], rel=1e-3)  # measured: 2e-4
+    assert [r[1] for r in fp16] == pytest.approx([r[1] for r in fp32], rel=1e-4)  # measured: 2e-5
+    assert fp16[-1][1] < fp16[0][1] and fp32[-1][1] < fp32[0][1]
 
 
 def test_fp16_refuses_fused_adamw():
