@@ -15,6 +15,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
+from gpt_tp.checkpoint import recover_interrupted_saves
 from gpt_tp.data import GPTDataModule, find_shards
 from gpt_tp.entry import run
 from gpt_tp.errors import UserError
@@ -118,6 +119,9 @@ class GPTCLI(LightningCLI):
         if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
             raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
         ckpt = cfg.get("ckpt_path")
+        folders = {cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
+        for folder in folders | ({os.path.dirname(os.path.abspath(ckpt))} if ckpt and ckpt not in CKPT_ALIASES else set()):
+            recover_interrupted_saves(folder)  # a save killed while overwriting a name: its `.old` folder back first
         if ckpt is not None and ckpt not in CKPT_ALIASES and not os.path.exists(ckpt):
             raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
         return dp

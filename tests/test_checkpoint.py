@@ -156,6 +156,20 @@ def test_failed_fsync_stops_every_rank_at_once(tmp_path):
     assert sorted(os.listdir(ckpt_dir)) == ["step0002.ckpt.partial"]
 
 
+def test_cli_puts_a_moved_aside_checkpoint_back_first(tmp_path):
+    """`cli.py fit --ckpt_path X` when a kill left only `X.old`: the CLI's checks put X back before testing that it
+    exists, so the run goes on to load it (here a stand-in folder, refused for its content, not as missing)."""
+    aside = tmp_path / "step0004.ckpt.old"
+    aside.mkdir()
+    (aside / "meta.pt").write_bytes(b"x")
+    cmd = [sys.executable, "cli.py", "fit", "--config", "configs/cpu.yaml", "--trainer.devices", "1", "--trainer.logger", "false",
+           "--trainer.strategy.init_args.tensor_parallel_size", "1", "--ckpt_path", str(tmp_path / "step0004.ckpt")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2
+    assert f"error: {tmp_path}/step0004.ckpt is not a complete distributed checkpoint: .metadata missing" in proc.stderr.splitlines()
+    assert sorted(os.listdir(tmp_path)) == ["step0004.ckpt"]
+
+
 def test_recover_interrupted_saves(tmp_path):
     """A name moved aside whose replacement never arrived comes back; leftovers go only with clean."""
     for d in ("a.ckpt.old", "b.ckpt", "b.ckpt.old", "c.ckpt.partial"):
