@@ -38,7 +38,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from gpt_tp.collective import one_does
-from gpt_tp.data import resolve_data_dir
+from gpt_tp.data import check_token_ids, resolve_data_dir
 from gpt_tp.errors import UserError
 from gpt_tp.tokenizer import get_encoding
 
@@ -270,7 +270,8 @@ def evaluate(
     This DP rank scores examples dp_rank, dp_rank + dp, ... in batches of `batch_size` examples (4 rows each);
     counts are summed over dp_group (None: the default group) when dp_size > 1. Rows are padded to a multiple of
     lcm(tp, pad_to). Logits of ids >= vocab_limit are masked (-1: the tokenizer's size, 50257; None: keep all).
-    Call it on every rank of the job: all take part in every forward's collectives.
+    Every token id must have an embedding row (gpt_tp.data.check_token_ids against the model's vocab_size, where
+    it has a config). Call it on every rank of the job: all take part in every forward's collectives.
     Returns {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"} (the totals are global), plus
     "examples" (this rank's per-example index, label, sum/mean losses, pred, pred_norm) with details=True.
     """
@@ -278,6 +279,7 @@ def evaluate(
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     enc = enc or get_encoding()
     vocab_limit = enc.n_vocab if vocab_limit == -1 else vocab_limit
+    vocab_size = getattr(config_of(model), "vocab_size", enc.n_vocab)
     multiple = math.lcm(tp, pad_to)
     max_len = block_size - block_size % tp  # sequence parallelism: T % tp == 0
     mine = list(range(dp_rank, len(examples), dp_size))
@@ -292,6 +294,8 @@ def evaluate(
         rows, masks, labels, cuts = [], [], [], []
         for i in idx:
             r, m, label = render_example(examples[i], enc)
+            for k, row in enumerate(r):
+                check_token_ids(row, vocab_size, f"HellaSwag example {i}, ending {k}")
             r, m, cut = fit_rows(r, m, max_len)
             rows += r
             masks += m
@@ -390,7 +394,7 @@ class HellaSwagCallback(Callback):
         self._last_step = -1
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage != "fit" or self.examples is not None:
+        if stage not in ("fit", "validate") or self.examples is not None:
             return
         # one process per node downloads (the cache dir may be node-local); a failure ends every rank with it
         one_does(lambda: resolve_path(self.path, self.cache_dir), doer=trainer.local_rank == 0)
@@ -425,6 +429,11 @@ class HellaSwagCallback(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_step != self._last_step:
+            self.run(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        """`python cli.py validate` evaluates HellaSwag beside the val loss (fit's validations leave it to every_n_steps)."""
+        if trainer.state.fn == "validate":
             self.run(trainer, pl_module)
 
 

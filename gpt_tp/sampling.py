@@ -18,7 +18,8 @@ from lightning.pytorch.callbacks import Callback
 from torch.distributed.tensor import DTensor, Shard
 
 from gpt_tp.collective import one_does
-from gpt_tp.hellaswag import block_size_of, parallel_layout
+from gpt_tp.data import check_token_ids
+from gpt_tp.hellaswag import block_size_of, config_of, parallel_layout
 
 PROMPT = "Hello, I'm a language model,"
 
@@ -50,9 +51,13 @@ def generate(
 ) -> torch.Tensor:
     """Extend `prompt` (token ids) to max_length tokens, num_samples times: softmax, top-k, multinomial with a
     generator seeded with `seed` (build-nanogpt's loop). Token ids >= vocab_limit (the padded vocabulary rows)
-    are never drawn. Returns (num_samples, max_length) token ids. Call on every rank of the job."""
+    are never drawn. Every prompt id must be below the model's vocab_size (where it has a config) and vocab_limit
+    (gpt_tp.data.check_token_ids). Returns (num_samples, max_length) token ids. Call on every rank of the job."""
     if not prompt:
         raise ValueError("the prompt encodes to no tokens: give a non-empty prompt")
+    limits = [v for v in (getattr(config_of(model), "vocab_size", None), vocab_limit) if v is not None]
+    if limits:
+        check_token_ids(torch.tensor(prompt), min(limits), "the sampling prompt")
     if max_length <= len(prompt):
         raise ValueError(f"max_length={max_length} must exceed the prompt's {len(prompt)} tokens")
     device = torch.device(device)

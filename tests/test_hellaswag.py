@@ -9,6 +9,7 @@ import torch
 
 from conftest import ROOT, read_json, run_torchrun
 from gpt_tp import hellaswag as hs
+from gpt_tp.data import DataError
 from gpt_tp.model import GPT, GPTConfig, hf_config_dict, to_hf_state_dict
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"
@@ -309,6 +310,17 @@ def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: 1 malformed") and "Traceback" not in err
     assert f"{bad}:1: 'label' must be an integer 0-3, got 9" in err
+
+
+def test_token_ids_outside_the_model_vocabulary(tiny, enc):
+    """A model whose vocabulary is smaller than the tokenizer's: the first HellaSwag token it has no row for is
+    named (example, ending, position, id) before any forward."""
+    small = GPT(GPTConfig(**{**vars(tiny.config), "vocab_size": 256})).eval()
+    ex = hs.read_examples(FIXTURE)[:2]
+    ids = hs.render_example(ex[0], enc)[0][0]
+    pos = next(i for i, t in enumerate(ids) if t >= 256)
+    with pytest.raises(DataError, match=rf"^HellaSwag example 0, ending 0: token id {ids[pos]} at position {pos} is outside the model's vocabulary \(0..255\)"):
+        hs.evaluate(small, ex, block_size=128, enc=enc)
 
 
 def test_callback_arguments_checked():

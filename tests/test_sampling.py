@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import read_json, run_torchrun
+from gpt_tp.data import DataError
 from gpt_tp.hellaswag import get_encoding
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.sampling import PROMPT, TextSampleCallback, generate, last_logits, sample_texts
@@ -62,6 +63,12 @@ def test_bad_arguments():
         generate(lambda x: x, [], max_length=3)
     with pytest.raises(ValueError, match="every_n_steps=-2"):
         TextSampleCallback(every_n_steps=-2)
+
+
+def test_prompt_ids_checked_against_the_vocabulary():
+    """A prompt id the model has no row for (or one the sampler would never draw) is named before any forward."""
+    with pytest.raises(DataError, match=r"^the sampling prompt: token id 75 at position 2 is outside the model's vocabulary \(0..59\)"):
+        generate(lambda x: 1 / 0, [1, 2, 75], max_length=8, vocab_limit=60)
 
 
 def test_last_logits_plain():
