@@ -23,7 +23,7 @@ from gpt_tp.model import GPTConfig
 from gpt_tp.module import GPTModule, check_total_batch
 from gpt_tp.parallel import LayoutError, validate_layout
 from gpt_tp.planner import detect_device_memory_gib, resolve_layout
-from gpt_tp.predict import prompt_batches, read_prompts, write_predictions
+from gpt_tp.predict import PromptBatches, read_prompts, write_predictions
 from gpt_tp.progress import StepProgressBar
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
@@ -44,12 +44,12 @@ def model_config(cfg) -> GPTConfig:
 
 class GPTTrainer(Trainer):
     def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions=None, ckpt_path=None, *,
-                prompt: list[str] | None = None, prompts_file: str | None = None, output: str | None = None,
+                prompt: list[str] | str | None = None, prompts_file: str | None = None, output: str | None = None,
                 max_new_tokens: int = 32, num_samples: int = 1, top_k: int = 50, seed: int = 42):
         """Continue prompts with the model and print them (rank 0); --output FILE also writes them as JSON lines.
 
         Args:
-            prompt: a prompt to continue (repeat the flag for several); default: the text sampler's prompt.
+            prompt: a prompt to continue, or a JSON list of them ('["To be", "ROMEO:"]'); default: the text sampler's prompt.
             prompts_file: a text file with one prompt a line, after any --prompt.
             output: also write {"prompt", "sample", "text"} JSON lines to this file (rank 0).
             max_new_tokens: tokens to add to each prompt (fewer where the model's block_size ends first).
@@ -61,7 +61,8 @@ class GPTTrainer(Trainer):
             if max_new_tokens < 1 or num_samples < 1 or top_k < 1:
                 raise UserError(f"--max_new_tokens={max_new_tokens}, --num_samples={num_samples} and --top_k={top_k} must be >= 1")
             settings = {"max_new_tokens": max_new_tokens, "num_samples": num_samples, "top_k": top_k, "seed": seed}
-            dataloaders = prompt_batches(read_prompts(prompt, prompts_file), **settings)
+            prompts = read_prompts([prompt] if isinstance(prompt, str) else prompt, prompts_file)
+            dataloaders = PromptBatches(prompts, **settings)
         out = super().predict(model, dataloaders, None, True if return_predictions is None else return_predictions, ckpt_path)
         if out is not None and self.global_rank == 0:
             write_predictions([row for batch in out for row in batch], output)

@@ -28,9 +28,18 @@ def read_prompts(prompt: list[str] | None = None, prompts_file: str | None = Non
     return prompts or [PROMPT]
 
 
-def prompt_batches(prompts: list[str], **settings) -> list[dict]:
-    """One batch a prompt, as a plain list: Lightning adds no distributed sampler, so every rank sees every prompt."""
-    return [{"prompt": p, **settings} for p in prompts]
+class PromptBatches:
+    """One batch a prompt. A plain iterable, not a DataLoader: Lightning adds no distributed sampler, so every rank
+    sees every prompt (and not a list, which Lightning would take as one loader per element)."""
+
+    def __init__(self, prompts: list[str], **settings):
+        self.batches = [{"prompt": p, **settings} for p in prompts]
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 def continue_prompt(pl_module, batch: dict) -> list[dict]:

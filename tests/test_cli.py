@@ -114,8 +114,8 @@ data:
 
 
 def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
-    """validate reports val loss and HellaSwag from a checkpoint under two layouts; predict continues prompts at TP=2
-    with the same text as one process."""
+    """validate reports val loss and HellaSwag from a TP=2 checkpoint at TP=2 and on one process, with the same val
+    loss; predict continues prompts at TP=2 with the same text as one process."""
     ckpt = tmp_path / "ckpt"
     fit = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.max_steps", "4",
               "--data.val_batches", "0", "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
@@ -124,7 +124,7 @@ def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
     hellaswag = ("--trainer.callbacks", "gpt_tp.hellaswag.HellaSwagCallback", "--trainer.callbacks.path", "tests/fixtures/hellaswag_small.jsonl")
     val_losses = []
     for layout in (("--trainer.strategy.init_args.tensor_parallel_size", "2"),
-                   ("--trainer.strategy.init_args.tensor_parallel_size", "1", "--trainer.strategy.init_args.data_parallel_size", "2")):
+                   ("--trainer.strategy.init_args.tensor_parallel_size", "1", "--trainer.devices", "1")):
         proc = cli("validate", "--config", "configs/cpu.yaml", "--trainer.logger", "false", *hellaswag, *layout,
                    "--ckpt_path", str(ckpt / "last.ckpt"))
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,7 +137,7 @@ def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
         out_file = tmp_path / f"pred{tp}.jsonl"
         proc = cli("predict", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.callbacks", "[]",
                    "--trainer.devices", devices, "--trainer.strategy.init_args.tensor_parallel_size", tp,
-                   "--ckpt_path", str(ckpt / "last.ckpt"), "--prompt", "To be, or not to be", "--prompt", "ROMEO:",
+                   "--ckpt_path", str(ckpt / "last.ckpt"), "--prompt", '["To be, or not to be", "ROMEO:"]',
                    "--num_samples", "2", "--max_new_tokens", "12", "--output", str(out_file))
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows = [json.loads(line) for line in out_file.read_text().splitlines()]
