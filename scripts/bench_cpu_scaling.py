@@ -178,4 +178,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpt_tp.entry import run
+
+    run(main)  # ends the process group before exit

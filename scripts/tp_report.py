@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from gpt_tp.audit import megatron_sp_minimum, state_bytes, step_collectives
+from gpt_tp.entry import run
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.optim import make_adamw
 from gpt_tp.parallel import parallelize
@@ -67,4 +68,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)  # ends the process group before exit (gpt_tp.entry)
