@@ -12,7 +12,6 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gpt_tp.errors import UserError
-from gpt_tp.errors import UserError
 from gpt_tp.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.optim import get_lr, make_adamw
@@ -71,7 +70,8 @@ class GPTModule(L.LightningModule):
             max_lr, min_lr, warmup_steps, max_steps: the warmup + cosine schedule, per optimizer step.
             weight_decay: applied to >= 2-D parameters only.
             betas, eps: AdamW's.
-            fused: fused AdamW; None picks it where the device supports it.
+            fused: fused AdamW; None picks it where the device supports it, except under 16-mixed (Lightning unscales
+                fp16 gradients before clipping only for a non-fused optimizer; true is refused there).
             total_batch_size: tokens per optimizer step; checked against data.batch_size x data.seq_len x
                 data-parallel size x trainer.accumulate_grad_batches. None skips the check.
             compile: torch.compile each block (applied after TP, before FSDP2).
