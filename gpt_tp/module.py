@@ -15,7 +15,9 @@ from gpt_tp.errors import UserError
 from gpt_tp.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.optim import get_lr, make_adamw
-from gpt_tp.parallel import clip_grad_norm, data_parallel_rank_size, enable_async_tp, materialize, parallelize, validate_layout
+from gpt_tp.parallel import (
+    check_ac_mode, clip_grad_norm, data_parallel_rank_size, enable_async_tp, materialize, parallelize, validate_layout,
+)
 
 # dense bf16 peak FLOP/s per device, for MFU; matched against torch.cuda.get_device_name()
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "3090": 71e12, "4090": 165e12, "A6000": 155e12}
@@ -63,6 +65,7 @@ class GPTModule(L.LightningModule):
         meta_init: bool = False,
         init_from: str | None = None,
         peak_flops: float | None = None,
+        activation_checkpointing: str = "none",
     ):
         """
         Args:
@@ -81,8 +84,12 @@ class GPTModule(L.LightningModule):
                 models that do not fit one device (the same numbers as the single-device init).
             init_from: a local Hugging Face GPT-2 directory (config.json + model.safetensors) to start from.
             peak_flops: the device's peak FLOP/s for MFU; None detects known GPUs (MFU is NaN on CPU).
+            activation_checkpointing: per block, "none", "full" (keep the block input, recompute the block in
+                backward) or "selective" (keep matmul and attention outputs, recompute the rest); applied after TP,
+                before compile and FSDP2 (gpt_tp.parallel.apply_ac). The same losses and gradients in every mode.
         """
         super().__init__()
+        check_ac_mode(activation_checkpointing)
         self.save_hyperparameters()
         config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
         hf_state = None
@@ -112,7 +119,8 @@ class GPTModule(L.LightningModule):
                 raise UserError("model.async_tp needs a tensor-parallel run (ModelParallelStrategy, TP > 1)")
             enable_async_tp(self.device_mesh["tensor_parallel"])
         param_dtype = torch.bfloat16 if str(self.trainer.precision) == "bf16-mixed" else None  # FSDP2's gathers
-        parallelize(self.model, self.device_mesh, compile=self.hparams.compile, param_dtype=param_dtype)
+        parallelize(self.model, self.device_mesh, compile=self.hparams.compile, param_dtype=param_dtype,
+                    activation_checkpointing=self.hparams.activation_checkpointing)
         materialize(self.model, self.device)
 
     def _lr(self, step: int) -> float:

@@ -1,4 +1,4 @@
-"""The tensor-parallel plan for gpt_tp.model.GPT, and how it is applied: TP -> compile -> FSDP2.
+"""The tensor-parallel plan for gpt_tp.model.GPT, and how it is applied: TP -> activation checkpointing -> compile -> FSDP2.
 
 Megatron-style tensor parallelism with sequence parallelism on the mesh's "tensor_parallel" dim:
 between blocks the residual stream is split along the sequence (Shard(1), a plain local tensor of shape
@@ -13,6 +13,7 @@ The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks u
 """
 
 import warnings
+from functools import partial
 from math import gcd
 
 import torch
@@ -28,6 +29,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, GPTConfig
@@ -172,11 +174,55 @@ def is_parallelized(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False, param_dtype: torch.dtype | None = None) -> GPT:
-    """Apply TP (on mesh["tensor_parallel"]), then torch.compile per block, then FSDP2 (on mesh["data_parallel"]).
+AC_MODES = ("none", "full", "selective")
 
-    The fixed order matters: compile must see the TP-annotated blocks, and FSDP2 wraps the compiled blocks and
-    composes with the TP DTensors into one 2-D (dp, tp) mesh. mesh=None (one device) only compiles.
+# selective activation checkpointing keeps the outputs of these ops (the matmuls and attention, whose recomputation
+# costs the FLOPs) and recomputes everything else in the block (LayerNorms, GELU, adds, casts, TP collectives)
+_AC_SAVE = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _selective_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if func in _AC_SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def check_ac_mode(mode: str) -> None:
+    if mode not in AC_MODES:
+        raise UserError(f"model.activation_checkpointing={mode!r}: use one of {', '.join(AC_MODES)}")
+
+
+def apply_ac(model: GPT, mode: str) -> None:
+    """Activation checkpointing per block (torch.utils.checkpoint, non-reentrant). "full": a block keeps only its
+    input and reruns its whole forward in backward; "selective": a block keeps its matmul and attention outputs
+    and reruns the rest; "none": nothing changes. Each block's forward is wrapped in place, so parameter names
+    (checkpoints, exports) are the same in every mode. Blocks already wrapped are left as they are."""
+    check_ac_mode(mode)
+    if mode == "none":
+        return
+    context_fn = partial(create_selective_checkpoint_contexts, _selective_policy) if mode == "selective" else noop_context_fn
+    for block in model.transformer.h:
+        if getattr(block, "ac_mode", None) is None:
+            block.forward = partial(checkpoint, block.forward, use_reentrant=False, context_fn=context_fn)
+            block.ac_mode = mode
+
+
+def parallelize(
+    model: GPT, mesh: DeviceMesh | None, compile: bool = False, param_dtype: torch.dtype | None = None,
+    activation_checkpointing: str = "none",
+) -> GPT:
+    """Apply TP (on mesh["tensor_parallel"]), then activation checkpointing per block, then torch.compile per block,
+    then FSDP2 (on mesh["data_parallel"]).
+
+    The fixed order matters: checkpointing wraps the TP-annotated blocks, so recomputation replays their
+    collectives; compile must see the TP-annotated (and checkpointed) blocks; FSDP2 wraps the compiled blocks,
+    gathers a block's weights again before its backward (and so before its recomputation), and composes with the
+    TP DTensors into one 2-D (dp, tp) mesh. mesh=None (one device) only checkpoints and compiles.
     param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and reduce-scatters gradients in float32.
     Idempotent: an already-parallelized model is left as is.
     """
@@ -193,12 +239,15 @@ def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False, para
         parallelize_module(model, tp_mesh, TP_PLAN)
         model.tie_weights()
 
-    # 2. torch.compile each block in place (keeps parameter names free of _orig_mod).
+    # 2. Activation checkpointing, each block's forward wrapped in place (apply_ac).
+    apply_ac(model, activation_checkpointing)
+
+    # 3. torch.compile each block in place (keeps parameter names free of _orig_mod).
     if compile:
         for block in model.transformer.h:
             block.compile()
 
-    # 3. FSDP2 over the data-parallel dim: each block is a unit, the root takes embeddings, ln_f and lm_head.
+    # 4. FSDP2 over the data-parallel dim: each block is a unit, the root takes embeddings, ln_f and lm_head.
     if dp_size > 1:
         dp_mesh = mesh["data_parallel"]
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()

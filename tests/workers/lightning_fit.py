@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--meta", action="store_true", help="GPTModule(meta_init=True)")
     ap.add_argument("--init-module", action="store_true", help="build under trainer.init_module(empty_init=True)")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--ac", default="none", help="GPTModule(activation_checkpointing=...)")
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--val-batches", type=int, default=0, help="validate this many batches after the last step")
@@ -70,6 +71,7 @@ def main():
         model = GPTModule(
             "tiny", max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=args.steps,
             total_batch_size=global_batch * T * args.accum, meta_init=args.meta, compile=args.compile,
+            activation_checkpointing=args.ac,
         )
     assert not args.init_module or all(p.is_meta for p in model.parameters())
     data = SyntheticDataModule(batch_size=B, seq_len=T, vocab=1024, seed=7)
