@@ -1,5 +1,5 @@
-"""No rank waits on a failed peer: what one rank does for all (a HellaSwag download, samples.txt, the metrics it
-logs) shares its failure with every rank (gpt_tp.collective.one_does), which all exit with that error.
+"""No rank waits on a failed peer: what one rank does for all (a HellaSwag download, samples.txt and its folder)
+shares its failure with every rank (gpt_tp.collective.one_does), which all exit with that error.
 
 Each test starts the ranks of a TP=2 job as separate processes (the environment torchrun would give them, without
 torchrun, which would end the survivors itself) and injects one failure on rank 0's side. Every process must exit
@@ -91,8 +91,8 @@ def test_hellaswag_callback_download_failure_ends_every_rank(tmp_path):
 
 def test_sample_writing_failure_ends_every_rank(tmp_path):
     """Rank 0 cannot append samples.txt (a folder has its name) at step 2: both ranks exit with its error."""
-    codes, out, spread = run_ranks(tmp_path, [str(WORKERS / "hellaswag_fit.py"), "--out", str(tmp_path / "fit"), "--break-samples"])
-    assert_all_exit_with(codes, out, spread, "IsADirectoryError: [Errno 21] Is a directory:")
+    codes, out, spread = run_ranks(tmp_path, [str(WORKERS / "hellaswag_fit.py"), "--out", str(tmp_path / "fit"), "--break", "samples.txt"])
+    assert_all_exit_with(codes, out, spread, f"IsADirectoryError: [Errno 21] Is a directory: '{tmp_path}/fit_logs/run/version_0/samples.txt'")
     assert "step 2: HellaSwag acc_norm" in out[0]  # it failed where intended: after the step-2 evaluation
 
 

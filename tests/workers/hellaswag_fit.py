@@ -4,7 +4,7 @@ TextSampleCallback attached, then a single-device check of the final weights on 
 Writes <out>.json on rank 0: each rank's callback history (gathered), the logged callback_metrics, the CSV logger's
 metrics.csv path, and the single-device HellaSwag result and text samples of the gathered final weights.
 Failure injection (tests/test_rank_failures.py): --hellaswag-cache DIR downloads HellaSwag into DIR instead of using
-the fixture; --break-samples puts a folder where rank 0 appends samples.txt.
+the fixture; --break NAME puts a folder where rank 0 writes the log dir's file NAME (e.g. samples.txt).
 """
 
 import argparse
@@ -34,10 +34,10 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--out", required=True)
     ap.add_argument("--hellaswag-cache", help="download HellaSwag into this folder (no --path)")
-    ap.add_argument("--break-samples", action="store_true", help="a folder named samples.txt in the log dir")
+    ap.add_argument("--break", dest="broken", help="a folder of this name in the log dir, where a file belongs")
     args = ap.parse_args()
-    if args.break_samples:  # the CSV logger's version_0 folder, as below
-        (Path(args.out + "_logs") / "run" / "version_0" / "samples.txt").mkdir(parents=True, exist_ok=True)
+    if args.broken:  # the CSV logger's version_0 folder, as below
+        (Path(args.out + "_logs") / "run" / "version_0" / args.broken).mkdir(parents=True, exist_ok=True)
     source = dict(path=None, cache_dir=args.hellaswag_cache) if args.hellaswag_cache else dict(path=str(FIXTURE))
     hs = HellaSwagCallback(every_n_steps=2, batch_size=4, **source)
     ts = TextSampleCallback(every_n_steps=2, num_samples=2, max_length=16, seed=3)
