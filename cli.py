@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gpt_tp.checkpoint import recover_interrupted_saves
+from gpt_tp.collective import one_does
 from gpt_tp.data import GPTDataModule, find_shards
 from gpt_tp.entry import run
 from gpt_tp.errors import UserError
@@ -64,8 +65,8 @@ class GPTTrainer(Trainer):
             prompts = read_prompts([prompt] if isinstance(prompt, str) else prompt, prompts_file)
             dataloaders = PromptBatches(prompts, **settings)
         out = super().predict(model, dataloaders, None, True if return_predictions is None else return_predictions, ckpt_path)
-        if out is not None and self.global_rank == 0:
-            write_predictions([row for batch in out for row in batch], output)
+        if out is not None:  # rank 0 writes; a failure there ends every rank with it
+            one_does(lambda: write_predictions([row for batch in out for row in batch], output))
         return out
 
 

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 
+from gpt_tp.collective import one_does
 from gpt_tp.errors import UserError
 
 if TYPE_CHECKING:
@@ -172,23 +173,18 @@ class ModelParallel(ModelParallelStrategy):
     """ModelParallelStrategy with crash-safe saves, checked loads, and single-device loading (see module doc)."""
 
     def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:
-        """Run `action` here, then share its outcome: if it failed on any rank, every rank raises the same
-        CheckpointError (an error that is not an OSError is a bug and is re-raised with its traceback where it
-        happened). Also a barrier."""
-        error, message = None, None
-        try:
-            action()
-        except Exception as e:  # noqa: BLE001 - shared with every rank, then raised
-            error, message = e, f"{what} failed on rank {self.global_rank}: {type(e).__name__}: {e}"
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            messages = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(messages, message)
-            message = next((m for m in messages if m), None)
-        if message is None:
-            return
-        if error is not None and not isinstance(error, OSError):
-            raise error
-        raise CheckpointError(message + "; fix the storage (space, permissions) and resume from the last checkpoint")
+        """Run `action` on every rank, then share its outcome (gpt_tp.collective.one_does): if it failed on any
+        rank, every rank raises the same error, a storage error (OSError) as a CheckpointError. Also a barrier."""
+        rank = self.global_rank
+
+        def act() -> None:
+            try:
+                action()
+            except OSError as e:
+                raise CheckpointError(f"{what} failed on rank {rank}: {type(e).__name__}: {e}; fix the storage (space, "
+                                      "permissions) and resume from the last checkpoint") from e
+
+        one_does(act, doer=True)
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
         if not self._save_distributed_checkpoint:
