@@ -79,6 +79,11 @@ class GPTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """`auto` data/tensor-parallel sizes: the planner picks the smallest TP that fits the device memory."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
+        strategy = str(getattr(cfg.trainer.strategy, "class_path", cfg.trainer.strategy))
+        if str(cfg.trainer.precision).startswith("16") and "ModelParallel" in strategy:
+            raise UserError(f"trainer.precision={cfg.trainer.precision}: ModelParallelStrategy has no fp16 gradient scaler for "
+                            "tensor-parallel/FSDP2 parameters; use trainer.precision=bf16-mixed (fp16 with its scaler "
+                            "trains under --trainer.strategy ddp or on one device)")
         init = getattr(cfg.trainer.strategy, "init_args", None) if cfg is not None else None
         if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             return

@@ -51,8 +51,10 @@ def one_error_line(proc) -> str:
         (["--model.init_from", "no/such/hf"], "no/such/hf/config.json not found"),
         (["--ckpt_path", "no/such/ckpt"], "--ckpt_path no/such/ckpt: no such checkpoint"),
         (["--model.async_tp", "true", "--model.compile", "true"], "async TP needs CUDA GPUs"),
+        (["--trainer.precision", "16-mixed"], "trainer.precision=16-mixed: ModelParallelStrategy has no fp16 gradient scaler"),
     ],
-    ids=["world-size", "heads", "total-batch", "seq-len-split", "seq-len-block", "data-dir", "model-size", "init-from", "ckpt-path", "async-tp-on-cpu"],
+    ids=["world-size", "heads", "total-batch", "seq-len-split", "seq-len-block", "data-dir", "model-size", "init-from", "ckpt-path",
+         "async-tp-on-cpu", "fp16-under-tp"],
 )
 def test_bad_flags_fail_before_training_with_one_line(tmp_path, flags, message):
     proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", *flags, timeout=300)
