@@ -152,8 +152,9 @@ class CollectiveRecorder(TorchDispatchMode):
 
 
 def groups_of(mesh) -> dict[str, tuple[str, int]]:
-    """Process-group name -> (mesh dim name, size) for every dim of a DeviceMesh."""
-    out = {}
+    """Process-group name -> (mesh dim name, size) for every dim of a DeviceMesh, and the whole job as "world"
+    (where gpt_tp.parallel.clip_grad_norm all-reduces the norm on a 2-D mesh)."""
+    out = {torch.distributed.group.WORLD.group_name: ("world", torch.distributed.get_world_size())}
     for dim in mesh.mesh_dim_names:
         g = mesh[dim].get_group()
         out[g.group_name] = (dim, g.size())

@@ -117,9 +117,8 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
         all-gathers its gradient (bwd); ln_f's output is all-gathered for lm_head (fwd), reduce-scattered (bwd).
       cross-entropy (gpt_tp.loss, vocab-parallel): 2 all-reduces in float32: the max (B x T values), then the
         sum of exps and the target logit together (2 B x T values).
-      replicated parameters (wpe, LayerNorms) have Partial gradients: one coalesced all-reduce at DP=1; under
-        FSDP2 (DP>1) each is all-reduced on its own, inside FSDP's reduce-scatter.
-      grad norm: all-reduce of the per-tensor norms (one float32 per parameter tensor) on each mesh dim.
+      replicated parameters (wpe, LayerNorms): their float32 gradients are per-rank partial sums, summed in one
+        all-reduce over TP (at DP > 1 after FSDP2's reduce-scatter, so each rank sends its DP shard).
     plan="megatron": tensor parallelism without sequence parallelism: per block 2 all-reduces forward and 2
       backward of the bf16/fp32 activations (the same wire bytes as the all-gather + reduce-scatter pairs),
       replicated LayerNorm work, no replicated-gradient reduction.
@@ -138,10 +137,9 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
     act = B * T * C
     mm = 2 if precision == "bf16-mixed" else 4  # matmul outputs under autocast
     ln = mm  # LayerNorm outputs are cast to the autocast dtype before they are gathered (ln_1, ln_2, ln_f)
-    # parameters compute in bf16 when FSDP2 gathers them so (bf16-mixed, DP > 1): the embedding's output and the
-    # replicated parameters' gradients then have 2-byte elements
+    # parameters compute in bf16 when FSDP2 gathers them so (bf16-mixed, DP > 1): the embedding's output then has
+    # 2-byte elements
     emb = mm if dp > 1 and dp_mode == "fsdp" else 4
-    n_tensors = 12 * L + 4
     rows = []
     if tp > 1:
         TPd = "tensor_parallel"
@@ -152,11 +150,9 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
                 _coll(TPd, "reduce_scatter", tp, 2 * L + 1, 2 * L * act * mm + act * emb),  # fwd: c_proj x 2, wte
                 _coll(TPd, "reduce_scatter", tp, 2 * L + 1, (2 * L + 1) * act * ln),  # bwd: of the gathers
             ]
-            replicated = config.block_size * C + 2 * (2 * L + 1) * C  # wpe + LayerNorm weights and biases
-            if dp > 1:
-                rows.append(_coll(TPd, "all_reduce", tp, 4 * L + 3, replicated * emb))
-            else:
-                rows.append(_coll(TPd, "all_reduce", tp, 1, replicated * 4))
+            # wpe + LayerNorm weights and biases, this rank's FSDP2 shard of each (dim 0 split into ceil(n / dp))
+            replicated = -(-config.block_size // dp) * C + 2 * (2 * L + 1) * -(-C // dp)
+            rows.append(_coll(TPd, "all_reduce", tp, 1, replicated * 4))
         else:
             # per block 2 fwd + 2 bwd all-reduces; the embedding's output (fwd) and lm_head's input grad (bwd)
             rows.append(_coll(TPd, "all_reduce", tp, 4 * L + 2, 4 * L * act * mm + 2 * act * 4))
@@ -164,7 +160,6 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
                 rows.append(_coll(TPd, "all_gather", tp, 1, B * T * V * mm))
         if plan != "naive":
             rows.append(_coll(TPd, "all_reduce", tp, 2, B * T * 12))  # vocab-parallel cross-entropy
-        rows.append(_coll(TPd, "all_reduce", tp, 1, n_tensors * 4))  # grad norm
     if dp > 1:
         DPd = "data_parallel"
         if dp_mode == "fsdp":
@@ -177,7 +172,8 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
         else:
             block, root = local_param_counts(config, tp)
             rows.append(_coll(DPd, "all_reduce", dp, 1, (L * block + root) * 4))
-        rows.append(_coll(DPd, "all_reduce", dp, 1, n_tensors * 4))  # grad norm
+    if dp * tp > 1:  # grad norm (gpt_tp.parallel.clip_grad_norm): one float32 all-reduced over the whole mesh
+        rows.append(_coll("world" if dp > 1 and tp > 1 else "data_parallel" if dp > 1 else "tensor_parallel", "all_reduce", dp * tp, 1, 4))
     return _merge(rows)
 
 

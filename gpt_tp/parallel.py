@@ -14,13 +14,15 @@ The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks u
 
 import warnings
 from functools import partial
-from math import gcd
+from math import gcd, prod
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -39,24 +41,50 @@ class LayoutError(UserError):
     """A model / device layout that cannot work; the message says what to change."""
 
 
-class PositionEmbeddingParallel(ParallelStyle):
-    """wpe: weight replicated on the mesh, positions split along the sequence, so each rank looks up only its
-    own slice (T/tp, C), which adds onto the sequence-sharded token embedding. No communication in forward;
-    the weight gradient comes out Partial and joins the one coalesced reduction of replicated-parameter
-    gradients (reduce_partial_grads)."""
+class _LocalLayerNorm(nn.LayerNorm):
+    """LayerNorm on this rank's sequence slice (B, T/tp, C), with the local copy of its replicated weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight.to_local(), self.bias.to_local(), self.eps)
+
+
+class _LocalEmbedding(nn.Embedding):
+    """wpe: looks up this rank's positions (T/tp,) in the local copy of its replicated weight."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return F.embedding(idx, self.weight.to_local())
+
+
+_LOCAL = {nn.LayerNorm: _LocalLayerNorm, nn.Embedding: _LocalEmbedding}
+
+
+class SequenceReplicated(ParallelStyle):
+    """LayerNorms and wpe under sequence parallelism, Megatron's way: weights replicated DTensors on the TP mesh,
+    computed on this rank's slice of the sequence with their local copies (no communication in forward).
+
+    `to_local()` hands each weight gradient back labelled Replicate while it holds only this rank's slice's
+    contribution (a sum over T/tp positions). So FSDP2 at DP > 1 reduce-scatters it over DP like any other
+    gradient, with no all-reduce of its own per parameter, and reduce_partial_grads then sums all of these
+    gradients over TP in one all-reduce. split_input: cut the module's input (wpe's positions, (T,) on every rank)
+    to this rank's T/tp along dim 0; the other modules already receive the (B, T/tp, C) local slice."""
+
+    def __init__(self, split_input: bool = False):
+        super().__init__()
+        self.split_input = split_input
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        def replicate_params(name, mod, mesh):
-            for pname, p in list(mod.named_parameters(recurse=False)):
-                mod.register_parameter(pname, nn.Parameter(distribute_tensor(p, mesh, [Replicate()])))
+        for name, p in list(module.named_parameters(recurse=False)):
+            module.register_parameter(name, nn.Parameter(distribute_tensor(p, device_mesh, [Replicate()])))
+        module.__class__ = _LOCAL[type(module)]
+        if self.split_input:
+            n, r = device_mesh.size(), device_mesh.get_local_rank()
+            module.register_forward_pre_hook(lambda mod, args: tuple(a.chunk(n)[r] for a in args))
+        return module
 
-        def input_fn(mod, inputs, mesh):  # positions (T,), the same on every rank -> this rank's (T/tp,)
-            return tuple(DTensor.from_local(t, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(0)]) for t in inputs)
 
-        def output_fn(mod, out, mesh):  # (T/tp, C) local
-            return out.to_local()
-
-        return distribute_module(module, device_mesh, replicate_params, input_fn, output_fn)
+def is_sequence_partial(module: nn.Module) -> bool:
+    """A module whose weight gradients are per-rank partial sums over the TP group (SequenceReplicated)."""
+    return isinstance(module, tuple(_LOCAL.values()))
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple | None:
@@ -90,22 +118,22 @@ class VocabParallelHead(_GatherInAutocastDtype, ColwiseParallel):
 TP_PLAN: dict[str, ParallelStyle] = {
     # token ids (replicated) -> vocab-parallel lookup -> reduce-scatter to the sequence-sharded residual stream
     "transformer.wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-    "transformer.wpe": PositionEmbeddingParallel(),
+    "transformer.wpe": SequenceReplicated(split_input=True),
     "transformer.drop": SequenceParallel(use_local_output=True),
     # attention: LayerNorm on the sequence slice, all-gather, whole heads per rank, reduce-scatter back
-    "transformer.h.*.ln_1": SequenceParallel(),
+    "transformer.h.*.ln_1": SequenceReplicated(),
     "transformer.h.*.attn": GatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
     "transformer.h.*.attn.c_attn": ColwiseParallel(),
     "transformer.h.*.attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
     "transformer.h.*.attn.resid_dropout": SequenceParallel(use_local_output=True),
     # MLP: the same pattern, the 4C hidden units split over ranks
-    "transformer.h.*.ln_2": SequenceParallel(),
+    "transformer.h.*.ln_2": SequenceReplicated(),
     "transformer.h.*.mlp": GatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
     "transformer.h.*.mlp.c_fc": ColwiseParallel(),
     "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
     "transformer.h.*.mlp.dropout": SequenceParallel(use_local_output=True),
     # head: all-gather the sequence, vocab-sharded logits stay a DTensor for gpt_tp.loss.cross_entropy
-    "transformer.ln_f": SequenceParallel(),
+    "transformer.ln_f": SequenceReplicated(),
     "lm_head": VocabParallelHead(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
 }
 
@@ -280,45 +308,57 @@ def enable_async_tp(tp_mesh) -> None:
 
 @torch.no_grad()
 def reduce_partial_grads(model: nn.Module) -> int:
-    """Sum every Partial gradient over its mesh dim in one all-reduce per process group.
+    """Sum the sequence-partial gradients (LayerNorms, wpe: see SequenceReplicated) over the TP group, all of them
+    in one flat all-reduce, in place. Call it once per optimizer step, after the (accumulated) backward and, at
+    DP > 1, after FSDP2's reduce-scatter, so each rank sums only its DP shard; clip_grad_norm calls it (a second
+    call would add the sums again). Returns the number of gradients reduced."""
+    grads = [p.grad.to_local() for m in model.modules() if is_sequence_partial(m)
+             for p in m.parameters(recurse=False) if p.grad is not None]
+    if grads:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        mesh = next(p for m in model.modules() if is_sequence_partial(m) for p in m.parameters(recurse=False)).device_mesh
+        dist.all_reduce(flat, group=mesh.get_group("tensor_parallel"))
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
+    return len(grads)
 
-    Under sequence parallelism the replicated parameters (LayerNorms, wpe) see only this rank's slice of the
-    sequence, so their gradients are Partial sums. Left alone, DTensor reduces each one separately, and twice:
-    once inside the grad-norm and again in the optimizer step. Megatron instead all-reduces them together once;
-    so do we, before the norm. Returns the number of gradients reduced.
-    """
-    buckets: dict = {}  # (mesh, mesh dim) -> [param]
-    for p in model.parameters():
-        g = p.grad
-        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
-            dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_partial())
-            buckets.setdefault((g.device_mesh, dims), []).append(p)
-    for (mesh, dims), params in buckets.items():
-        flat = torch.cat([p.grad.to_local().reshape(-1) for p in params])  # one buffer, one collective per dim
-        for d in dims:
-            torch.distributed.all_reduce(flat, group=mesh.get_group(d))
-        offset = 0
-        for p in params:
-            g = p.grad
-            n = g.to_local().numel()
-            local = flat[offset : offset + n].view_as(g.to_local())
-            offset += n
-            placements = [Replicate() if pl.is_partial() else pl for pl in g.placements]
-            p.grad = DTensor.from_local(local, mesh, placements, run_check=False, shape=g.shape, stride=g.stride())
-    return sum(len(v) for v in buckets.values())
 
+def _sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
+    """This rank's share of the squared global norm: the local shards' squares, each divided by how many ranks
+    hold a copy of it (the product of the mesh dims it is replicated on), so summing over all ranks counts every
+    element once."""
+    by_copies: dict[int, list[torch.Tensor]] = {}
+    for g in grads:
+        copies = 1
+        if isinstance(g, DTensor):
+            if any(pl.is_partial() for pl in g.placements):
+                raise RuntimeError(f"a gradient is still Partial ({g.placements}): the plan left a reduction undone")
+            copies = prod(g.device_mesh.size(i) for i, pl in enumerate(g.placements) if pl.is_replicate())
+            g = g.to_local()
+        by_copies.setdefault(copies, []).append(g)
+    squares = [torch.nn.utils.get_total_norm(gs, foreach=True).float() ** 2 / c for c, gs in by_copies.items()]
+    return torch.stack(squares).sum() if squares else torch.zeros(())
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
-    """The step's gradient sync and clipping, for every layout: sum the Partial gradients (reduce_partial_grads),
-    take the global norm (DTensor-aware: one all-reduce at TP > 1), and scale the gradients down to max_norm if
-    it is set. Returns the norm before clipping as a plain scalar tensor, without a host sync."""
+    """The step's gradient sync and clipping, for every layout: sum the sequence-partial gradients over TP
+    (reduce_partial_grads), take the global norm with one all-reduce of the squared-norm shares over the whole
+    (dp, tp) mesh, and scale the gradients down to max_norm if it is set. Returns the norm before clipping as a
+    plain scalar tensor, without a host sync."""
     reduce_partial_grads(model)
-    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None], foreach=True)
-    norm = norm.full_tensor() if isinstance(norm, DTensor) else norm  # the local value is a partial sum
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    sq = _sum_of_squares(grads)
+    meshes = {g.device_mesh for g in grads if isinstance(g, DTensor)}
+    if meshes:
+        (mesh,) = meshes  # every parameter lives on the one (dp, tp) mesh
+        if mesh.ndim > 1 and mesh.size() != dist.get_world_size():
+            raise RuntimeError(f"the grad norm reduces over the whole job, but the mesh {mesh} does not span it")
+        dist.all_reduce(sq, group=mesh.get_group() if mesh.ndim == 1 else None)
+    norm = sq.sqrt()
     if max_norm:
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
     return norm
+
 
 def _fill_local_shard(param: torch.Tensor, full: torch.Tensor) -> None:
     """Write this rank's shard of the full tensor into a (possibly) DTensor parameter, without communication."""

@@ -1,11 +1,13 @@
-"""Communication audit and memory at TP=2 (gloo, 2 processes), against numbers derived by hand.
+"""Communication audit and memory at TP=2, DP=2 x TP=2 and DP=2 x TP=1 (gloo), against numbers derived by hand.
 
-The Megatron sequence-parallel minimum for L blocks (derivation in gpt_tp/audit.py):
+The Megatron sequence-parallel minimum for L blocks on the TP group (derivation in gpt_tp/audit.py):
   all_gather 4L + 2   (per block: before attention and MLP in forward, for the reduce-scatters' grads in backward;
                        + lm_head's sequence gather in forward, + the embedding's grad in backward)
   reduce_scatter 4L + 2 (mirror image: after attention and MLP; + the embedding in forward, + lm_head in backward)
-  all_reduce 4        (2 in vocab-parallel cross-entropy: the max, then the sum of exps with the target logit;
-                       1 coalesced for replicated-parameter grads, 1 grad norm)
+  all_reduce 3        (2 in vocab-parallel cross-entropy: the max, then the sum of exps with the target logit;
+                       1 flat one for the replicated-parameter grads)
+FSDP2 on the DP group (L block units + the root): all_gather 2L + 1 (each unit before forward, each block again
+before backward), reduce_scatter L + 1. The grad norm: 1 all_reduce over the whole mesh.
 """
 
 import pytest
@@ -26,6 +28,27 @@ def test_collectives_equal_megatron_minimum(tmp_path, n_layer):
     assert c["backward"] == {"all_gather": 2 * L + 1, "reduce_scatter": 2 * L + 1}
     assert c["grad_sync_and_clip"] == {"all_reduce": 2}
     assert c["optimizer"] == {}  # no hidden per-parameter reductions inside the fused AdamW step
+
+
+@pytest.mark.parametrize("dp,tp,n_layer", [(2, 2, 3), (2, 1, 2)], ids=["dp2xtp2", "dp2xtp1"])
+def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
+    """No per-parameter all-reduce inside FSDP2's backward, one flat all-reduce of the replicated gradients over TP,
+    one grad-norm all-reduce over the whole mesh."""
+    out = tmp_path / "r.json"
+    run_torchrun("audit_mesh.py", dp * tp, "--dp", str(dp), "--layers", str(n_layer), "--out", str(out))
+    r = read_json(out)
+    L, c = n_layer, r["collectives"]
+    expected = {"data_parallel": {"all_gather": 2 * L + 1, "reduce_scatter": L + 1}}
+    if tp > 1:
+        expected["tensor_parallel"] = {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 3}
+        expected["world"] = {"all_reduce": 1}
+    else:
+        expected["data_parallel"]["all_reduce"] = 1
+    assert c["by_group"] == expected
+    assert r["minimum"] == expected  # gpt_tp.audit derives the same
+    assert "all_reduce" not in c["backward"]
+    assert c["grad_sync_and_clip"] == {"all_reduce": 2 if tp > 1 else 1}
+    assert c["optimizer"] == {}
 
 
 def test_state_bytes_halve(tmp_path):

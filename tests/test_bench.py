@@ -71,7 +71,8 @@ def test_collectives_equal_cost_model(bench):
         expected = step_collectives(config, 2, 64, dp=r["dp"], tp=r["tp"], precision=r["precision"])
         assert key(r["collectives"]) == key(expected), r["name"]
         for got in r["collectives"]:  # ring wire bytes: (p-1)/p of the tensor, twice for all-reduce
-            assert got["wire_bytes"] == pytest.approx(got["bytes"] * (1.0 if got["kind"] == "all_reduce" else 0.5))
+            p = got["group_size"]
+            assert got["wire_bytes"] == pytest.approx(got["bytes"] * (2 if got["kind"] == "all_reduce" else 1) * (p - 1) / p)
 
 
 def test_bad_flags(tmp_path):
