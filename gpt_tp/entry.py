@@ -2,13 +2,17 @@
 
 - A user's mistake (gpt_tp.errors.UserError, a missing file) prints one line, ``error: ...``, once per run rather
   than once per rank, and exits with code 2. Any other exception is a bug: its traceback is kept.
-- The process group is ended in order before the interpreter exits. Without that, gloo's worker threads (and
-  NCCL's watchdog) outlive the interpreter: a thread that still holds a tensor at shutdown tries to take the GIL
-  while Python is finalizing, is ended by pthread_exit inside a noexcept C++ frame, and the process aborts with
-  "terminate called without an active exception" (SIGABRT) after training finished.
+- A distributed process leaves without the interpreter's shutdown. destroy_process_group() does not end gloo's
+  threads once DTensor has run: its redistribute-plan cache holds the DeviceMesh, and the mesh holds its
+  ProcessGroups, so their worker threads live on into interpreter finalization. A worker thread that then drops
+  its last work item (a tensor owned by a Python object) needs the GIL, Python ends that thread with
+  pthread_exit inside a noexcept C++ frame, and the process aborts with "terminate called without an active
+  exception" (SIGABRT) after it trained correctly. So: destroy the process group (stopping NCCL's watchdog),
+  flush the output, and leave with os._exit, which runs no finalizer and no C++ static destructor.
 """
 
 import hashlib
+import logging
 import os
 import sys
 import tempfile
@@ -67,9 +71,8 @@ def _is_user_error(e: BaseException) -> bool:
 def run(main: Callable[[], object]) -> None:
     """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake.
 
-    On success the process group is destroyed in order. On an error in a multi-process run the process leaves with
-    os._exit after flushing its output: a peer may still be inside a collective, so joining the group's threads
-    could wait for the collective timeout, and the interpreter's own shutdown is what aborts (see the module doc)."""
+    A process with a process group destroys it (on success: after an error a peer may still be inside a
+    collective), flushes its output and leaves with os._exit (see the module doc)."""
     code = 0
     try:
         result = main()
@@ -96,9 +99,13 @@ def _one_line(e: BaseException) -> str:
 def _leave(code: int, after: Callable[[], object] | None = None) -> None:
     if after is not None:
         after()
-    if code != 0 and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    end_distributed()
-    sys.exit(code)
+    initialized = dist.is_available() and dist.is_initialized()
+    if not initialized and "RANK" not in os.environ:  # never distributed (torchrun sets RANK; a command may have
+        sys.exit(code)  # destroyed its group itself, which leaves the threads of a mesh's groups running)
+    if initialized and (code == 0 or dist.get_world_size() == 1):
+        # after an error a peer may still be inside a collective: joining the group could wait for its timeout
+        end_distributed()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

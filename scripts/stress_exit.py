@@ -21,8 +21,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--root", default=str(ROOT), help="the checkout whose worker to run (default: this one)")
+    ap.add_argument("--keep", default=None, help="write each failed run's full output to this folder")
     args = ap.parse_args(argv)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": args.root}
+    # faulthandler: an abort prints every Python thread's stack, showing where the process was
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": args.root, "PYTHONFAULTHANDLER": "1"}
     counts, times = collections.Counter(), []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
@@ -38,6 +40,9 @@ def main(argv=None) -> int:
             print(f"run {i + 1}/{args.runs}: rc={p.returncode} {kind} {times[-1]:.1f}s", flush=True)
             if kind != "ok":
                 print("\n".join(out.splitlines()[-15:]), flush=True)
+                if args.keep:
+                    Path(args.keep).mkdir(parents=True, exist_ok=True)
+                    Path(args.keep, f"run{i + 1}.log").write_text(out)
     times.sort()
     print(f"{args.runs} runs: {counts['ok']} ok, {counts['failed']} non-zero exits, {counts['abort']} aborts at exit; "
           f"time per run min/median/max {times[0]:.1f}/{times[len(times) // 2]:.1f}/{times[-1]:.1f} s")

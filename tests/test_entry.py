@@ -1,0 +1,82 @@
+"""gpt_tp.entry.run: how every command ends. A user's mistake is one line and exit code 2, once per run; a
+distributed process leaves with os._exit after ending its process group, never through the interpreter's shutdown
+(where gloo threads kept alive by DTensor's caches abort the process: see gpt_tp/entry.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, WORKERS
+from gpt_tp.entry import run
+from gpt_tp.errors import UserError
+
+
+def exit_code(main, capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as e:
+        run(main)
+    return e.value.code, capsys.readouterr().err
+
+
+def test_run_exit_codes_and_one_line(capsys):
+    def bad():
+        raise UserError("model.n_head=5 does not divide\n model.n_embd=64: choose 4 or 8")
+
+    assert exit_code(lambda: None, capsys) == (0, "")
+    assert exit_code(lambda: 3, capsys)[0] == 3
+    code, err = exit_code(bad, capsys)
+    assert code == 2 and err == "error: model.n_head=5 does not divide model.n_embd=64: choose 4 or 8\n"
+    code, err = exit_code(lambda: open("no/such/file"), capsys)
+    assert code == 2 and err.count("\n") == 1 and "No such file or directory: 'no/such/file'" in err
+    code, err = exit_code(lambda: sys.exit("error: --foo must be positive"), capsys)
+    assert code == 2 and err == "error: --foo must be positive\n"
+
+
+def test_a_bug_keeps_its_traceback():
+    proc = subprocess.run([sys.executable, "-c", "from gpt_tp.entry import run\ndef f(): raise KeyError('x')\nrun(f)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "KeyError: 'x'" in proc.stderr
+
+
+def torchrun(mode: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKERS / "exit_paths.py"), "--mode", mode]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc")
+def test_distributed_exit_skips_the_interpreter_shutdown():
+    proc = torchrun("ok")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    for rank in (0, 1):
+        # the cause: after destroy_process_group the mesh's gloo threads still run (DTensor's plan cache holds the mesh)
+        line = next(l for l in proc.stdout.splitlines() if l.startswith(f"rank {rank}: sum 28;"))
+        assert "pt_gloo_runloop" in line, line
+    assert "interpreter shutdown" not in out  # left with os._exit: no finalization for those threads to abort in
+    assert "terminate called" not in out
+
+
+def no_traceback_of_ours(out: str) -> None:
+    """torchrun's agent prints its own ChildFailedError traceback; no process of ours prints one."""
+    for d in ("gpt_tp", "tests"):
+        assert f'File "{ROOT / d}' not in out, out[-3000:]
+    assert out.count("Traceback") == out.count("ChildFailedError:"), out[-3000:]
+
+
+def test_same_error_on_every_rank_prints_once():
+    proc = torchrun("user-error")
+    out = proc.stdout + proc.stderr
+    assert [l for l in out.splitlines() if l.startswith("error:")] == ["error: data.seq_len=9 is wrong: set it to 8"]
+    no_traceback_of_ours(out)
+    assert proc.stderr.count("exitcode  : 2 ") == 2  # both ranks left with the user-error code
+    assert "interpreter shutdown" not in out
+
+
+def test_an_error_on_one_rank_ends_the_run():
+    proc = torchrun("one-rank")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert [l for l in out.splitlines() if l.startswith("error:")] == ["error: data.seq_len=9 is wrong: set it to 8"]
+    no_traceback_of_ours(out)
