@@ -84,10 +84,12 @@ def run(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         code = 130
     except BaseException as e:
-        if not _is_user_error(e):
-            _leave(1, after=lambda: sys.excepthook(type(e), e, e.__traceback__))
-        report(_one_line(e))
-        code = EXIT_USER_ERROR
+        if _is_user_error(e):
+            report(_one_line(e))
+            code = EXIT_USER_ERROR
+        else:  # a bug: its traceback
+            sys.excepthook(type(e), e, e.__traceback__)
+            code = 1
     _leave(code)
 
 
@@ -96,9 +98,7 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _leave(code: int, after: Callable[[], object] | None = None) -> None:
-    if after is not None:
-        after()
+def _leave(code: int) -> None:
     initialized = dist.is_available() and dist.is_initialized()
     if not initialized and "RANK" not in os.environ:  # never distributed (torchrun sets RANK; a command may have
         sys.exit(code)  # destroyed its group itself, which leaves the threads of a mesh's groups running)

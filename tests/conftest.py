@@ -45,6 +45,16 @@ def run_python(script: str, *args: str, timeout: int = 600) -> subprocess.Comple
     return proc
 
 
+def lightning_fit(tmp_path, name: str, nproc: int = 1, *args: str) -> tuple[dict, dict]:
+    """tests/workers/lightning_fit.py on nproc processes (1: plain python): its JSON record and saved parameters."""
+    out = str(tmp_path / name)
+    if nproc == 1:
+        run_python("lightning_fit.py", "--out", out, *args)
+    else:
+        run_torchrun("lightning_fit.py", nproc, "--out", out, *args)
+    return read_json(out + ".json"), torch.load(out + ".pt")
+
+
 def read_json(path) -> dict:
     with open(path) as f:
         return json.load(f)

@@ -3,24 +3,15 @@
 import pytest
 import torch
 
-from conftest import read_json, run_python, run_torchrun
-
-
-def _fit(tmp_path, name, nproc, *args):
-    out = str(tmp_path / name)
-    if nproc == 1:
-        run_python("lightning_fit.py", "--out", out, *args)
-    else:
-        run_torchrun("lightning_fit.py", nproc, "--out", out, *args)
-    return read_json(out + ".json"), torch.load(out + ".pt")
+from conftest import lightning_fit
 
 
 def test_ddp_matches_model_parallel_dp2_and_single_device(tmp_path):
     """fp32, 6 optimizer steps of 2 accumulated micro-batches, clip 1.0, fused AdamW, warmup + cosine: DDP x2 gives
     one device's losses, grad norms and learning rates step for step, and ModelParallelStrategy DP=2 x TP=1's."""
-    ddp, ddp_w = _fit(tmp_path, "ddp", 2, "--dp", "2", "--strategy", "ddp")
-    mp, mp_w = _fit(tmp_path, "mp", 2, "--dp", "2")
-    single, single_w = _fit(tmp_path, "single", 1)
+    ddp, ddp_w = lightning_fit(tmp_path, "ddp", 2, "--dp", "2", "--strategy", "ddp")
+    mp, mp_w = lightning_fit(tmp_path, "mp", 2, "--dp", "2")
+    single, single_w = lightning_fit(tmp_path, "single", 1)
     assert len(ddp["rows"]) == 6
     losses = [r["train/loss"] for r in ddp["rows"]]
     assert losses[-1] < losses[0] - 0.2  # it trains

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import read_json, run_python, run_torchrun
+from conftest import lightning_fit, read_json, run_torchrun
 
 TINY_LAYERS = 2
 
@@ -51,28 +51,19 @@ def test_tp_matches_single_device(tmp_path, dp, nproc):
     assert len({tuple(r["norms"]) for r in results}) == 1
 
 
-def _fit(tmp_path, name, nproc=1, *args):
-    out = str(tmp_path / name)
-    if nproc == 1:
-        run_python("lightning_fit.py", "--out", out, *args)
-    else:
-        run_torchrun("lightning_fit.py", nproc, "--out", out, *args)
-    return read_json(out + ".json"), torch.load(out + ".pt")
-
-
 def test_lightning_tp_runs_match_single_device(tmp_path):
     """The real training path: Trainer + ModelParallelStrategy, gradient accumulation 2, clip 1.0 through the
     Trainer, fused AdamW, the LR schedule. TP=2; TP=2 built under trainer.init_module(empty_init=True) in
     bf16-mixed; TP=2 with torch.compile per block; DP=2 x TP=2 (FSDP2) built with meta_init, and in bf16-mixed."""
-    ref, ref_w = _fit(tmp_path, "single")
+    ref, ref_w = lightning_fit(tmp_path, "single")
     assert ref["fused"] is True
     runs = {
-        "tp2": (_fit(tmp_path, "tp2", 2, "--tp", "2"), 1e-4),
-        "tp2_init_module_bf16": (_fit(tmp_path, "tp2m", 2, "--tp", "2", "--init-module", "--precision", "bf16-mixed"), 1e-3),
-        "tp2_compile": (_fit(tmp_path, "tp2c", 2, "--tp", "2", "--compile"), 1e-4),
-        "dp2xtp2_meta": (_fit(tmp_path, "dp2tp2m", 4, "--tp", "2", "--dp", "2", "--meta"), 1e-4),
+        "tp2": (lightning_fit(tmp_path, "tp2", 2, "--tp", "2"), 1e-4),
+        "tp2_init_module_bf16": (lightning_fit(tmp_path, "tp2m", 2, "--tp", "2", "--init-module", "--precision", "bf16-mixed"), 1e-3),
+        "tp2_compile": (lightning_fit(tmp_path, "tp2c", 2, "--tp", "2", "--compile"), 1e-4),
+        "dp2xtp2_meta": (lightning_fit(tmp_path, "dp2tp2m", 4, "--tp", "2", "--dp", "2", "--meta"), 1e-4),
         # FSDP2 gathers bf16 parameters (MixedPrecisionPolicy) and keeps float32 master weights
-        "dp2xtp2_bf16": (_fit(tmp_path, "dp2tp2b", 4, "--tp", "2", "--dp", "2", "--precision", "bf16-mixed"), 1e-3),
+        "dp2xtp2_bf16": (lightning_fit(tmp_path, "dp2tp2b", 4, "--tp", "2", "--dp", "2", "--precision", "bf16-mixed"), 1e-3),
     }
     ref_losses = [r["train/loss"] for r in ref["rows"]]
     assert len(ref_losses) == 6 and ref_losses[-1] < ref_losses[0] - 0.2
