@@ -1,6 +1,6 @@
 """Train the tiny GPT at DP x TP through Lightning's own launcher, on one "node" or on several: started once per
 node with NODE_RANK, MASTER_ADDR and MASTER_PORT set (Lightning's multi-node environment), each start spawning
---devices processes. Rank 0 writes <out>.json: the per-step losses and, for every rank, its node, its TP group and
+--devices processes; or once per task by srun (Lightning's SLURM environment). Rank 0 writes <out>.json: the per-step losses and, for every rank, its node, its TP group and
 its DP group (global ranks, from the device mesh Lightning built)."""
 
 import argparse
@@ -50,8 +50,9 @@ def main():
     trainer.fit(model, SyntheticDataModule(batch_size=global_batch // dp, seq_len=T, vocab=1024, seed=7))
     mesh = trainer.strategy.device_mesh
     me = {
-        "rank": dist.get_rank(), "node_rank": trainer.node_rank, "env_node_rank": int(os.environ["NODE_RANK"]),
-        "local_rank": trainer.local_rank, "pid": os.getpid(),
+        "rank": dist.get_rank(), "node_rank": trainer.node_rank, "local_rank": trainer.local_rank, "pid": os.getpid(),
+        "env_node_rank": int(os.environ.get("NODE_RANK", os.environ.get("SLURM_NODEID", -1))),  # Lightning's or srun's
+        "slurm_node": os.environ.get("SLURMD_NODENAME"),
         "tp_group": dist.get_process_group_ranks(mesh["tensor_parallel"].get_group()),
         "dp_group": dist.get_process_group_ranks(mesh["data_parallel"].get_group()),
     }
