@@ -15,7 +15,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
-from gpt_tp.checkpoint import recover_interrupted_saves
+from gpt_tp.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.collective import one_does
 from gpt_tp.data import GPTDataModule, find_shards
 from gpt_tp.entry import run
@@ -105,6 +105,14 @@ class GPTCLI(LightningCLI):
         if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             trainer["callbacks"] = [*callbacks, StepProgressBar()]
         return super().instantiate_trainer(**kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        """gpt_tp's checkpoints are folders: a file given to --ckpt_path is refused before Lightning unpickles it."""
+        sub = self.config.get("subcommand")
+        ckpt = self.config[sub].get("ckpt_path") if sub else None
+        if ckpt and os.path.isfile(ckpt):
+            check_checkpoint(ckpt)  # raises CheckpointError: a file, not a distributed checkpoint folder
+        super()._parse_ckpt_path()
 
     # ---- checks before any process group or model shard exists (in the launching process: errors print once) ----
     def _check_layout(self) -> int:

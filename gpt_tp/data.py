@@ -422,6 +422,8 @@ class GPTDataModule(L.LightningDataModule):
         super().__init__()
         if val_batches < 0 or num_workers < 0:
             raise DataError(f"val_batches and num_workers must be >= 0, got {val_batches} and {num_workers}")
+        if batch_size < 1 or seq_len < 1:
+            raise DataError(f"data.batch_size={batch_size} and data.seq_len={seq_len} must be >= 1")
         self.data_dir = data_dir
         self.batch_size = batch_size
         self.seq_len = seq_len

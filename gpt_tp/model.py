@@ -320,6 +320,9 @@ def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
         raise UserError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise UserError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
+    missing = [k for k in ("n_positions", "n_layer", "n_head", "n_embd", "vocab_size") if k not in hf]
+    if missing:
+        raise UserError(f"GPT-2 config fields {', '.join(missing)} missing")
     vocab = max(vocab_size, hf["vocab_size"])
     return GPTConfig(
         block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
@@ -328,7 +331,8 @@ def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
 
 
 def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """Read a local Hugging Face GPT-2 directory (config.json + model.safetensors) into our layout."""
+    """Read a local Hugging Face GPT-2 directory (config.json + model.safetensors) into our layout; a config.json
+    that is not GPT-2's, or weights that are unreadable or do not fit it, raise UserError naming the file."""
     import json
     from pathlib import Path
 
@@ -339,5 +343,25 @@ def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str
     for f in (cfg_file, weights):
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors")
-    config = config_from_hf(json.loads(cfg_file.read_text()), vocab_size)
-    return config, from_hf_state_dict(load_file(str(weights)), config)
+    try:
+        config = config_from_hf(json.loads(cfg_file.read_text()), vocab_size)
+    except UserError as e:
+        raise UserError(f"{cfg_file}: {e}") from e
+    except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type
+        raise UserError(f"{cfg_file}: not a GPT-2 config.json ({type(e).__name__}: {e})") from e
+    try:
+        hf_state = load_file(str(weights))
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type: any unreadable file is the same mistake
+        raise UserError(f"{weights} is unreadable ({e}); copy or export the folder again") from e
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    try:
+        state = from_hf_state_dict(hf_state, config)
+    except RuntimeError as e:  # c_attn of another width than config.json's
+        raise UserError(f"{weights} does not fit {cfg_file} ({e})") from e
+    problems = [f"{k}: {tuple(v.shape)} vs config {expected[k]}" for k, v in state.items() if k in expected and tuple(v.shape) != expected[k]]
+    problems += [f"{k} missing" for k in expected if k not in state] + [f"{k} unexpected" for k in state if k not in expected]
+    if problems:
+        more = f" ... and {len(problems) - 6} more" if len(problems) > 6 else ""
+        raise UserError(f"{weights} does not fit {cfg_file}: {'; '.join(problems[:6])}{more}; copy or export the folder again")
+    return config, state

@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from gpt_tp.errors import UserError
 from gpt_tp.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.optim import get_lr, make_adamw
+from gpt_tp.optim import check_schedule, get_lr, make_adamw
 from gpt_tp.parallel import (
     check_ac_mode, clip_grad_norm, data_parallel_rank_size, enable_async_tp, materialize, parallelize, validate_layout,
 )
@@ -90,6 +90,7 @@ class GPTModule(L.LightningModule):
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
+        check_schedule(max_lr, min_lr, warmup_steps)
         self.save_hyperparameters()
         config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
         hf_state = None

@@ -5,6 +5,8 @@ import math
 import torch
 import torch.nn as nn
 
+from gpt_tp.errors import UserError
+
 # device types with a fused AdamW kernel in PyTorch
 FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
 
@@ -20,6 +22,13 @@ def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: 
     decay_ratio = (step - warmup_steps) / (max_steps - warmup_steps)  # 0 -> 1
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
     return min_lr + coeff * (max_lr - min_lr)
+
+
+def check_schedule(max_lr: float, min_lr: float, warmup_steps: int) -> None:
+    """The schedule's values a run can train with: max_lr > 0, min_lr >= 0, warmup_steps >= 0."""
+    if not (max_lr > 0 and min_lr >= 0 and warmup_steps >= 0):
+        raise UserError(f"model.max_lr={max_lr}, model.min_lr={min_lr}, model.warmup_steps={warmup_steps}: "
+                        "need max_lr > 0, min_lr >= 0 and warmup_steps >= 0")
 
 
 def make_adamw(
