@@ -15,7 +15,7 @@ Memory per device (bytes; t = TP, d = DP, B = micro-batch per DP rank, T = seque
              biases stay whole under TP; FSDP2 then shards every tensor's first dim over d (padded to a multiple of d).
   grads      the same count, in the parameter dtype.
   optimizer  AdamW exp_avg + exp_avg_sq: 2 x params.
-  activations, saved for backward in one forward (no recomputation), per layer, with sequence parallelism:
+  activations, saved for backward in one forward, per layer, with sequence parallelism and no checkpointing:
              B T C [2 r / t  +  2 m  +  12 m / t]  +  B T (4 x 4 / t)  +  B (a / t) T x 4
                2 r / t:  the LayerNorm inputs (residual stream, sequence-sharded; r = residual bytes)
                2 m:      the inputs of c_attn and c_fc, all-gathered to the full sequence (torch's TP saves the gathered
@@ -29,14 +29,25 @@ Memory per device (bytes; t = TP, d = DP, B = micro-batch per DP rank, T = seque
              score matrix, so those terms vanish.
              Plus the head: ln_f input B T C r / t, lm_head input B T C m (gathered), the vocab-parallel log-softmax
              B T (V / t) x 4 (cross-entropy runs in fp32 under autocast) and the token ids / targets (int64).
-             Under bf16-mixed autocast also keeps a bf16 copy of every TP-local matmul weight for backward (FSDP2 frees
-             the gathered fp32 weight, not the copy): 2 bytes x TP-local matmul parameters.
-  transient  not saved but alive at the peak: the logits and their gradient at the loss, B T (V / t) x (m + 4); with
-             FSDP2 (d > 1) the gathered parameters of two blocks (current + prefetched) and one block's unsharded
-             gradient, and the root unit (wte, wpe, ln_f), which FSDP2 keeps gathered through the step.
+             Under bf16-mixed at d = 1 autocast also keeps a bf16 copy of every TP-local matmul weight (2 bytes x
+             TP-local matmul parameters, in every checkpointing mode). At d > 1 FSDP2 gathers the weights in bf16
+             (param_dtype): no copies, and the residual stream, the block inputs included, is bf16 (r = 2).
+             Activation checkpointing (ac, gpt_tp.parallel.apply_ac) changes the per-layer term: "full" keeps the
+             block input, B T C r / t; "selective" keeps the input and the matmul and attention outputs,
+             B T C [r / t + 8 m / t + 2 m] + B (a / t) T x 4 (qkv, attention output, c_fc / t; the two row-parallel
+             matmul outputs are whole-sequence partial sums before their reduce-scatter).
+  transient  alive at the peak beyond the saved activations, at the larger of two moments: the loss, with the
+             logits B T (V / t) x m and, for 2-byte logits, the float32 copy the loss's subtraction makes (+ 4); or a
+             block's backward, with the block's recomputed activations under checkpointing and, under FSDP2, two
+             gathered blocks, one block's unsharded gradients and their float32 reduce-scatter copy, and the root's
+             unsharded gradients (the head's activations are freed by then). Plus, at d > 1, the root unit (wte, wpe,
+             ln_f), which FSDP2 keeps gathered through the step. Gathered weights cost 2 bytes under bf16-mixed.
   overhead   CUDA context, NCCL buffers and allocator slack: `overhead_gib` (default 1.5 GiB) is added, and a layout
              fits when the total is at most `usable_fraction` (default 0.95) of the device memory.
-The saved-activation and state terms are checked against tensors measured on CPU in tests/test_planner.py.
+The saved-activation and state terms, and the total less the overhead (the peak of a micro-batch under gradient
+accumulation), are checked against measurements on CPU in tests/test_planner.py: within 0.2 % on a 2-layer model at
+DP1/DP2 x TP1/TP2, fp32 and bf16-mixed, every checkpointing mode. The block-backward moment (FSDP2's gathered
+blocks, the recomputed block) is below the loss moment there, so it is not measured.
 """
 
 import argparse
@@ -47,7 +58,7 @@ from math import gcd
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.parallel import LayoutError, valid_tp_sizes
+from gpt_tp.parallel import AC_MODES, LayoutError, valid_tp_sizes
 
 GIB = 1024**3
 
@@ -105,6 +116,7 @@ class Plan:
     seq_len: int
     device_memory_gib: float | None
     precision: str
+    ac: str = "none"
     layouts: list[Layout] = field(default_factory=list)  # every TP size that divides the devices per node
     choice: Layout | None = None
     notes: list[str] = field(default_factory=list)
@@ -159,54 +171,93 @@ def state_bytes(config: GPTConfig, dp: int, tp: int, precision: str = "bf16-mixe
     return {"params": n * pb, "grads": n * pb, "optimizer": 2 * n * pb}
 
 
+def _gather_bytes(precision: str, dp: int) -> int:
+    """Bytes per element of the weights the forward uses: FSDP2 (dp > 1) under bf16-mixed all-gathers them in bf16
+    (gpt_tp.parallel.parallelize's param_dtype), everywhere else they are the parameters themselves."""
+    return 2 if dp > 1 and str(precision) == "bf16-mixed" else _precision(precision)[0]
+
+
+def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: int, m: int, sdpa: str, ac: str) -> int:
+    """Bytes one block saves for backward (module docstring): everything ("none"), its input ("full"), or its input
+    with the outputs of its matmuls and of attention ("selective")."""
+    B, T, C, t = batch_size, seq_len, config.n_embd, tp
+    lse = B * (config.n_head // t) * T * 4  # the attention logsumexp, fp32
+    if ac == "full":
+        return B * T * C * r // t
+    if ac == "selective":  # input; qkv, attention output, c_fc (/ t); both row-parallel matmul outputs (full T)
+        return B * T * C * r // t + 8 * B * T * C * m // t + 2 * B * T * C * m + lse
+    if sdpa == "math":
+        lse += 2 * B * (config.n_head // t) * T * T * m  # softmax probabilities and their dropout/cast copy
+    per_layer = 2 * B * T * C * r // t + 2 * B * T * C * m + 12 * B * T * C * m // t
+    return per_layer + 2 * 2 * (B * T // t) * 4 + lse  # + LayerNorm mean and rstd, fp32, on the sequence slice
+
+
 def activation_bytes(
-    config: GPTConfig, batch_size: int, seq_len: int, tp: int, precision: str = "bf16-mixed", sdpa: str = "flash"
+    config: GPTConfig, batch_size: int, seq_len: int, tp: int, precision: str = "bf16-mixed", sdpa: str = "flash",
+    dp: int = 1, ac: str = "none",
 ) -> dict[str, int]:
     """Bytes saved for backward by one forward on one device (see the module docstring for the terms).
 
     sdpa: "flash" (flash / memory-efficient / CPU flash kernels: a logsumexp per query) or "math" (also the
-    (a/t) x T x T attention probabilities)."""
+    (a/t) x T x T attention probabilities). ac: the activation checkpointing mode (gpt_tp.parallel.apply_ac).
+    Under FSDP2 with bf16-mixed (dp > 1) the residual stream is bf16 (the gathered weights are) and autocast keeps
+    no weight copies."""
     _, r, m, lsm, wcopy = _precision(precision)
-    B, T, C, t = batch_size, seq_len, config.n_embd, tp
-    heads = config.n_head // t
     if sdpa not in ("flash", "math"):
         raise PlanError(f"sdpa={sdpa!r}: use 'flash' (GPU flash / memory-efficient kernels, CPU) or 'math'")
-    attn_extra = B * heads * T * 4  # logsumexp, fp32
-    if sdpa == "math":
-        attn_extra += 2 * B * heads * T * T * m  # softmax probabilities and their dropout/cast copy
-    per_layer = 2 * B * T * C * r // t + 2 * B * T * C * m + 12 * B * T * C * m // t
-    per_layer += 2 * 2 * (B * T // t) * 4 + attn_extra  # LayerNorm mean + rstd, fp32, on the sequence slice
+    if ac not in AC_MODES:
+        raise PlanError(f"activation checkpointing {ac!r}: use one of {', '.join(AC_MODES)} (planner --ac)")
+    if _gather_bytes(precision, dp) == 2 and r == 4:  # bf16-mixed under FSDP2: bf16 weights, bf16 residual stream
+        r, wcopy = 2, 0
+    B, T, C, t = batch_size, seq_len, config.n_embd, tp
     head = B * T * C * r // t + 2 * (B * T // t) * 4  # ln_f input + stats
     head += B * T * C * m  # lm_head input, gathered
     head += B * T * (config.vocab_size // t) * lsm  # log-softmax output
     head += 2 * B * T * 8 + 2 * (T // t) * 8  # token ids, targets (int64), position ids
-    weights = sum(math.prod(s) for s, mm in param_shapes(config, tp) if mm) * wcopy
-    return {"layers": config.n_layer * per_layer, "head": head, "weight_copies": weights}
+    weights = sum(math.prod(s) for s, mm in param_shapes(config, tp) if mm) * wcopy  # in every AC mode (measured)
+    return {"layers": config.n_layer * _layer_bytes(config, B, T, t, r, m, sdpa, ac), "head": head, "weight_copies": weights}
 
 
-def transient_bytes(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed") -> int:
-    """Peak-time memory that is not saved for backward: logits and their gradient at the loss, FSDP2's gathered
-    parameters (two blocks + the root unit) and one block's unsharded gradient when dp > 1."""
-    pb, _, m, _, _ = _precision(precision)
-    out = batch_size * seq_len * (config.vocab_size // tp) * (m + 4)
+def transient_bytes(
+    config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed",
+    sdpa: str = "flash", ac: str = "none",
+) -> int:
+    """Memory alive at the peak beyond the saved activations, at the larger of two moments:
+    - the loss: the logits B T (V/t) x m and, when they are not float32, the float32 copy the loss's subtraction
+      makes (+ 4);
+    - a block's backward: under AC the block's recomputed activations, under FSDP2 (dp > 1) two gathered blocks
+      and one block's unsharded gradients with their float32 reduce-scatter copy, and the root's unsharded
+      gradients; by then the head's activations are freed.
+    Plus, under FSDP2, the root unit (wte, wpe, ln_f), which stays gathered through the step.
+    Weights are gathered in 2 bytes under bf16-mixed (_gather_bytes)."""
+    _, r, m, _, _ = _precision(precision)
+    g = _gather_bytes(precision, dp)
+    r = 2 if g == 2 and r == 4 else r
+    at_loss = batch_size * seq_len * (config.vocab_size // tp) * (m + (4 if m < 4 else 0))
+    backward = 0
+    if ac != "none":
+        backward += _layer_bytes(config, batch_size, seq_len, tp, r, m, sdpa, "none")
+        backward -= _layer_bytes(config, batch_size, seq_len, tp, r, m, sdpa, ac)
+    root = 0
     if dp > 1:
         shapes = param_shapes(config, tp)
         block = sum(math.prod(s) for s, _ in shapes[:12])
-        root = sum(math.prod(s) for s, _ in shapes[12 * config.n_layer :])
-        out += (2 * block + block + 2 * root) * pb  # 2 gathered blocks + 1 block's grads; root params + grads
-    return out
+        root = sum(math.prod(s) for s, _ in shapes[12 * config.n_layer :]) * g
+        backward += block * (2 * g + g + 4) + root
+    backward -= activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)["head"]
+    return root + max(at_loss, backward)
 
 
 def estimate(
     config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed",
-    sdpa: str = "flash", overhead_gib: float = 1.5,
+    sdpa: str = "flash", overhead_gib: float = 1.5, ac: str = "none",
 ) -> Memory:
     """The memory estimate of one layout, per device."""
     s = state_bytes(config, dp, tp, precision)
-    a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa)
+    a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)
     return Memory(
         params=s["params"], grads=s["grads"], optimizer=s["optimizer"], activations=sum(a.values()),
-        transient=transient_bytes(config, dp, tp, batch_size, seq_len, precision), overhead=int(overhead_gib * GIB),
+        transient=transient_bytes(config, dp, tp, batch_size, seq_len, precision, sdpa, ac), overhead=int(overhead_gib * GIB),
     )
 
 
@@ -247,19 +298,19 @@ def _check_inputs(config: GPTConfig, devices_per_node, num_nodes, batch_size, se
 def plan(
     config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
     device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
-    overhead_gib: float = 1.5, usable_fraction: float = 0.95,
+    overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none",
 ) -> Plan:
     """Every TP size that divides the devices per node, with its memory estimate, validity and fit; and the choice:
     the valid layout with the smallest TP that fits (all fit when device_memory_gib is None)."""
     _check_inputs(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, overhead_gib, usable_fraction)
     _precision(precision)
-    out = Plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, str(precision))
+    out = Plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, str(precision), ac)
     world = devices_per_node * num_nodes
     budget = None if device_memory_gib is None else device_memory_gib * GIB * usable_fraction
     valid = set(valid_tp_sizes(config, seq_len))
 
     def fits(dp: int, tp: int) -> tuple[Memory, bool]:
-        m = estimate(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib)
+        m = estimate(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac)
         return m, budget is None or m.total <= budget
 
     for tp in _divisors(devices_per_node):
@@ -309,7 +360,7 @@ def format_plan(p: Plan) -> str:
         f"model: {c.n_layer} layers, {c.n_head} heads, n_embd={c.n_embd}, vocab={c.vocab_size}, "
         f"{c.num_params(non_embedding=False) / 1e6:.0f}M parameters",
         f"devices: {p.num_nodes} node(s) x {p.devices_per_node} = {p.world_size}, {mem} each; micro-batch "
-        f"B={p.batch_size} x T={p.seq_len} per DP rank; precision {p.precision}",
+        f"B={p.batch_size} x T={p.seq_len} per DP rank; precision {p.precision}; activation checkpointing {p.ac}",
         f"{'layout':<14}{'params':>8}{'grads':>8}{'adamw':>8}{'activ.':>8}{'transient':>10}{'overhead':>9}{'total GiB':>11}  status",
     ]
     for lay in p.layouts:
@@ -332,6 +383,7 @@ def format_plan(p: Plan) -> str:
 def resolve_layout(
     config: GPTConfig, world_size: int, devices_per_node: int, num_nodes: int, batch_size: int, seq_len: int,
     device_memory_gib: float | None = None, precision: str = "bf16-mixed", dp: int | str = "auto", tp: int | str = "auto",
+    ac: str = "none",
 ) -> tuple[int, int]:
     """(dp, tp) for ModelParallelStrategy when either size is "auto": the planner's choice (smallest TP that fits;
     without a memory size, the smallest valid TP). A size given as a number is kept and the other one derived.
@@ -340,7 +392,7 @@ def resolve_layout(
         raise LayoutError(f"world_size={world_size} != devices_per_node={devices_per_node} x num_nodes={num_nodes}")
     if dp != "auto" and tp != "auto":
         return int(dp), int(tp)
-    p = plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, precision)
+    p = plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, precision, ac=ac)
     candidates = [lay for lay in p.layouts if lay.memory is not None]
     if tp != "auto":
         candidates = [lay for lay in candidates if lay.tp == int(tp)]
@@ -384,6 +436,7 @@ def _config_from_yaml(path: str) -> dict:
         "batch_size": data.get("batch_size", 16),
         "seq_len": data.get("seq_len"),  # None: the model's block_size, at most 1024
         "precision": str(trainer.get("precision", "32-true")),
+        "ac": model.get("activation_checkpointing", "none"),
     }
     if out["seq_len"] is None:
         out["seq_len"] = min(1024, out["config"].block_size)
@@ -406,13 +459,14 @@ def main(argv: list[str] | None = None) -> Plan:
     ap.add_argument("--seq-len", type=int, help="sequence length T (data.seq_len; default the model's block_size, at most 1024)")
     ap.add_argument("--precision", choices=list(PRECISIONS), help="trainer.precision (default bf16-mixed)")
     ap.add_argument("--sdpa", choices=["flash", "math"], default="flash", help="attention kernel (math keeps T x T scores)")
+    ap.add_argument("--ac", choices=AC_MODES, help="activation checkpointing per block (model.activation_checkpointing; default none)")
     ap.add_argument("--overhead-gib", type=float, default=1.5, help="CUDA context + NCCL + allocator slack per device")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
 
     settings = {
         "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
-        "seq_len": None, "precision": "bf16-mixed",
+        "seq_len": None, "precision": "bf16-mixed", "ac": "none",
     }
     if args.config:
         try:
@@ -424,7 +478,7 @@ def main(argv: list[str] | None = None) -> Plan:
     if args.vocab_size is not None:
         settings["config"].vocab_size = args.vocab_size
     for key, val in [("devices_per_node", args.devices_per_node), ("num_nodes", args.nodes), ("batch_size", args.batch_size),
-                     ("seq_len", args.seq_len), ("precision", args.precision)]:
+                     ("seq_len", args.seq_len), ("precision", args.precision), ("ac", args.ac)]:
         if val is not None:
             settings[key] = val
     if settings["devices_per_node"] is None:

@@ -1,10 +1,17 @@
 """Measure what the planner estimates, on CPU: the bytes saved for backward by one forward (unique storages of the
-tensors autograd saves, parameters left out) and the parameter / gradient / AdamW bytes of one rank after a step.
+tensors autograd saves, parameters left out), the parameter / gradient / AdamW bytes of one rank after a step, and
+the peak of the memory allocated on the rank during one micro-batch of training.
+
+The peak: the bytes of every tensor alive before a micro-batch (parameters, gradients of the micro-batch before it,
+as under gradient accumulation, AdamW state, the batch), plus the largest rise above that during the micro-batch's
+forward and backward, summed from the allocation and free records of the torch profiler (profile_memory); the least
+such peak of three micro-batches.
 
 Run under torchrun with nproc = dp * tp; rank 0 writes <out>.json with the measured and the planned numbers.
 """
 
 import argparse
+import gc
 import json
 from contextlib import nullcontext
 
@@ -12,14 +19,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from torch.profiler import ProfilerActivity, profile, record_function
 
-from gpt_tp.entry import run
 from gpt_tp import planner
 from gpt_tp.audit import state_bytes
-from gpt_tp.model import GPT, GPTConfig
+from gpt_tp.entry import run
 from gpt_tp.loss import cross_entropy
+from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.optim import make_adamw
-from gpt_tp.parallel import parallelize, reduce_partial_grads
+from gpt_tp.parallel import AC_MODES, parallelize, reduce_partial_grads
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -45,40 +53,85 @@ class SavedBytes:
         return sum(self.storages.values())
 
 
+def alive_bytes(model) -> int:
+    """Bytes of every tensor storage Python can reach (parameters, AdamW state, the batch) and of the gradients
+    (held by autograd, not by a Python object until read)."""
+    gc.collect()  # autograd graphs left in reference cycles would otherwise be freed at random moments
+    storages = {}
+    for o in gc.get_objects() + [p.grad for p in model.parameters() if p.grad is not None]:
+        if torch.is_tensor(o) and not o.is_meta:
+            s = _local(o).untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+    return sum(storages.values())
+
+
+def rise_in(prof, window: str) -> int:
+    """The largest rise of allocated bytes above their level at the start of the record_function(window) span,
+    from the profiler's allocation and free records. (Frees that happen on gloo's own threads are not recorded,
+    so the level before the span is not a measure of what is alive; alive_bytes is.)"""
+    events = prof.profiler.kineto_results.events()
+    span = next(e for e in events if e.name() == window)
+    start, end = span.start_ns(), span.start_ns() + span.duration_ns()
+    alive = peak = 0
+    for e in sorted((e for e in events if e.name() == "[memory]" and start <= e.start_ns() <= end), key=lambda e: e.start_ns()):
+        alive += e.nbytes()
+        peak = max(peak, alive)
+    return peak
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
+    ap.add_argument("--ac", default="none", choices=AC_MODES)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--n-embd", type=int, default=128)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    config = GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=128, vocab_size=2048)
+    config = GPTConfig(n_layer=args.layers, n_head=4, n_embd=args.n_embd, block_size=128, vocab_size=2048)
     B, T = 4, 128
-    mesh = init_device_mesh("cpu", (args.dp, args.tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    model = parallelize(GPT(config), mesh)
-    opt = make_adamw(model, lr=1e-3)
+    bf16 = args.precision == "bf16-mixed"
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
     x = torch.randint(0, config.vocab_size, (B, T))
     y = torch.randint(0, config.vocab_size, (B, T))
+    mesh = init_device_mesh("cpu", (args.dp, args.tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
 
-    saved = SavedBytes(model)
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16-mixed" else nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), cast:
-        loss = cross_entropy(model(x), y)
-    loss.backward()
-    reduce_partial_grads(model)
-    opt.step()
-    states = state_bytes(model, opt)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        # as GPTModule.configure_model builds it for training: FSDP2 gathers in bf16 under bf16-mixed
+        model = parallelize(GPT(config), mesh, param_dtype=torch.bfloat16 if bf16 else None, activation_checkpointing=args.ac)
+        opt = make_adamw(model, lr=1e-3)
+        saved = SavedBytes(model)
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), cast:
+            loss = cross_entropy(model(x), y)
+        loss.backward()
+        reduce_partial_grads(model)
+        opt.step()
+        states = state_bytes(model, opt)
+        opt.zero_grad(set_to_none=True)
+        peaks = []
+        for window in ("first", "peak1", "peak2", "peak3"):  # micro-batches of one accumulation: all but the first
+            before = alive_bytes(model)                       # see the gradients of the ones before
+            peaks.append((before, window))
+            with record_function(window):
+                with cast:
+                    loss = cross_entropy(model(x), y)
+                loss.backward()
+                del loss
+    # the least of three micro-batches: a free on one of gloo's threads goes unrecorded and only ever adds
+    peak = min(before + rise_in(prof, window) for before, window in peaks[1:])
 
-    planned_act = planner.activation_bytes(config, B, T, args.tp, args.precision)
+    planned_act = planner.activation_bytes(config, B, T, args.tp, args.precision, dp=args.dp, ac=args.ac)
     planned_states = planner.state_bytes(config, args.dp, args.tp, args.precision)
+    planned = planner.estimate(config, args.dp, args.tp, B, T, args.precision, ac=args.ac, overhead_gib=0)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump({
-                "measured": {"activations": saved.total, **{k: states[k] for k in ("params", "grads", "optimizer")}},
-                "planned": {"activations": sum(planned_act.values()), **planned_states},
-                "planned_terms": planned_act,
+                "measured": {"activations": saved.total, "peak": peak, **{k: states[k] for k in ("params", "grads", "optimizer")}},
+                "planned": {"activations": sum(planned_act.values()), "peak": planned.total, **planned_states},
+                "planned_terms": {**planned_act, "transient": planned.transient},
                 "n_saved_storages": len(saved.storages),
             }, f, indent=1)
     dist.destroy_process_group()
