@@ -24,7 +24,7 @@ from gpt_tp.model import GPTConfig
 from gpt_tp.module import GPTModule, check_total_batch
 from gpt_tp.parallel import LayoutError, validate_layout
 from gpt_tp.planner import detect_device_memory_gib, resolve_layout
-from gpt_tp.predict import PromptBatches, read_prompts, write_predictions
+from gpt_tp.predict import PromptBatches, check_prompts, read_prompts, write_predictions
 from gpt_tp.progress import StepProgressBar
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
@@ -63,6 +63,8 @@ class GPTTrainer(Trainer):
                 raise UserError(f"--max_new_tokens={max_new_tokens}, --num_samples={num_samples} and --top_k={top_k} must be >= 1")
             settings = {"max_new_tokens": max_new_tokens, "num_samples": num_samples, "top_k": top_k, "seed": seed}
             prompts = read_prompts([prompt] if isinstance(prompt, str) else prompt, prompts_file)
+            if model is not None:
+                check_prompts(prompts, model.config.block_size, output)
             dataloaders = PromptBatches(prompts, **settings)
         out = super().predict(model, dataloaders, None, True if return_predictions is None else return_predictions, ckpt_path)
         if out is not None:  # rank 0 writes; a failure there ends every rank with it

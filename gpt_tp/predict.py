@@ -28,6 +28,26 @@ def read_prompts(prompt: list[str] | None = None, prompts_file: str | None = Non
     return prompts or [PROMPT]
 
 
+def prompt_tokens(enc, prompt: str, block_size: int) -> int:
+    """The prompt's token count; UserError where it leaves no room for a new token within the model's block_size."""
+    n = len(enc.encode(prompt))
+    if n >= block_size:
+        raise UserError(f"--prompt {prompt[:40]!r}...: {n} tokens, but the model's block_size is {block_size}; "
+                        f"shorten it to under {block_size} tokens")
+    return n
+
+
+def check_prompts(prompts: list[str], block_size: int, output: str | None) -> None:
+    """Before any rank starts: every prompt fits the model (prompt_tokens) and --output names a file, not a folder."""
+    from gpt_tp.tokenizer import get_encoding
+
+    enc = get_encoding()
+    for prompt in prompts:
+        prompt_tokens(enc, prompt, block_size)
+    if output is not None and Path(output).is_dir():
+        raise UserError(f"--output {output} is a folder; give the name of a file for the JSON lines")
+
+
 class PromptBatches:
     """One batch a prompt. A plain iterable, not a DataLoader: Lightning adds no distributed sampler, so every rank
     sees every prompt (and not a list, which Lightning would take as one loader per element)."""
@@ -50,10 +70,8 @@ def continue_prompt(pl_module, batch: dict) -> list[dict]:
     enc = get_encoding()
     trainer = pl_module.trainer
     prompt = batch["prompt"]
-    n_prompt = len(enc.encode(prompt))
     block = block_size_of(pl_module)
-    if n_prompt >= block:
-        raise UserError(f"--prompt {prompt[:40]!r}...: {n_prompt} tokens, but the model's block_size is {block}")
+    n_prompt = prompt_tokens(enc, prompt, block)
     texts = sample_texts(
         pl_module, enc, prompt, num_samples=batch["num_samples"], max_length=min(block, n_prompt + batch["max_new_tokens"]),
         top_k=batch["top_k"], seed=batch["seed"], block_size=block, tp=parallel_layout(trainer, pl_module)[0],
