@@ -95,6 +95,7 @@ class GPTCLI(LightningCLI):
         dp, tp = resolve_layout(
             model_config(cfg), devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
             detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
+            ac=cfg.model.activation_checkpointing,
         )
         init.data_parallel_size, init.tensor_parallel_size = dp, tp
         print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.planner shows the table)", file=sys.stderr)
