@@ -218,3 +218,16 @@ def test_command_line_mistakes_are_one_line_errors(capsys):
     p = planner.main(["--model", "tiny", "--devices-per-node", "2", "--memory-gib", "24"])
     assert p.seq_len == 128 and (p.choice.dp, p.choice.tp) == (2, 1)
     capsys.readouterr()
+
+
+def test_activation_checkpointing_from_config_and_flag(capsys):
+    """configs/gpt2-xl-8gpu.yaml's model.activation_checkpointing is planned (selective lets B=8 fit 24 GiB);
+    --ac overrides it: without checkpointing B=8 does not fit, with full checkpointing it needs less."""
+    cfg = ["--config", "configs/gpt2-xl-8gpu.yaml", "--memory-gib", "24"]
+    sel = planner.main(cfg)
+    assert sel.ac == "selective" and (sel.choice.dp, sel.choice.tp, sel.batch_size) == (8, 1, 8)
+    none = planner.main([*cfg, "--ac", "none"])
+    assert none.choice is None and "lower data.batch_size" in none.notes[-1]
+    full = planner.main([*cfg, "--ac", "full"])
+    assert full.choice.memory.total < sel.choice.memory.total
+    assert "activation checkpointing full" in capsys.readouterr().out
