@@ -68,6 +68,14 @@ def _is_user_error(e: BaseException) -> bool:
     return isinstance(e, (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError))
 
 
+def _user_error_in(e: BaseException | None) -> BaseException | None:
+    """The user's mistake that `e` is, or was raised from (jsonargparse wraps an exception raised while it builds a
+    config's class, e.g. a callback refusing its arguments, in its own ValueError); None for a bug."""
+    while e is not None and not _is_user_error(e):
+        e = e.__cause__
+    return e
+
+
 def run(main: Callable[[], object]) -> None:
     """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake.
 
@@ -84,8 +92,8 @@ def run(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         code = 130
     except BaseException as e:
-        if _is_user_error(e):
-            report(_one_line(e))
+        if _user_error_in(e) is not None:
+            report(_one_line(_user_error_in(e)))
             code = EXIT_USER_ERROR
         else:  # a bug: its traceback
             sys.excepthook(type(e), e, e.__traceback__)

@@ -276,7 +276,7 @@ def evaluate(
     "examples" (this rank's per-example index, label, sum/mean losses, pred, pred_norm) with details=True.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
+        raise HellaSwagError(f"batch_size={batch_size} must be >= 1")
     enc = enc or get_encoding()
     vocab_limit = enc.n_vocab if vocab_limit == -1 else vocab_limit
     vocab_size = getattr(config_of(model), "vocab_size", enc.n_vocab)
@@ -384,9 +384,11 @@ class HellaSwagCallback(Callback):
     def __init__(self, path: str | None = None, cache_dir: str = DEFAULT_CACHE_DIR, every_n_steps: int = 250,
                  limit: int | None = None, batch_size: int = 4, pad_to: int = 32):
         if every_n_steps < 0:
-            raise ValueError(f"HellaSwagCallback every_n_steps={every_n_steps} must be >= 0 (0: only at the end of fit)")
+            raise HellaSwagError(f"HellaSwagCallback every_n_steps={every_n_steps} must be >= 0 (0: only at the end of fit)")
         if limit is not None and limit < 1:
-            raise ValueError(f"HellaSwagCallback limit={limit} must be >= 1, or null for every example")
+            raise HellaSwagError(f"HellaSwagCallback limit={limit} must be >= 1, or null for every example")
+        if batch_size < 1 or pad_to < 1:
+            raise HellaSwagError(f"HellaSwagCallback batch_size={batch_size} and pad_to={pad_to} must be >= 1")
         self.path, self.cache_dir, self.every_n_steps, self.limit = path, cache_dir, every_n_steps, limit
         self.batch_size, self.pad_to = batch_size, pad_to
         self.examples: list[dict] | None = None
@@ -464,7 +466,10 @@ def load_model(args):
             return model
         if not p.is_file():
             raise HellaSwagError(f"--ckpt_path {p} not found: give a Lightning checkpoint (.ckpt file or distributed checkpoint folder)")
-        ckpt = torch.load(p, map_location="cpu", weights_only=False)
+        try:
+            ckpt = torch.load(p, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
+            raise HellaSwagError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
         if "state_dict" not in ckpt:
             raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule")
         config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
@@ -494,6 +499,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype on CUDA")
     ap.add_argument("--out", help="write the result as JSON here")
     args = ap.parse_args(argv)
+    if args.batch_size < 1:
+        raise HellaSwagError(f"--batch-size={args.batch_size} must be >= 1")
+    if args.out and Path(args.out).is_dir():
+        raise HellaSwagError(f"--out {args.out} is a folder; give the name of a file for the JSON result")
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tp, dp_rank, dp_size, dp_group, mesh = 1, 0, 1, None, None

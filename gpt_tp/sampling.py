@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from gpt_tp.collective import one_does
 from gpt_tp.data import check_token_ids
+from gpt_tp.errors import UserError
 from gpt_tp.hellaswag import block_size_of, config_of, parallel_layout
 
 PROMPT = "Hello, I'm a language model,"
@@ -54,12 +55,12 @@ def generate(
     are never drawn. Every prompt id must be below the model's vocab_size (where it has a config) and vocab_limit
     (gpt_tp.data.check_token_ids). Returns (num_samples, max_length) token ids. Call on every rank of the job."""
     if not prompt:
-        raise ValueError("the prompt encodes to no tokens: give a non-empty prompt")
+        raise UserError("the prompt encodes to no tokens: give a non-empty prompt")
     limits = [v for v in (getattr(config_of(model), "vocab_size", None), vocab_limit) if v is not None]
     if limits:
         check_token_ids(torch.tensor(prompt), min(limits), "the sampling prompt")
     if max_length <= len(prompt):
-        raise ValueError(f"max_length={max_length} must exceed the prompt's {len(prompt)} tokens")
+        raise UserError(f"max_length={max_length} must exceed the prompt's {len(prompt)} tokens")
     device = torch.device(device)
     max_ctx = block_size - block_size % tp  # longest window the model (and sequence parallelism) takes
     gen = torch.Generator(device=device).manual_seed(seed)  # the same stream on every rank
@@ -98,9 +99,9 @@ class TextSampleCallback(Callback):
     def __init__(self, prompt: str = PROMPT, every_n_steps: int = 250, num_samples: int = 4, max_length: int = 32,
                  top_k: int = 50, seed: int = 42, at_end: bool = True):
         if every_n_steps < 0:
-            raise ValueError(f"TextSampleCallback every_n_steps={every_n_steps} must be >= 0 (0: only at the end of fit)")
+            raise UserError(f"TextSampleCallback every_n_steps={every_n_steps} must be >= 0 (0: only at the end of fit)")
         if num_samples < 1 or top_k < 1:
-            raise ValueError(f"TextSampleCallback num_samples={num_samples} and top_k={top_k} must be >= 1")
+            raise UserError(f"TextSampleCallback num_samples={num_samples} and top_k={top_k} must be >= 1")
         self.prompt, self.every_n_steps, self.num_samples, self.max_length = prompt, every_n_steps, num_samples, max_length
         self.top_k, self.seed, self.at_end = top_k, seed, at_end
         self.history: list[tuple[int, list[str]]] = []  # (step, samples) on this rank
@@ -112,7 +113,7 @@ class TextSampleCallback(Callback):
 
         self._enc = self._enc or get_encoding()
         if len(self._enc.encode(self.prompt)) >= self.max_length:
-            raise ValueError(f"TextSampleCallback max_length={self.max_length} must exceed the prompt's token count")
+            raise UserError(f"TextSampleCallback max_length={self.max_length} must exceed the prompt's token count: raise max_length or shorten prompt")
 
     def run(self, trainer, pl_module) -> list[str]:
         tp = parallel_layout(trainer, pl_module)[0]
