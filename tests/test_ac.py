@@ -53,13 +53,16 @@ def _fit(tmp_path, name, nproc, *args):
 def test_lightning_runs_with_ac_match_without(tmp_path):
     """Trainer + ModelParallelStrategy, 6 optimizer steps, accumulation 2, clipping, fused AdamW: AC full at TP=2 and
     selective under FSDP2 (DP=2 x TP=2) equal the same layout without AC bit for bit (eager: the same ops in the same
-    order); selective with compile at TP=2 within fp32 noise."""
+    order); selective with compile at TP=2 within fp32 noise; configs/gpt2-xl-8gpu.yaml's recipe (FSDP2, compile,
+    bf16-mixed, selective) against the same without AC within bf16 noise."""
     tp2 = _fit(tmp_path, "tp2", 2, "--tp", "2")
     fsdp = _fit(tmp_path, "fsdp", 4, "--tp", "2", "--dp", "2")
+    xl = ("--dp", "2", "--compile", "--precision", "bf16-mixed")
     runs = {
         "full": (tp2, _fit(tmp_path, "full", 2, "--tp", "2", "--ac", "full"), 0.0),
         "selective_compile": (tp2, _fit(tmp_path, "selc", 2, "--tp", "2", "--ac", "selective", "--compile"), 1e-4),
         "selective_dp2xtp2": (fsdp, _fit(tmp_path, "fsdp_sel", 4, "--tp", "2", "--dp", "2", "--ac", "selective"), 0.0),
+        "selective_dp2_compile_bf16": (_fit(tmp_path, "xl", 2, *xl), _fit(tmp_path, "xl_sel", 2, *xl, "--ac", "selective"), 1e-3),
     }
     for name, ((ref, ref_w), (res, w), tol) in runs.items():
         ref_losses = [r["train/loss"] for r in ref["rows"]]
@@ -68,4 +71,6 @@ def test_lightning_runs_with_ac_match_without(tmp_path):
             got = [r[key] for r in res["rows"]]
             assert got == pytest.approx([r[key] for r in ref["rows"]], rel=tol, abs=0), (name, key)
         worst = max((w["final"][k] - v).abs().max().item() for k, v in ref_w["final"].items())
-        assert worst <= (0.0 if tol == 0 else 3e-4), (name, worst)
+        # fp32 reordering stays far below one Adam step (lr 3e-3); bf16 rounding can flip near-zero Adam updates:
+        # bounded by 2 x lr per step over 6 steps (as in test_tp_parity)
+        assert worst <= {0.0: 0.0, 1e-4: 3e-4, 1e-3: 2 * 3e-3 * 6}[tol], (name, worst)
