@@ -7,14 +7,18 @@ Preemption. Slurm sends SIGUSR1 to every task some time before the job ends (`#S
 wherever each rank happens to be: on SIGUSR1 (SLURMEnvironment(auto_requeue=True)) it saves an `hpc_ckpt_N.ckpt`, on
 SIGTERM it broadcasts a tensor. Under ModelParallelStrategy a save is a distributed checkpoint, i.e. collectives, and
 ranks interrupted at different points of a step would pair those collectives with the training step's.
+So `Preemption` runs only beside `SLURMEnvironment(auto_requeue=False)`, given explicitly (launch.sh passes
+`--trainer.plugins lightning.pytorch.plugins.environments.SLURMEnvironment --trainer.plugins.auto_requeue false`):
+Lightning then installs no SIGUSR1 handler at all. The environment Lightning picks by itself inside a Slurm job has
+auto_requeue on; `setup` refuses it with one line naming those flags.
 `Preemption` acts at a point where all ranks agree: its handlers only set a flag; after each optimizer step the ranks
 sum their flags in one tiny all-reduce, and when one is set they all save `dirpath/preempt-step=N.ckpt`. After
 SIGUSR1 rank 0 runs `scontrol requeue $SLURM_JOB_ID` and every rank exits 0; after SIGTERM every rank exits 143
 (128 + SIGTERM: not finished) without requeue. A SIGTERM that comes before the next step boundary finishes is
 too late for a new checkpoint: the last complete one is intact (`latest` below skips a cut-off save). The SIGUSR1
-handler, installed in `setup`, is found by Lightning, which then leaves SIGUSR1 alone; the SIGTERM handler replaces
-Lightning's when training starts (Lightning installs its own just before). A SIGTERM before that point ends the
-process at once, as it would without gpt_tp.
+handler is installed in `setup`; the SIGTERM handler replaces Lightning's when training starts (Lightning installs
+its own, whatever the environment, just before). A SIGTERM before that point ends the process at once, as it would
+without gpt_tp.
 
 Resume. `python -m gpt_tp.slurm latest DIR...` prints the newest complete checkpoint in the folders (a file, or a
 distributed-checkpoint folder holding Lightning's `meta.pt`, which rank 0 writes after every shard is written), so the
@@ -40,12 +44,20 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from gpt_tp.errors import UserError
 
 # distributed-checkpoint folders written by Lightning's ModelParallelStrategy end with this file (rank 0, last)
 LIGHTNING_META = "meta.pt"
 PREFIX = "gpt_tp"
 EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM": the run did not finish
+SLURM_ENV_FLAGS = "--trainer.plugins lightning.pytorch.plugins.environments.SLURMEnvironment --trainer.plugins.auto_requeue false"
+
+
+class PreemptionError(UserError):
+    """Preemption configured beside Lightning's own SIGUSR1 save-and-requeue."""
 
 
 def _say(msg: str) -> None:
@@ -92,11 +104,18 @@ class Preemption(Callback):
             self._previous[signum] = (handler, signal.signal(signum, handler))
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        env = getattr(trainer.strategy, "cluster_environment", None)
+        if isinstance(env, SLURMEnvironment) and env.auto_requeue:
+            raise PreemptionError(
+                "gpt_tp.slurm.Preemption saves and requeues the job itself, but Lightning's SLURMEnvironment has "
+                f"auto_requeue on (its default inside a Slurm job): pass {SLURM_ENV_FLAGS} (scripts/slurm/launch.sh does)"
+            )
         self._install(self.signum, self._on_signal)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._install(signal.SIGTERM, self._on_sigterm)  # replaces Lightning's, installed just before training
-        env = " ".join(f"{k}={os.environ.get(k, '-')}" for k in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"))
+        keys = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT")
+        env = " ".join(f"{k}={os.environ.get(k, '-')}" for k in keys)
         _say(f"rank {trainer.global_rank} of {trainer.world_size}: {env} host={socket.gethostname()} "
              f"restart={os.environ.get('SLURM_RESTART_COUNT', 0)}")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from gpt_tp.slurm import latest_checkpoint
+from gpt_tp.slurm import SLURM_ENV_FLAGS, Preemption, PreemptionError, latest_checkpoint
 
 APT = "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
 
@@ -47,10 +47,13 @@ def _wait_for(pred, timeout: float, what: str, interval: float = 0.5):
 
 
 class LocalSlurm:
-    """munged + slurmctld + slurmd for one node `localhost` (2 CPUs), all state under `root`; stopped by PID."""
+    """munged + slurmctld + one slurmd per node, all state under `root`; stopped by PID. One node is `localhost`;
+    two are `n1` and `n2`, both on this host (Debian's Slurm is built with multiple-slurmd support: a slurmd per
+    node name, each with its own port and %n in its spool, pid and log paths). Each node has `cpus` CPUs."""
 
-    def __init__(self, root: Path, cpus: int = 2):
+    def __init__(self, root: Path, cpus: int = 2, nodes: int = 1):
         self.root, self.cpus = root, cpus
+        self.names = ["localhost"] if nodes == 1 else [f"n{i + 1}" for i in range(nodes)]
         self.conf = root / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -69,6 +72,11 @@ class LocalSlurm:
                      f"--log-file={r / 'munge' / 'munged.log'}"], "munged")
         _wait_for(sock.exists, 10, "munged's socket")
         ctld, sd = _free_port(), _free_port()
+        if self.names == ["localhost"]:
+            node_lines = f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN"
+        else:
+            node_lines = "\n".join(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} "
+                                   f"CPUs={self.cpus} State=UNKNOWN" for n in self.names)
         self.conf.write_text(f"""\
 ClusterName=gpttp
 SlurmctldHost=localhost(127.0.0.1)
@@ -83,11 +91,11 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MailProg=/bin/true
 StateSaveLocation={r / 'state'}
-SlurmdSpoolDir={r / 'spool'}
+SlurmdSpoolDir={r / 'spool' / '%n'}
 SlurmctldPidFile={r / 'slurmctld.pid'}
-SlurmdPidFile={r / 'slurmd.pid'}
+SlurmdPidFile={r / 'slurmd-%n.pid'}
 SlurmctldLogFile={r / 'slurmctld.log'}
-SlurmdLogFile={r / 'slurmd.log'}
+SlurmdLogFile={r / 'slurmd-%n.log'}
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=1
 SelectType=select/cons_tres
@@ -96,12 +104,15 @@ ReturnToService=2
 JobRequeue=1
 KillWait=15
 MinJobAge=600
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+{node_lines}
+PartitionName=debug Nodes={",".join(self.names)} Default=YES MaxTime=INFINITE State=UP
 """)
         self._spawn(["setsid", "/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
-        self._spawn(["setsid", "/usr/sbin/slurmd", "-D", "-N", "localhost", "-f", str(self.conf)], "slurmd")
-        _wait_for(lambda: "idle" in self.run("sinfo", "-h", "-o", "%T", check=False).stdout, 30, "the node to be idle")
+        for n in self.names:
+            (r / "spool" / n).mkdir(exist_ok=True)
+            self._spawn(["setsid", "/usr/sbin/slurmd", "-D", "-N", n, "-f", str(self.conf)], f"slurmd-{n}")
+        _wait_for(lambda: self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split().count("idle") == len(self.names),
+                  30, "every node to be idle")
         return self
 
     def _spawn(self, cmd, name):
@@ -144,19 +155,28 @@ def _skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
+def _cluster(nodes: int):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
     # not under pytest's tmp root: that is private to root (0700) and munged runs as the munge user
     root = Path(tempfile.mkdtemp(prefix="gpt_tp_slurm_"))
-    cluster = LocalSlurm(root)
+    cluster = LocalSlurm(root, nodes=nodes)
     try:
         yield cluster.start()
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    yield from _cluster(1)
+
+
+@pytest.fixture
+def slurm_two_nodes():
+    yield from _cluster(2)
 
 
 def _submit(slurm: LocalSlurm, work: Path, *args: str, env: dict | None = None, sbatch: tuple[str, ...] = ()) -> str:
@@ -182,18 +202,21 @@ def _metrics(work: Path) -> list[dict]:
 
 
 def _rank_lines(log: str) -> list[tuple[str, ...]]:
-    return re.findall(r"\[gpt_tp\] rank (\d+) of (\d+): SLURM_JOB_ID=(\d+) SLURM_PROCID=(\d+) SLURM_LOCALID=(\d+) SLURM_NODEID=(\d+)", log)
+    return re.findall(r"\[gpt_tp\] rank (\d+) of (\d+): SLURM_JOB_ID=(\d+) SLURM_PROCID=(\d+) SLURM_LOCALID=(\d+) "
+                      r"SLURM_NODEID=(\d+) MASTER_ADDR=(\S+) MASTER_PORT=(\d+)", log)
 
 
 def test_sbatch_trains_with_slurm_ranks(slurm, tmp_path):
-    """The CPU sbatch (2 tasks, TP=2 over gloo) runs to max_steps; each Lightning rank is Slurm's SLURM_PROCID."""
-    job = _submit(slurm, tmp_path, env={"MAX_STEPS": "8"})
+    """The CPU sbatch (2 tasks, TP=2 over gloo) runs to max_steps; each Lightning rank is Slurm's SLURM_PROCID.
+    The rendezvous port is launch.sh's, from the job id, not the MASTER_PORT exported from the submitting shell."""
+    job = _submit(slurm, tmp_path, env={"MAX_STEPS": "8", "MASTER_PORT": "29500"})
     info = _wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}, 300)
     log = (tmp_path / f"slurm-gpt_tp_cpu-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED", log[-6000:]
     ranks = _rank_lines(log)
     assert sorted((r[0], r[3]) for r in ranks) == [("0", "0"), ("1", "1")], log[-4000:]  # global rank == SLURM_PROCID
     assert all(r[1] == "2" and r[2] == job for r in ranks)
+    assert {(r[6], r[7]) for r in ranks} == {("localhost", str(15000 + int(job) % 16000))}, ranks
     steps = [int(r["step"]) for r in _metrics(tmp_path) if r.get("train/loss")]
     assert sorted(steps) == list(range(8)), steps  # logged at steps 0..7: 8 optimizer steps
 
@@ -215,6 +238,7 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
     assert 0 < step < 16 and Path(path, "meta.pt").is_file()
     assert f"resume {path}" in log and f"Restored all states from the checkpoint at {path}" in log, log[-6000:]
     assert re.search(r"scontrol requeue \d+ -> ok", log)
+    assert "SLURM auto-requeueing enabled" not in log and "hpc_ckpt" not in log  # Lightning's own requeue stays off
     assert log.count("checkpoint saved, job requeued: exiting") == 2 and "Killed" not in log, log[-6000:]
     rows = [r for r in _metrics(tmp_path) if r.get("train/loss")]
     files = sorted({r["_file"] for r in rows})
@@ -274,7 +298,7 @@ def _launch_ranks(tmp_path: Path, *args: str, port: int | None = None) -> list[t
         cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(ROOT / "configs" / "cpu.yaml"),
                "--trainer.max_steps", "400", "--trainer.enable_progress_bar", "false",
                "--trainer.callbacks+=gpt_tp.slurm.Preemption", f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}",
-               "--trainer.callbacks.requeue=false", "--trainer.callbacks+=gpt_tp.slurm.FailFast", *args]
+               "--trainer.callbacks.requeue=false", "--trainer.callbacks+=gpt_tp.slurm.FailFast", *SLURM_ENV_FLAGS.split(), *args]
         procs.append((subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT), log))
     return procs
 
@@ -378,3 +402,59 @@ def test_latest_checkpoint_skips_incomplete(tmp_path):
     assert latest_checkpoint(str(tmp_path / "missing")) is None
     out = subprocess.run([sys.executable, "-m", "gpt_tp.slurm", "latest", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == str(b)
+
+
+def test_preemption_refuses_lightnings_auto_requeue(monkeypatch):
+    """Inside a Slurm job Lightning picks SLURMEnvironment(auto_requeue=True) by itself, whose SIGUSR1 handler would
+    save inside the signal handler: Preemption refuses it with the flags that turn it off (launch.sh passes them).
+    With SLURMEnvironment(auto_requeue=False) given explicitly, Preemption's handler is installed and restored."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    for k, v in {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "gpt_tp",
+                 "SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}.items():
+        monkeypatch.setenv(k, v)
+    kw = dict(accelerator="cpu", devices=1, strategy="ddp", logger=False, enable_progress_bar=False)
+    detected = Trainer(**kw).strategy.cluster_environment
+    assert isinstance(detected, SLURMEnvironment) and detected.auto_requeue
+    with pytest.raises(PreemptionError, match=re.escape(SLURM_ENV_FLAGS)):
+        Preemption().setup(Trainer(**kw), None, "fit")
+    trainer = Trainer(**kw, plugins=[SLURMEnvironment(auto_requeue=False)])
+    before = signal.getsignal(signal.SIGUSR1)
+    cb = Preemption()
+    cb.setup(trainer, None, "fit")
+    assert signal.getsignal(signal.SIGUSR1) == cb._on_signal
+    cb.teardown(trainer, None, "fit")
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_two_nodes_under_sbatch(slurm_two_nodes, tmp_path):
+    """`sbatch --nodes=2 --ntasks-per-node=2` on two slurmd of this host (nodes n1, n2): srun starts
+    tests/workers/multinode_fit.py 4 times and Lightning's SLURMEnvironment takes the ranks and nodes from srun. Ranks
+    0-1 run on n1 and 2-3 on n2, each TP group stays inside a node, each DP group spans both, and the losses equal the
+    same run as one node of 4 processes (tests/test_multinode.py), bit for bit."""
+    from test_multinode import launch_nodes
+
+    from conftest import WORKERS, read_json
+
+    slurm = slurm_two_nodes
+    exports = f"ALL,OMP_NUM_THREADS=1,PYTHONPATH={ROOT},MASTER_ADDR=127.0.0.1,MASTER_PORT={_free_port()}"  # n1, n2 do not resolve
+    worker = f"{sys.executable} {WORKERS / 'multinode_fit.py'} --nodes 2 --devices 2 --tp 2 --out {tmp_path / 'two'}"
+    job = slurm.run("sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={tmp_path}",
+                    f"--export={exports}", "--output=slurm-%j.out", "--wrap",
+                    f"srun --kill-on-bad-exit=1 --cpus-per-task=1 {worker}").stdout.strip().split(";")[0]
+    info = _wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}, 300)
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n[1-2]", (info, log[-6000:])
+    two = read_json(tmp_path / "two.json")
+    one = launch_nodes(1, 4, 2, tmp_path / "one")
+    assert len(two["losses"]) == 4 and two["losses"][-1] < two["losses"][0]
+    assert two["losses"] == one["losses"]
+    ranks = {r["rank"]: r for r in two["ranks"]}
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for r in ranks.values():
+        assert r["node_rank"] == r["env_node_rank"] == r["rank"] // 2 and r["local_rank"] == r["rank"] % 2
+        assert r["slurm_node"] == f"n{r['node_rank'] + 1}"
+        assert len(r["tp_group"]) == 2 and {ranks[q]["node_rank"] for q in r["tp_group"]} == {r["node_rank"]}
+        assert len(r["dp_group"]) == 2 and {ranks[q]["node_rank"] for q in r["dp_group"]} == {0, 1}
+    assert {tuple(r["tp_group"]) for r in ranks.values()} == {(0, 1), (2, 3)}
