@@ -173,6 +173,8 @@ def main(argv=None) -> Path:
     ap.add_argument("-o", "--out", default="run.png", help="PNG to write (default: run.png in the current directory)")
     ap.add_argument("--no-reference", action="store_true", help="leave out the GPT-2 / GPT-3 reference lines")
     args = ap.parse_args(argv)
+    if Path(args.out).is_dir():
+        raise PlotError(f"--out {args.out} is a folder; give a PNG file name, e.g. --out {Path(args.out) / 'run.png'}")
     csvs = run_csvs(find_csv(args.run))
     title = str(csvs[0]) if len(csvs) == 1 else f"{csvs[0].parent.parent}: " + " + ".join(c.parent.name for c in csvs)
     out = plot(join([read_metrics(c) for c in csvs]), args.out, title=title, reference=not args.no_reference)
