@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from gpt_tp.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.collective import one_does
@@ -81,6 +82,7 @@ class GPTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """`auto` data/tensor-parallel sizes: the planner picks the smallest TP that fits the device memory."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
+        model_config(cfg)  # GPTConfig's own checks, before jsonargparse buries their message in a union-type error
         strategy = str(getattr(cfg.trainer.strategy, "class_path", cfg.trainer.strategy))
         if str(cfg.trainer.precision).startswith("16") and "ModelParallel" in strategy:
             raise UserError(f"trainer.precision={cfg.trainer.precision}: ModelParallelStrategy has no fp16 gradient scaler for "
@@ -107,7 +109,10 @@ class GPTCLI(LightningCLI):
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
         if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             trainer["callbacks"] = [*callbacks, StepProgressBar()]
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (MisconfigurationException, ModuleNotFoundError) as e:  # Lightning refuses a trainer.* value (devices=0, an accelerator not installed)
+            raise UserError(f"{e} (check the trainer.* settings)") from e
 
     def _parse_ckpt_path(self) -> None:
         """gpt_tp's checkpoints are folders: a file given to --ckpt_path is refused before Lightning unpickles it."""

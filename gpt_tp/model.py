@@ -40,6 +40,11 @@ class GPTConfig:
     rows were never trained (a zero row gives logit 0, far above GPT-2's typical logits). None: plain GPT-2."""
 
     def __post_init__(self) -> None:
+        sizes = {"block_size": self.block_size, "vocab_size": self.vocab_size, "n_layer": self.n_layer, "n_head": self.n_head, "n_embd": self.n_embd}
+        if any(v < 1 for v in sizes.values()):
+            raise UserError("model." + ", model.".join(f"{k}={v}" for k, v in sizes.items() if v < 1) + ": must be >= 1")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"model.dropout={self.dropout} must be in [0, 1)")
         if self.n_embd % self.n_head:
             raise UserError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
         if self.vocab_used is not None and not 0 < self.vocab_used <= self.vocab_size:
