@@ -1,0 +1,231 @@
+"""A new user's mistakes, through the commands' own entry (gpt_tp.entry.run, what `python cli.py ...` and
+`python -m gpt_tp.X` run): each gives exit code 2, exactly one `error:` line naming the input and the fix, no
+traceback, and leaves what was written before unchanged. The mistakes other test files already hold are listed
+with theirs in docs/errors.md. Most cases fail before any process group starts, so they run in this process."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import cli  # imported here, not under capsys: Lightning's log handlers keep the stream they first see
+from conftest import ROOT
+from gpt_tp.entry import run
+from test_cli import one_error_line
+
+CPU = str(ROOT / "configs" / "cpu.yaml")
+ONE_DEVICE = ("--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.devices", "1",
+              "--trainer.strategy.init_args.tensor_parallel_size", "1")
+
+
+def snapshot(path: Path) -> dict:
+    """Every file under path (or path itself) -> sha1 of its bytes."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p): hashlib.sha1(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.fixture
+def user_run(monkeypatch, capsys):
+    """Run a command's main in this process as its __main__ does; return its one error line."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["cli.py"])
+    for k in ("WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "MASTER_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+
+    def go(main) -> str:
+        with pytest.raises(SystemExit) as e:
+            run(main)
+        out = capsys.readouterr()
+        return one_error_line(SimpleNamespace(returncode=e.value.code, stdout=out.out, stderr=out.err))
+
+    return go
+
+
+def cli_main(*args):
+    return lambda: cli.main(list(args))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A 1-step checkpoint of configs/cpu.yaml's model on one process (the real `cli.py fit`), and its export."""
+    from gpt_tp.export import main as export_main
+
+    tmp = tmp_path_factory.mktemp("bad_inputs")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "cli.py", "fit", "--config", CPU, *ONE_DEVICE, "--trainer.max_steps", "1",
+                           "--data.val_batches", "0", "--model.total_batch_size", "null",
+                           "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
+                           "--trainer.callbacks.dirpath", str(tmp / "ckpt"), "--trainer.callbacks.save_last", "true"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = tmp / "ckpt" / "last.ckpt"
+    assert export_main([str(saved), "--out", str(tmp / "hf"), "--format", "hf"]) == 0
+    return saved, tmp / "hf"
+
+
+# ---- cli.py fit: config files, flags and values, all refused before any process starts ----------------------------
+CONFIG_FILES = {
+    "yaml-typo-key": ("data:\n  batchsize: 4\n", "does not accept option 'data.batchsize'"),
+    "yaml-wrong-type": ("data:\n  batch_size: four\n", 'Parser key "data.batch_size"'),
+    "yaml-syntax": ("data: [1, 2\n", "Problems parsing config"),
+}
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_bad_config_file(user_run, tmp_path, name):
+    text, message = CONFIG_FILES[name]
+    (tmp_path / "my.yaml").write_text(text)
+    assert message in user_run(cli_main("fit", "--config", CPU, "--config", str(tmp_path / "my.yaml"), *ONE_DEVICE))
+
+
+def test_config_file_that_does_not_exist(user_run, tmp_path):
+    assert f"File does not exist: '{tmp_path}/nope.yaml'" in user_run(cli_main("fit", "--config", str(tmp_path / "nope.yaml")))
+
+
+FLAGS = {
+    "batch-size-0": (["--data.batch_size", "0"], "data.batch_size=0 and data.seq_len=128 must be >= 1"),
+    "seq-len-0": (["--data.seq_len", "0"], "data.batch_size=8 and data.seq_len=0 must be >= 1"),
+    "val-batches-negative": (["--data.val_batches", "-1"], "val_batches and num_workers must be >= 0, got -1 and 0"),
+    "max-lr-negative": (["--model.max_lr", "-1"], "model.max_lr=-1.0, model.min_lr=0.0003, model.warmup_steps=10: need max_lr > 0"),
+    "warmup-negative": (["--model.warmup_steps", "-5"], "model.warmup_steps=-5: need max_lr > 0, min_lr >= 0 and warmup_steps >= 0"),
+    "n-layer-0": (["--model.model.n_layer", "0"], "model.n_layer=0: must be >= 1"),
+    "n-head-not-dividing": (["--model.model.n_head", "3"], "model.n_embd=64 must be divisible by model.n_head=3"),
+    "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
+    "ac-mode": (["--model.activation_checkpointing", "some"], "model.activation_checkpointing='some': use one of none, full, selective"),
+    "devices-0": (["--trainer.devices", "0"], "`Trainer(devices='0')` value is not a valid input using cpu accelerator"),
+    "hellaswag-every-negative": (["--trainer.callbacks", "gpt_tp.hellaswag.HellaSwagCallback", "--trainer.callbacks.every_n_steps", "-1"],
+                                 "HellaSwagCallback every_n_steps=-1 must be >= 0"),
+    "hellaswag-batch-0": (["--trainer.callbacks", "gpt_tp.hellaswag.HellaSwagCallback", "--trainer.callbacks.batch_size", "0"],
+                          "HellaSwagCallback batch_size=0 and pad_to=32 must be >= 1"),
+    "sampler-every-negative": (["--trainer.callbacks", "gpt_tp.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "-2"],
+                               "TextSampleCallback every_n_steps=-2 must be >= 0"),
+}
+
+
+@pytest.mark.parametrize("name", FLAGS)
+def test_bad_flag_value(user_run, name):
+    flags, message = FLAGS[name]
+    assert message in user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, *flags))
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------------------------
+def test_a_file_given_as_checkpoint_is_refused_and_kept(user_run, tmp_path):
+    garbage = tmp_path / "model.ckpt"
+    garbage.write_bytes(os.urandom(1000))
+    before = snapshot(garbage)
+    line = user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, "--ckpt_path", str(garbage)))
+    assert f"{garbage} is a file, not a distributed checkpoint folder" in line
+    from gpt_tp.hellaswag import main as hellaswag_main
+
+    line = user_run(lambda: hellaswag_main(["--ckpt_path", str(garbage), "--path", "tests/fixtures/hellaswag_small.jsonl"]))
+    assert f"--ckpt_path {garbage} is not a readable checkpoint (UnpicklingError" in line
+    assert snapshot(garbage) == before
+
+
+def test_checkpoint_of_another_size_through_cli_leaves_it_unchanged(ckpt):
+    """The real `python cli.py validate` (it starts a process group to load): refused, the folder unchanged."""
+    saved, _ = ckpt
+    before = snapshot(saved)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "cli.py", "validate", "--config", CPU, *ONE_DEVICE, "--model.model.n_layer", "3",
+                           "--ckpt_path", str(saved)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    line = one_error_line(proc)
+    assert f"checkpoint {saved} does not fit this model (another model size?); set model.model" in line
+    assert "model.transformer.h.2.ln_1.weight: in the model, not in the checkpoint" in line
+    assert snapshot(saved) == before
+
+
+def test_truncated_checkpoint_folder(user_run, ckpt, tmp_path):
+    saved, _ = ckpt
+    from gpt_tp.export import main as export_main
+
+    broken = tmp_path / "broken.ckpt"
+    shutil.copytree(saved, broken)
+    (broken / "meta.pt").unlink()
+    before = snapshot(broken)
+    line = user_run(lambda: export_main([str(broken), "--out", str(tmp_path / "out")]))
+    assert f"{broken} is not a complete distributed checkpoint: meta.pt missing" in line
+    assert snapshot(broken) == before and not (tmp_path / "out").exists()
+
+
+# ---- Hugging Face folders (model.init_from, hellaswag --hf-dir) ---------------------------------------------------
+def _edit_config(**fields):
+    def edit(d: Path):
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.update(fields)
+        (d / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return edit
+
+
+def _drop_tensor(d: Path):
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["transformer.h.1.mlp.c_fc.weight"]
+    save_file(sd, str(d / "model.safetensors"))
+
+
+HF_FOLDERS = {
+    "config-not-json": (lambda d: (d / "config.json").write_text("{not json"), "config.json: not a GPT-2 config.json (JSONDecodeError"),
+    "model-type-bert": (_edit_config(model_type="bert"), "config.json: expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type='bert'"),
+    "n-head-not-dividing": (_edit_config(n_head=3), "config.json: model.n_embd=64 must be divisible by model.n_head=3"),
+    "field-missing": (_edit_config(n_layer=None), "config.json: GPT-2 config fields n_layer missing"),
+    "tensor-missing": (_drop_tensor, "model.safetensors does not fit {d}/config.json: transformer.h.1.mlp.c_fc.weight missing"),
+    "more-layers-than-weights": (_edit_config(n_layer=3), "model.safetensors does not fit {d}/config.json: transformer.h.2.ln_1.weight missing"),
+    "wider-than-weights": (_edit_config(n_embd=128), "transformer.h.0.attn.c_attn.bias: (192,) vs config (384,)"),
+    "safetensors-garbage": (lambda d: (d / "model.safetensors").write_bytes(os.urandom(500)), "model.safetensors is unreadable ("),
+}
+
+
+@pytest.mark.parametrize("name", HF_FOLDERS)
+def test_bad_hugging_face_folder(user_run, ckpt, tmp_path, name):
+    from gpt_tp.hellaswag import main as hellaswag_main
+
+    edit, message = HF_FOLDERS[name]
+    d = tmp_path / "hf"
+    shutil.copytree(ckpt[1], d)
+    edit(d)
+    message = message.format(d=d)
+    assert message in user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, "--model.init_from", str(d)))
+    assert message in user_run(lambda: hellaswag_main(["--hf-dir", str(d), "--path", "tests/fixtures/hellaswag_small.jsonl"]))
+
+
+# ---- cli.py predict: prompts and its output, before any rank starts -------------------------------------------------
+def test_bad_prompts(user_run, tmp_path):
+    predict = ("predict", "--config", CPU, *ONE_DEVICE)
+    assert "--prompt: an empty prompt; give text to continue" in user_run(cli_main(*predict, "--prompt", ""))
+    (tmp_path / "blank.txt").write_text("\n  \n\n")
+    assert f"--prompts_file {tmp_path}/blank.txt: holds no prompt" in user_run(cli_main(*predict, "--prompts_file", str(tmp_path / "blank.txt")))
+    assert "--prompts_file nope.txt: no such file" in user_run(cli_main(*predict, "--prompts_file", "nope.txt"))
+    (tmp_path / "long.txt").write_text(" ".join(["word"] * 200) + "\n")
+    line = user_run(cli_main(*predict, "--prompts_file", str(tmp_path / "long.txt")))
+    assert "200 tokens, but the model's block_size is 128; shorten it to under 128 tokens" in line
+    assert "--max_new_tokens=0, --num_samples=1 and --top_k=50 must be >= 1" in user_run(cli_main(*predict, "--max_new_tokens", "0"))
+
+
+# ---- an output that names a folder: refused, the folder unchanged ------------------------------------------------
+def test_outputs_naming_a_folder(user_run, tmp_path):
+    from gpt_tp.hellaswag import main as hellaswag_main
+    from gpt_tp.plot import main as plot_main
+
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    line = user_run(cli_main("predict", "--config", CPU, *ONE_DEVICE, "--prompt", "Hello", "--output", str(folder)))
+    assert f"--output {folder} is a folder; give the name of a file" in line
+    line = user_run(lambda: hellaswag_main(["--path", "tests/fixtures/hellaswag_small.jsonl", "--out", str(folder)]))
+    assert f"--out {folder} is a folder; give the name of a file for the JSON result" in line
+    assert "--batch-size=0 must be >= 1" in user_run(lambda: hellaswag_main(["--path", "tests/fixtures/hellaswag_small.jsonl", "--batch-size", "0"]))
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text("epoch,step,train/loss\n0,0,10.5\n0,1,9.5\n")
+    before[str(metrics)] = hashlib.sha1(metrics.read_bytes()).hexdigest()
+    line = user_run(lambda: plot_main([str(metrics), "--out", str(folder)]))
+    assert f"--out {folder} is a folder; give a PNG file name, e.g. --out {folder}/run.png" in line
+    assert snapshot(tmp_path) == before  # nothing written beside the folder either (matplotlib would add .png)
