@@ -28,14 +28,14 @@ NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 # Rendezvous: set here, so a MASTER_ADDR / MASTER_PORT exported from the submitting shell is not shared by every job.
 # The port comes from the job id: jobs whose ids differ by less than 16000 never share one on a node, and it stays
 # below Linux's ephemeral ports (32768 and up), so no outgoing connection holds it.
-export MASTER_ADDR=${GPT_TP_MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}
+export MASTER_ADDR=${GPT_TP_MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)}
 export MASTER_PORT=${GPT_TP_MASTER_PORT:-$((15000 + SLURM_JOB_ID % 16000))}
 CKPT=$("$PY" -m gpt_tp.slurm latest "$CKPT_DIR" ${GPT_TP_RESUME_DIRS:-})
 echo "[gpt_tp] job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $NNODES node(s) x $NTASKS_PER_NODE tasks, config $CONFIG," \
      "checkpoints $CKPT_DIR, resume ${CKPT:-none}, rendezvous $MASTER_ADDR:$MASTER_PORT"
 
 # --kill-on-bad-exit: when one task fails, Slurm ends the others; --wait: and when one exits, the rest within 120 s.
-# --cpus-per-task: since Slurm 22.05 srun does not take it from sbatch; without it each task gets one CPU.
+# --cpus-per-task: since Slurm 22.05 srun no longer takes it from sbatch (its release notes); a step would get 1 per task.
 # exec: srun is the batch step's process, so on scancel / the time limit it forwards SIGTERM to the tasks and waits
 # for their checkpoint instead of a shell dying under it.
 # SLURMEnvironment(auto_requeue=false): Lightning's own SIGUSR1 save-and-requeue stays off (gpt_tp.slurm.Preemption
