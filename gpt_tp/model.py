@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from gpt_tp.errors import UserError
 
@@ -141,11 +142,23 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
+        self.checkpoint_context = None  # activation checkpointing: see checkpoint_activations
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def checkpoint_activations(self, context_fn) -> None:
+        """Recompute this block's forward in backward (torch.utils.checkpoint, non-reentrant) instead of keeping its
+        activations; `context_fn` picks what is kept anyway (noop_context_fn: only the input). Parameter names do
+        not change."""
+        self.checkpoint_context = context_fn
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         x = x + self.mlp(self.ln_2(x))
         return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_context is None:
+            return self._forward(x)
+        return checkpoint(self._forward, x, use_reentrant=False, context_fn=self.checkpoint_context)
 
 
 def copy_full(param: torch.Tensor, full: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts, noop_context_fn
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, GPTConfig
@@ -228,16 +228,14 @@ def check_ac_mode(mode: str) -> None:
 def apply_ac(model: GPT, mode: str) -> None:
     """Activation checkpointing per block (torch.utils.checkpoint, non-reentrant). "full": a block keeps only its
     input and reruns its whole forward in backward; "selective": a block keeps its matmul and attention outputs
-    and reruns the rest; "none": nothing changes. Each block's forward is wrapped in place, so parameter names
-    (checkpoints, exports) are the same in every mode. Blocks already wrapped are left as they are."""
+    and reruns the rest; "none": nothing changes. Each block checkpoints itself (Block.checkpoint_activations), so
+    parameter names (checkpoints, exports) are the same in every mode."""
     check_ac_mode(mode)
     if mode == "none":
         return
     context_fn = partial(create_selective_checkpoint_contexts, _selective_policy) if mode == "selective" else noop_context_fn
     for block in model.transformer.h:
-        if getattr(block, "ac_mode", None) is None:
-            block.forward = partial(checkpoint, block.forward, use_reentrant=False, context_fn=context_fn)
-            block.ac_mode = mode
+        block.checkpoint_activations(context_fn)
 
 
 def parallelize(
