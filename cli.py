@@ -111,7 +111,7 @@ class GPTCLI(LightningCLI):
             trainer["callbacks"] = [*callbacks, StepProgressBar()]
         try:
             return super().instantiate_trainer(**kwargs)
-        except (MisconfigurationException, ModuleNotFoundError) as e:  # Lightning refuses a trainer.* value (devices=0, an accelerator not installed)
+        except (MisconfigurationException, ModuleNotFoundError) as e:  # a trainer.* value (devices=0, an accelerator not installed)
             raise UserError(f"{e} (check the trainer.* settings)") from e
 
     def _parse_ckpt_path(self) -> None:

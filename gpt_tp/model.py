@@ -41,7 +41,7 @@ class GPTConfig:
     rows were never trained (a zero row gives logit 0, far above GPT-2's typical logits). None: plain GPT-2."""
 
     def __post_init__(self) -> None:
-        sizes = {"block_size": self.block_size, "vocab_size": self.vocab_size, "n_layer": self.n_layer, "n_head": self.n_head, "n_embd": self.n_embd}
+        sizes = {k: getattr(self, k) for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")}
         if any(v < 1 for v in sizes.values()):
             raise UserError("model." + ", model.".join(f"{k}={v}" for k, v in sizes.items() if v < 1) + ": must be >= 1")
         if not 0 <= self.dropout < 1:
@@ -377,7 +377,8 @@ def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str
         state = from_hf_state_dict(hf_state, config)
     except RuntimeError as e:  # c_attn of another width than config.json's
         raise UserError(f"{weights} does not fit {cfg_file} ({e})") from e
-    problems = [f"{k}: {tuple(v.shape)} vs config {expected[k]}" for k, v in state.items() if k in expected and tuple(v.shape) != expected[k]]
+    problems = [f"{k}: {tuple(v.shape)} vs config {expected[k]}"
+                for k, v in state.items() if k in expected and tuple(v.shape) != expected[k]]
     problems += [f"{k} missing" for k in expected if k not in state] + [f"{k} unexpected" for k in state if k not in expected]
     if problems:
         more = f" ... and {len(problems) - 6} more" if len(problems) > 6 else ""

@@ -113,7 +113,8 @@ class TextSampleCallback(Callback):
 
         self._enc = self._enc or get_encoding()
         if len(self._enc.encode(self.prompt)) >= self.max_length:
-            raise UserError(f"TextSampleCallback max_length={self.max_length} must exceed the prompt's token count: raise max_length or shorten prompt")
+            raise UserError(f"TextSampleCallback max_length={self.max_length} must exceed the prompt's token count: "
+                            "raise max_length or shorten the prompt")
 
     def run(self, trainer, pl_module) -> list[str]:
         tp = parallel_layout(trainer, pl_module)[0]

@@ -229,3 +229,13 @@ def test_outputs_naming_a_folder(user_run, tmp_path):
     line = user_run(lambda: plot_main([str(metrics), "--out", str(folder)]))
     assert f"--out {folder} is a folder; give a PNG file name, e.g. --out {folder}/run.png" in line
     assert snapshot(tmp_path) == before  # nothing written beside the folder either (matplotlib would add .png)
+
+
+def test_a_callback_refusing_on_every_rank_prints_once():
+    """The real `python cli.py fit` at TP=2: TextSampleCallback checks its prompt's length in setup, on both ranks."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("OMP_NUM_THREADS", None)
+    proc = subprocess.run([sys.executable, "cli.py", "fit", "--config", CPU, "--trainer.logger", "false", "--trainer.max_steps", "2",
+                           "--trainer.callbacks", "gpt_tp.sampling.TextSampleCallback", "--trainer.callbacks.max_length", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "TextSampleCallback max_length=2 must exceed the prompt's token count: raise max_length" in one_error_line(proc)
