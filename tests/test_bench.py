@@ -115,7 +115,8 @@ def test_a_written_result_survives_an_abort_at_exit(tmp_path, monkeypatch):
     shutdown): torchrun fails, and the result is still the result, with torchrun's status noted."""
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text("import atexit, os\nif 'LOCAL_RANK' in os.environ:\n    atexit.register(os.abort)\n")
+    # the worker leaves through gpt_tp.entry's os._exit: make that exit abort instead
+    (hook / "sitecustomize.py").write_text("import os\nif 'LOCAL_RANK' in os.environ:\n    os._exit = lambda code: os.abort()\n")
     monkeypatch.setenv("PYTHONPATH", str(hook))
     (tmp_path / "dp1xtp1_32-true.json").write_text('{"stale": true}')  # an earlier bench's file is not taken
     r = launch(_spec(), tmp_path, timeout=300)
