@@ -147,7 +147,24 @@ class GPTCLI(LightningCLI):
             recover_interrupted_saves(folder)  # a save killed while overwriting a name: its `.old` folder back first
         if ckpt is not None and ckpt not in CKPT_ALIASES and not os.path.exists(ckpt):
             raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
+        self._check_log_folders()
         return dp
+
+    def _check_log_folders(self) -> None:
+        """Create each logger's folder here, in the launching process: a folder that cannot be made or written is
+        one line before any rank starts, not a failure on rank 0 alone while the others wait in a collective."""
+        for logger in self.trainer.loggers:
+            save_dir = getattr(logger, "save_dir", None)
+            if save_dir is None:
+                continue
+            try:
+                os.makedirs(save_dir, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"trainer.logger: cannot create the log folder {save_dir} ({e.strerror}); "
+                                f"set the logger's save_dir to a writable folder") from e
+            if not os.access(save_dir, os.W_OK | os.X_OK):
+                raise UserError(f"trainer.logger: the log folder {save_dir} is not writable; set the logger's save_dir "
+                                "to a writable folder")
 
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]

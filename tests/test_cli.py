@@ -151,11 +151,12 @@ def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
 
 
 def test_progress_bar_counts_optimizer_steps():
-    """accumulate_grad_batches=4, max_steps=3: the bar goes to 3/3 (not 12/3), shows loss, tok/s and lr, no epoch."""
+    """accumulate_grad_batches=4, max_steps=3: the bar goes to 3/3 (not 12/3), shows loss, tok/s and lr, no epoch.
+    val_check_interval beyond the run's 12 micro-batches: a warning says no validation will run."""
     proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.callbacks", "[]",
                "--trainer.devices", "1", "--trainer.strategy", "auto", "--trainer.accumulate_grad_batches", "4",
-               "--trainer.max_steps", "3", "--model.total_batch_size", "null", "--data.val_batches", "0",
-               "--data.batch_size", "2", "--data.seq_len", "32")
+               "--trainer.max_steps", "3", "--model.total_batch_size", "null", "--data.val_batches", "1",
+               "--trainer.val_check_interval", "40", "--data.batch_size", "2", "--data.seq_len", "32")
     assert proc.returncode == 0, proc.stderr[-3000:]
     frames = re.split(r"[\r\n]", proc.stdout + proc.stderr)
     counts = [m.group(1) for f in frames if (m := re.search(r"train: .*?\| (\d+/\d+) ", f))]
@@ -163,6 +164,16 @@ def test_progress_bar_counts_optimizer_steps():
     last = [f for f in frames if "3/3" in f][-1]
     assert "loss=" in last and "tok/s=" in last and "lr=" in last
     assert "Epoch" not in proc.stdout + proc.stderr
+    assert "trainer.val_check_interval=40 micro-batches is beyond the run's 3 steps x 4 accumulation: no validation" in proc.stderr
+    assert "val/loss" not in proc.stdout + proc.stderr
+
+
+def test_unwritable_log_folder_is_one_line_before_launch(tmp_path):
+    (tmp_path / "logs").write_text("a file where the log folder should be")
+    proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+               "--trainer.logger.save_dir", str(tmp_path / "logs" / "run"))
+    assert f"trainer.logger: cannot create the log folder {tmp_path / 'logs' / 'run'}" in one_error_line(proc)
+    assert (tmp_path / "logs").read_text() == "a file where the log folder should be"
 
 
 def test_progress_bar_is_ours_with_or_without_rich(monkeypatch):
