@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -53,6 +54,38 @@ def lightning_fit(tmp_path, name: str, nproc: int = 1, *args: str) -> tuple[dict
     else:
         run_torchrun("lightning_fit.py", nproc, "--out", out, *args)
     return read_json(out + ".json"), torch.load(out + ".pt")
+
+
+def one_error_line(proc) -> str:
+    """A user's mistake: exit code 2, no traceback anywhere in the output, exactly one `error:` line; returns it."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out and 'File "' not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out[-3000:]
+    return errors[0]
+
+
+@pytest.fixture
+def user_run(monkeypatch, capsys):
+    """Run a command's main in this process as its __main__ does (gpt_tp.entry.run), from the repository root;
+    return its one error line. For mistakes caught before any process group starts."""
+    from gpt_tp.entry import run
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["cli.py"])
+    for k in ("WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "MASTER_ADDR", "RANK"):
+        monkeypatch.delenv(k, raising=False)
+
+    def go(main) -> str:
+        threads = torch.get_num_threads()  # cli.py sets it for its processes
+        with pytest.raises(SystemExit) as e:
+            run(main)
+        torch.set_num_threads(threads)
+        out = capsys.readouterr()
+        return one_error_line(SimpleNamespace(returncode=e.value.code, stdout=out.out, stderr=out.err))
+
+    return go
 
 
 def read_json(path) -> dict:

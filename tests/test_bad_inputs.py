@@ -10,14 +10,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 import cli  # imported here, not under capsys: Lightning's log handlers keep the stream they first see
-from conftest import ROOT
-from gpt_tp.entry import run
-from test_cli import one_error_line
+from conftest import ROOT, one_error_line
 
 CPU = str(ROOT / "configs" / "cpu.yaml")
 ONE_DEVICE = ("--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.devices", "1",
@@ -28,23 +25,6 @@ def snapshot(path: Path) -> dict:
     """Every file under path (or path itself) -> sha1 of its bytes."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     return {str(p): hashlib.sha1(p.read_bytes()).hexdigest() for p in files}
-
-
-@pytest.fixture
-def user_run(monkeypatch, capsys):
-    """Run a command's main in this process as its __main__ does; return its one error line."""
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", ["cli.py"])
-    for k in ("WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "MASTER_ADDR"):
-        monkeypatch.delenv(k, raising=False)
-
-    def go(main) -> str:
-        with pytest.raises(SystemExit) as e:
-            run(main)
-        out = capsys.readouterr()
-        return one_error_line(SimpleNamespace(returncode=e.value.code, stdout=out.out, stderr=out.err))
-
-    return go
 
 
 def cli_main(*args):
