@@ -28,7 +28,7 @@ GIB = 1024**3
 def test_estimate_matches_measured(tmp_path, dp, tp, precision, ac):
     """A 2-layer model trained as GPTModule trains it (FSDP2 gathering bf16 weights under bf16-mixed, activation
     checkpointing): the peak memory of a micro-batch under gradient accumulation (profiler allocation records on
-    top of the tensors alive before it) within 2% of the planner's total less its overhead; parameters, gradients
+    top of the tensors alive before it) within 5% of the planner's total less its overhead; parameters, gradients
     and AdamW state per rank (gpt_tp.audit.state_bytes after a real step) within 1%; bytes saved for backward in
     one forward (unique storages seen by saved_tensors_hooks, parameters left out) within 2% at DP=1 without AC.
     At DP>1 FSDP2's gathered weights are saved too and freed after the forward (reshard), and checkpointed blocks
@@ -42,7 +42,9 @@ def test_estimate_matches_measured(tmp_path, dp, tp, precision, ac):
         assert meas[k] == pytest.approx(plan[k], rel=0.01), (k, meas, plan)
     if dp == 1 and ac == "none":
         assert meas["activations"] == pytest.approx(plan["activations"], rel=0.02), (meas, plan, r["planned_terms"])
-    assert meas["peak"] == pytest.approx(plan["peak"], rel=0.02), (meas, plan, r["planned_terms"])
+    # the issue's bound, 5%: quiet runs land within 0.2%, but frees made on gloo's threads go unrecorded by the
+    # profiler and can inflate a reading on a loaded machine (2.7% seen once at DP=2 x TP=2, selective)
+    assert meas["peak"] == pytest.approx(plan["peak"], rel=0.05), (meas, plan, r["planned_terms"])
 
 
 def test_fsdp_bf16_gathers_two_bytes_and_keeps_no_weight_copies():
