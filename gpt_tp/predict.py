@@ -1,6 +1,6 @@
 """`python cli.py predict`: continue prompts with a trained model (a checkpoint, init_from weights, or the init).
 
-Prompts come from `--prompt` (repeatable) or `--prompts_file` (one prompt a line), else the text sampler's default.
+Prompts come from `--prompt` (one, or a JSON list) and `--prompts_file` (one prompt a line), else the text sampler's default.
 Every rank runs every prompt (TP ranks share the forwards; DP replicas repeat them), drawing from a generator seeded
 per prompt, so every rank produces the same text, and the same text as the single-device run. Rank 0 prints the
 continuations and, with `--output FILE`, writes them as JSON lines {"prompt", "sample", "text"}.
