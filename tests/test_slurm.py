@@ -161,6 +161,9 @@ def _cluster(nodes: int):
         pytest.skip(reason)
     # not under pytest's tmp root: that is private to root (0700) and munged runs as the munge user
     root = Path(tempfile.mkdtemp(prefix="gpt_tp_slurm_"))
+    if subprocess.run(["runuser", "-u", "munge", "--", "test", "-x", str(root.parent)], capture_output=True).returncode:
+        shutil.rmtree(root, ignore_errors=True)  # a private TMPDIR (e.g. mode 0700): munged could not reach its key
+        pytest.skip(f"the munge user cannot reach the temp folder {root.parent}: set TMPDIR to a folder others can enter")
     cluster = LocalSlurm(root, nodes=nodes)
     try:
         yield cluster.start()
