@@ -16,17 +16,18 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from gpt_tp.checkpoint import check_checkpoint, recover_interrupted_saves
+from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.collective import one_does
-from gpt_tp.data import GPTDataModule, find_shards
+from gpt_tp.data.shards import find_shards
+from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.entry import run
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
-from gpt_tp.module import GPTModule, check_total_batch
+from gpt_tp.train.module import GPTModule, check_total_batch
 from gpt_tp.parallel import LayoutError, validate_layout
-from gpt_tp.planner import detect_device_memory_gib, resolve_layout
-from gpt_tp.predict import PromptBatches, check_prompts, read_prompts, write_predictions
-from gpt_tp.progress import StepProgressBar
+from gpt_tp.perf.planner import detect_device_memory_gib, resolve_layout
+from gpt_tp.train.predict import PromptBatches, check_prompts, read_prompts, write_predictions
+from gpt_tp.train.progress import StepProgressBar
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 
@@ -100,7 +101,7 @@ class GPTCLI(LightningCLI):
             ac=cfg.model.activation_checkpointing,
         )
         init.data_parallel_size, init.tensor_parallel_size = dp, tp
-        print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.planner shows the table)", file=sys.stderr)
+        print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.perf.planner shows the table)", file=sys.stderr)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """Add the optimizer-step progress bar unless the config brings its own or turns the bar off."""

@@ -4,7 +4,7 @@
 
 GPT-2 124M shapes, the same micro-batch for both. One torchrun job of 3 gloo processes: rank 0 trains the
 single-device model, ranks 1-2 the TP=2 model (gpt_tp's plan), and they take turns step by step (the order
-alternates every pair), so both see the same machine load. The step is gpt_tp.bench.train_step (forward,
+alternates every pair), so both see the same machine load. The step is gpt_tp.perf.bench.train_step (forward,
 vocab-parallel loss, backward, replicated-grad all-reduce, clip, fused AdamW). Reported: the ratio of the
 median step times, the per-pair ratios min/median/max, each side's min/median/max, and a profile of one step
 of each by category (matmuls, attention, collectives, optimizer, rest) to show what limits the ratio.
@@ -51,9 +51,9 @@ def worker(args) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    from gpt_tp.bench import build, stats, train_step
+    from gpt_tp.perf.bench import build, stats, train_step
     from gpt_tp.model import GPTConfig
-    from gpt_tp.synthetic import SyntheticTokens
+    from gpt_tp.perf.synthetic import SyntheticTokens
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from gpt_tp.data import GPT2_VOCAB, GPTDataModule, check_shard, check_token_ids, read_shard, write_shard  # noqa: E402
+from gpt_tp.data.shards import GPT2_VOCAB, check_shard, check_token_ids, read_shard, write_shard  # noqa: E402
+from gpt_tp.train.datamodule import GPTDataModule
 
 GPU_TOKENS_PER_S = 0.5e6  # GPT-2 124M training on one H100 (build-nanogpt: ~1.5M tok/s on 8x A100)
 

@@ -3,7 +3,7 @@
     python scripts/build_sample.py --corpus DIR        # DIR: the 42 Project Gutenberg texts (*.txt, metadata.txt)
 
 Each play or poem (one ``*.txt`` file, Project Gutenberg text; data/sample/SOURCES.txt lists their
-sources) is one document, in sorted file order, tokenized with GPT-2's BPE by gpt_tp.prepare into
+sources) is one document, in sorted file order, tokenized with GPT-2's BPE by gpt_tp.data.prepare into
 shards of 100,000 tokens:
 ``shakespeare_val_000000.npy`` (the first 100k tokens: All's Well That Ends Well, Antony and
 Cleopatra and the start of As You Like It) and ``shakespeare_train_000001.npy`` ... (the rest,
@@ -18,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpt_tp.data import DataError  # noqa: E402
+from gpt_tp.data.shards import DataError  # noqa: E402
 from gpt_tp.entry import run  # noqa: E402
-from gpt_tp.prepare import prepare  # noqa: E402
+from gpt_tp.data.prepare import prepare  # noqa: E402
 
 
 def main(argv=None) -> None:

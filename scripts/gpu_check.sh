@@ -26,7 +26,7 @@ echo "gpu_check: $NGPU GPU(s), layouts (DPxTP) $LAYOUTS, $MODEL B=$BATCH T=$SEQ 
 # 10 warm-up steps cover compilation; 20 timed steps; each run is stopped after its share of the time
 NRUNS=$(echo "$LAYOUTS" | tr ',' '\n' | wc -l)
 rc=0
-timeout --signal=INT "$LIMIT" python -m gpt_tp.bench --model "$MODEL" --layouts "$LAYOUTS" --precision bf16-mixed \
+timeout --signal=INT "$LIMIT" python -m gpt_tp.perf.bench --model "$MODEL" --layouts "$LAYOUTS" --precision bf16-mixed \
   --compile on --batch-size "$BATCH" --seq-len "$SEQ" --warmup 10 --steps 20 --timeout $((LIMIT / NRUNS)) --out "$OUT" || rc=$?
 [ -f "$OUT/bench.json" ] || { echo "gpu_check: no $OUT/bench.json (stopped after ${LIMIT}s?)" >&2; exit 1; }
 python - "$OUT/bench.json" <<'PY'

@@ -4,7 +4,7 @@
 
 Prints (rank 0) the per-rank bytes of parameters + gradients + AdamW state at TP=world vs TP=1, and the
 collectives of one full training step by phase and kind, against the Megatron sequence-parallel minimum
-(gpt_tp/audit.py derives it). --json writes the same figures to a file.
+(gpt_tp/perf/audit.py derives it). --json writes the same figures to a file.
 """
 
 import argparse
@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from gpt_tp.audit import megatron_sp_minimum, state_bytes, step_collectives
+from gpt_tp.perf.audit import megatron_sp_minimum, state_bytes, step_collectives
 from gpt_tp.entry import run
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.optim import make_adamw
+from gpt_tp.train.optim import make_adamw
 from gpt_tp.parallel import parallelize
 
 

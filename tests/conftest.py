@@ -10,6 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+# test-only helpers shared by tests and their worker scripts (e.g. synthetic_data) live in tests/workers
+sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "tests" / "workers"
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"  # tiktoken's source of r50k_base
@@ -19,7 +22,7 @@ R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tikto
 def tiktoken_cache(tmp_path_factory):
     """tiktoken's own r50k_base loader, offline: TIKTOKEN_CACHE_DIR = a folder holding gpt_tp's shipped ranks file
     under tiktoken's cache key (the sha1 of its URL), so tiktoken.get_encoding("r50k_base") is an independent reference."""
-    from gpt_tp.tokenizer import RANKS
+    from gpt_tp.data.tokenizer import RANKS
 
     d = tmp_path_factory.mktemp("tiktoken_cache")
     shutil.copyfile(RANKS, d / hashlib.sha1(R50K_URL.encode()).hexdigest())

@@ -8,9 +8,9 @@ import torch
 from conftest import read_json, run_torchrun
 
 from gpt_tp.errors import UserError
-from gpt_tp.loss import cross_entropy
+from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.module import GPTModule
+from gpt_tp.train.module import GPTModule
 from gpt_tp.parallel import apply_ac
 
 

@@ -1,6 +1,6 @@
 """Communication audit and memory at TP=2, DP=2 x TP=2 and DP=2 x TP=1 (gloo), against numbers derived by hand.
 
-The Megatron sequence-parallel minimum for L blocks on the TP group (derivation in gpt_tp/audit.py):
+The Megatron sequence-parallel minimum for L blocks on the TP group (derivation in gpt_tp/perf/audit.py):
   all_gather 4L + 2   (per block: before attention and MLP in forward, for the reduce-scatters' grads in backward;
                        + lm_head's sequence gather in forward, + the embedding's grad in backward)
   reduce_scatter 4L + 2 (mirror image: after attention and MLP; + the embedding in forward, + lm_head in backward)
@@ -45,7 +45,7 @@ def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
     else:
         expected["data_parallel"]["all_reduce"] = 1
     assert c["by_group"] == expected
-    assert r["minimum"] == expected  # gpt_tp.audit derives the same
+    assert r["minimum"] == expected  # gpt_tp.perf.audit derives the same
     assert "all_reduce" not in c["backward"]
     assert c["grad_sync_and_clip"] == {"all_reduce": 2 if tp > 1 else 1}
     assert c["optimizer"] == {}

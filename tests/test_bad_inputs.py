@@ -34,7 +34,7 @@ def cli_main(*args):
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """A 1-step checkpoint of configs/cpu.yaml's model on one process (the real `cli.py fit`), and its export."""
-    from gpt_tp.export import main as export_main
+    from gpt_tp.train.export import main as export_main
 
     tmp = tmp_path_factory.mktemp("bad_inputs")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -79,11 +79,11 @@ FLAGS = {
     "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
     "ac-mode": (["--model.activation_checkpointing", "some"], "model.activation_checkpointing='some': use one of none, full, selective"),
     "devices-0": (["--trainer.devices", "0"], "`Trainer(devices='0')` value is not a valid input using cpu accelerator"),
-    "hellaswag-every-negative": (["--trainer.callbacks", "gpt_tp.hellaswag.HellaSwagCallback", "--trainer.callbacks.every_n_steps", "-1"],
+    "hellaswag-every-negative": (["--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback", "--trainer.callbacks.every_n_steps", "-1"],
                                  "HellaSwagCallback every_n_steps=-1 must be >= 0"),
-    "hellaswag-batch-0": (["--trainer.callbacks", "gpt_tp.hellaswag.HellaSwagCallback", "--trainer.callbacks.batch_size", "0"],
+    "hellaswag-batch-0": (["--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback", "--trainer.callbacks.batch_size", "0"],
                           "HellaSwagCallback batch_size=0 and pad_to=32 must be >= 1"),
-    "sampler-every-negative": (["--trainer.callbacks", "gpt_tp.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "-2"],
+    "sampler-every-negative": (["--trainer.callbacks", "gpt_tp.eval.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "-2"],
                                "TextSampleCallback every_n_steps=-2 must be >= 0"),
 }
 
@@ -101,7 +101,7 @@ def test_a_file_given_as_checkpoint_is_refused_and_kept(user_run, tmp_path):
     before = snapshot(garbage)
     line = user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, "--ckpt_path", str(garbage)))
     assert f"{garbage} is a file, not a distributed checkpoint folder" in line
-    from gpt_tp.hellaswag import main as hellaswag_main
+    from gpt_tp.eval.hellaswag import main as hellaswag_main
 
     line = user_run(lambda: hellaswag_main(["--ckpt_path", str(garbage), "--path", "tests/fixtures/hellaswag_small.jsonl"]))
     assert f"--ckpt_path {garbage} is not a readable checkpoint (UnpicklingError" in line
@@ -123,7 +123,7 @@ def test_checkpoint_of_another_size_through_cli_leaves_it_unchanged(ckpt):
 
 def test_truncated_checkpoint_folder(user_run, ckpt, tmp_path):
     saved, _ = ckpt
-    from gpt_tp.export import main as export_main
+    from gpt_tp.train.export import main as export_main
 
     broken = tmp_path / "broken.ckpt"
     shutil.copytree(saved, broken)
@@ -165,7 +165,7 @@ HF_FOLDERS = {
 
 @pytest.mark.parametrize("name", HF_FOLDERS)
 def test_bad_hugging_face_folder(user_run, ckpt, tmp_path, name):
-    from gpt_tp.hellaswag import main as hellaswag_main
+    from gpt_tp.eval.hellaswag import main as hellaswag_main
 
     edit, message = HF_FOLDERS[name]
     d = tmp_path / "hf"
@@ -191,8 +191,8 @@ def test_bad_prompts(user_run, tmp_path):
 
 # ---- an output that names a folder: refused, the folder unchanged ------------------------------------------------
 def test_outputs_naming_a_folder(user_run, tmp_path):
-    from gpt_tp.hellaswag import main as hellaswag_main
-    from gpt_tp.plot import main as plot_main
+    from gpt_tp.eval.hellaswag import main as hellaswag_main
+    from gpt_tp.eval.plot import main as plot_main
 
     folder = tmp_path / "results"
     folder.mkdir()
@@ -216,6 +216,6 @@ def test_a_callback_refusing_on_every_rank_prints_once():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("OMP_NUM_THREADS", None)
     proc = subprocess.run([sys.executable, "cli.py", "fit", "--config", CPU, "--trainer.logger", "false", "--trainer.max_steps", "2",
-                           "--trainer.callbacks", "gpt_tp.sampling.TextSampleCallback", "--trainer.callbacks.max_length", "2"],
+                           "--trainer.callbacks", "gpt_tp.eval.sampling.TextSampleCallback", "--trainer.callbacks.max_length", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "TextSampleCallback max_length=2 must exceed the prompt's token count: raise max_length" in one_error_line(proc)

@@ -1,6 +1,6 @@
 """The benchmark command on CPU (gloo): what it measures and writes. Nothing here asserts on a timing.
 
-The collectives it records (count and bytes, per mesh dim and kind) must equal gpt_tp.costmodel's hand
+The collectives it records (count and bytes, per mesh dim and kind) must equal gpt_tp.perf.costmodel's hand
 derivation, so the bytes the cost model prices are the ones a real step moves.
 """
 
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT
-from gpt_tp.bench import BenchError, launch, main, parse_layouts, parser, specs_from_args
+from gpt_tp.perf.bench import BenchError, launch, main, parse_layouts, parser, specs_from_args
 from gpt_tp.parallel import enable_async_tp
-from gpt_tp.costmodel import step_collectives
+from gpt_tp.perf.costmodel import step_collectives
 from gpt_tp.model import GPTConfig
 
 
@@ -25,7 +25,7 @@ def key(rows):
 
 
 def run_bench(out, *flags):
-    cmd = [sys.executable, "-m", "gpt_tp.bench", "--model", "tiny", "--batch-size", "2", "--seq-len", "64",
+    cmd = [sys.executable, "-m", "gpt_tp.perf.bench", "--model", "tiny", "--batch-size", "2", "--seq-len", "64",
            "--steps", "2", "--warmup", "1", "--peak-flops", "1e11", "--out", str(out), *flags]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -90,7 +90,7 @@ def test_bad_flags(tmp_path):
         with pytest.raises(BenchError, match=re.escape(msg)):
             main(["--model", "tiny", "--seq-len", "64", "--device", "cpu", "--out", str(tmp_path), *flags])
     assert parse_layouts("1x1, 2x4") == [(1, 1), (2, 4)]
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.bench", "--model", "tiny", "--layouts", "2", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.bench", "--model", "tiny", "--layouts", "2", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         "error: --layouts: '2' is not DPxTP (e.g. 1x1 for one device, 1x2 for TP=2, 2x2 for DP=2 x TP=2)"]
@@ -139,7 +139,7 @@ def test_async_tp_refused_on_cpu():
 
 
 def test_help_and_cpu_scaling_flags():
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.bench", "--help"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.bench", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "--layouts" in proc.stdout and "--peak-flops" in proc.stdout
     proc = subprocess.run([sys.executable, "scripts/bench_cpu_scaling.py", "--seq-len", "255"], cwd=ROOT,
                           capture_output=True, text=True)

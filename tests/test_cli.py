@@ -23,7 +23,7 @@ def cli(*args, timeout=600):
 def test_print_config():
     proc = cli("fit", "--config", "configs/cpu.yaml", "--print_config")
     assert proc.returncode == 0, proc.stderr
-    assert "tensor_parallel_size: 2" in proc.stdout and "class_path: gpt_tp.checkpoint.ModelParallel" in proc.stdout
+    assert "tensor_parallel_size: 2" in proc.stdout and "class_path: gpt_tp.train.checkpoint.ModelParallel" in proc.stdout
     proc = cli("fit", "--config", "configs/tp2.yaml", "--print_config")
     assert proc.returncode == 0, proc.stderr
     assert "total_batch_size: 524288" in proc.stdout and "accumulate_grad_batches: 32" in proc.stdout
@@ -114,7 +114,7 @@ def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
               "--data.val_batches", "0", "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
               "--trainer.callbacks.dirpath", str(ckpt), "--trainer.callbacks.save_last", "true")
     assert fit.returncode == 0, fit.stderr[-3000:]
-    hellaswag = ("--trainer.callbacks", "gpt_tp.hellaswag.HellaSwagCallback", "--trainer.callbacks.path", "tests/fixtures/hellaswag_small.jsonl")
+    hellaswag = ("--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback", "--trainer.callbacks.path", "tests/fixtures/hellaswag_small.jsonl")
     val_losses = []
     for layout in (("--trainer.strategy.init_args.tensor_parallel_size", "2"),
                    ("--trainer.strategy.init_args.tensor_parallel_size", "1", "--trainer.devices", "1")):
@@ -171,9 +171,9 @@ def test_progress_bar_is_ours_with_or_without_rich(monkeypatch):
     import lightning.pytorch.trainer.connectors.callback_connector as connector
 
     from cli import GPTCLI, GPTTrainer
-    from gpt_tp.data import GPTDataModule
-    from gpt_tp.module import GPTModule
-    from gpt_tp.progress import StepProgressBar
+    from gpt_tp.train.datamodule import GPTDataModule
+    from gpt_tp.train.module import GPTModule
+    from gpt_tp.train.progress import StepProgressBar
 
     args = ["--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.devices", "1", "--trainer.strategy", "auto"]
     for rich in (True, False):

@@ -2,11 +2,11 @@
 
 import pytest
 
-from gpt_tp.audit import megatron_sp_minimum
+from gpt_tp.perf.audit import megatron_sp_minimum
 import json
 import re
 
-from gpt_tp.costmodel import (ANCHOR, LINKS, CostModelError, anchor_check, comm_seconds, estimate, main, sizes_markdown,
+from gpt_tp.perf.costmodel import (ANCHOR, LINKS, CostModelError, anchor_check, comm_seconds, estimate, main, sizes_markdown,
                               sizes_table, step_collectives, wire_bytes)
 from gpt_tp.model import GPTConfig
 

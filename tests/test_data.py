@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_tp import data as data_mod
+from gpt_tp.data import shards as data_mod
 from gpt_tp.model import GPTConfig
-from gpt_tp.data import (DataError, GPTDataModule, TokenBatches, TokenStream, check_token_ids, find_shards, read_shard,
-                         shard_header, shard_name, write_shard)
+from gpt_tp.data.shards import DataError, TokenStream, check_token_ids, find_shards, read_shard, shard_header, shard_name, write_shard
+from gpt_tp.train.datamodule import GPTDataModule, TokenBatches
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -389,7 +389,7 @@ def test_check_token_ids_names_where_position_and_id(value):
     check_token_ids(np.array([0, 50256]), 50304, "edges")
     ids[7321], ids[9000] = value, value
     with pytest.raises(DataError, match=rf"^shard.npy: token id {value} at position 7321 is not a GPT-2 BPE id "
-                                        r"\(0..50256\).*python -m gpt_tp.prepare"):
+                                        r"\(0..50256\).*python -m gpt_tp.data.prepare"):
         check_token_ids(ids, 50304, "shard.npy")
     t = torch.from_numpy(ids.astype(np.int64)).view(100, 100)  # a (B, T) tensor: the position is (row, column)
     with pytest.raises(DataError, match=rf"^prompt: token id {value} at position \(73, 21\)"):
@@ -499,7 +499,7 @@ def sample_with_bad_id(tmp_path, split: str, value: int) -> Path:
 
 def bad_id_message(bad: Path, value: int) -> str:
     return (f"{bad}: token id {value} at position 54321 is not a GPT-2 BPE id (0..50256): the data was not tokenized "
-            "with GPT-2's BPE (tiktoken r50k_base) or is corrupt; rebuild it with python -m gpt_tp.prepare")
+            "with GPT-2's BPE (tiktoken r50k_base) or is corrupt; rebuild it with python -m gpt_tp.data.prepare")
 
 
 @pytest.mark.parametrize("layout, split, value", [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_tp import tokenizer
+from gpt_tp.data import tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 HAMLET = REPO / "tests" / "fixtures" / "hamlet_gut.txt"
@@ -56,7 +56,7 @@ def run_in(fresh, *args, timeout=600):
 
 def test_tokenizer_round_trip_on_a_bare_machine(fresh):
     root, env = fresh
-    code = ("import json, sys; from gpt_tp.tokenizer import RANKS, get_encoding; enc = get_encoding(); "
+    code = ("import json, sys; from gpt_tp.data.tokenizer import RANKS, get_encoding; enc = get_encoding(); "
             "text = open('tests/fixtures/hamlet_gut.txt').read(); ids = enc.encode_ordinary(text); "
             "print(json.dumps({'ranks': str(RANKS), 'hello': enc.encode_ordinary('Hello world'), 'eot': enc.eot_token, "
             "'n_vocab': enc.n_vocab, 'n': len(ids), 'same': enc.decode(ids) == text}))")
@@ -108,7 +108,7 @@ def test_shipped_encoding_is_tiktokens_r50k_base(tiktoken_cache):
 
 
 def test_damaged_ranks_file_is_one_clear_error(tmp_path, monkeypatch):
-    from gpt_tp.data import DataError
+    from gpt_tp.data.shards import DataError
 
     bad = tmp_path / "r50k_base.tiktoken"
     bad.write_bytes(tokenizer.RANKS.read_bytes()[:-10])

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import ROOT, read_json, run_torchrun
-from gpt_tp import hellaswag as hs
-from gpt_tp.data import DataError
+from gpt_tp.eval import hellaswag as hs
+from gpt_tp.data.shards import DataError
 from gpt_tp.model import GPT, GPTConfig, hf_config_dict, to_hf_state_dict
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"
@@ -233,7 +233,7 @@ def test_dp_covers_every_example_once(tmp_path, nproc, dp):
 def test_callbacks_in_tp2_fit_match_single_device(tmp_path, monkeypatch):
     """Trainer + ModelParallelStrategy(TP=2) + SyntheticDataModule, 4 steps, HellaSwagCallback and
     TextSampleCallback every 2 steps: what they log equals a single-device evaluation of the gathered weights."""
-    from gpt_tp.plot import main as plot_main, read_metrics
+    from gpt_tp.eval.plot import main as plot_main, read_metrics
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     run_torchrun("hellaswag_fit.py", 2, "--tp", "2", "--steps", "4", "--out", str(tmp_path / "fit"))
@@ -305,7 +305,7 @@ def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch, capsys):
         monkeypatch.delenv(k, raising=False)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": 9}\n')
-    with pytest.raises(SystemExit) as e:  # what `python -m gpt_tp.hellaswag` runs
+    with pytest.raises(SystemExit) as e:  # what `python -m gpt_tp.eval.hellaswag` runs
         run(lambda: hs.main(["--path", str(bad)]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: 1 malformed") and "Traceback" not in err

@@ -3,7 +3,7 @@
 import pytest
 
 from gpt_tp.model import GPTConfig
-from gpt_tp.module import check_total_batch
+from gpt_tp.train.module import check_total_batch
 from gpt_tp.parallel import LayoutError, fitting_layouts, valid_tp_sizes, validate_layout
 
 

@@ -1,11 +1,11 @@
-"""gpt_tp.loss: the fused vocab-parallel cross-entropy against torch's F.cross_entropy."""
+"""gpt_tp.parallel.loss: the fused vocab-parallel cross-entropy against torch's F.cross_entropy."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import read_json, run_torchrun
-from gpt_tp.loss import cross_entropy
+from gpt_tp.parallel.loss import cross_entropy
 
 
 def _grads(fn, x, y, dtype):

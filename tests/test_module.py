@@ -10,9 +10,9 @@ from lightning.pytorch.plugins import MixedPrecision
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
-from gpt_tp.module import GPTModule
-from gpt_tp.optim import get_lr
-from gpt_tp.synthetic import SyntheticDataModule
+from gpt_tp.train.module import GPTModule
+from gpt_tp.train.optim import get_lr
+from synthetic_data import SyntheticDataModule
 
 
 def trainer(steps, **kw):

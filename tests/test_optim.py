@@ -5,7 +5,7 @@ import math
 import pytest
 
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.optim import get_lr, make_adamw
+from gpt_tp.train.optim import get_lr, make_adamw
 
 
 def test_get_lr_build_nanogpt_values():

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT, read_json, run_torchrun
 
-from gpt_tp import planner
+from gpt_tp.perf import planner
 from gpt_tp.model import GPTConfig
 from gpt_tp.parallel import LayoutError, valid_tp_sizes
 
@@ -29,7 +29,7 @@ def test_estimate_matches_measured(tmp_path, dp, tp, precision, ac):
     """A 2-layer model trained as GPTModule trains it (FSDP2 gathering bf16 weights under bf16-mixed, activation
     checkpointing): the peak memory of a micro-batch under gradient accumulation (profiler allocation records on
     top of the tensors alive before it) within 5% of the planner's total less its overhead; parameters, gradients
-    and AdamW state per rank (gpt_tp.audit.state_bytes after a real step) within 1%; bytes saved for backward in
+    and AdamW state per rank (gpt_tp.perf.audit.state_bytes after a real step) within 1%; bytes saved for backward in
     one forward (unique storages seen by saved_tensors_hooks, parameters left out) within 2% at DP=1 without AC.
     At DP>1 FSDP2's gathered weights are saved too and freed after the forward (reshard), and checkpointed blocks
     save through their own hooks, so the hook count there is not a memory figure."""
@@ -186,7 +186,7 @@ def test_config_comment_is_the_planner_output(name):
 
 def test_command_line():
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "gpt_tp.planner", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "gpt_tp.perf.planner", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
     r = run("--help")
     assert r.returncode == 0 and "--devices-per-node" in r.stdout
@@ -204,7 +204,7 @@ def test_command_line():
 
 def test_command_line_mistakes_are_one_line_errors(capsys):
     """Each user mistake: exit 2 and one line (gpt_tp.entry.run); the command's defaults follow the model."""
-    r = subprocess.run([sys.executable, "-m", "gpt_tp.planner", "--devices-per-node", "2", "--memory-gib", "0"],
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.perf.planner", "--devices-per-node", "2", "--memory-gib", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: device memory 0.0 GiB must be > 0 (planner --memory-gib)"]

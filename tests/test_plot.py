@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from gpt_tp.plot import PlotError, find_csv, join, main, plot, read_metrics, run_csvs
+from gpt_tp.eval.plot import PlotError, find_csv, join, main, plot, read_metrics, run_csvs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -73,7 +73,7 @@ def test_missing_or_empty_csv_fails_clearly(tmp_path):
     with pytest.raises(PlotError, match=r"bad.csv:2: cannot read"):
         read_metrics(tmp_path / "bad.csv")
     # the command: one line, exit status 2, nothing written
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.plot", str(tmp_path / "empty.csv"), "-o", str(tmp_path / "x.png")],
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.plot", str(tmp_path / "empty.csv"), "-o", str(tmp_path / "x.png")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [f"error: {tmp_path / 'empty.csv'} is empty: no header "
                                                                   "row (has the run logged a step yet?)"]

@@ -1,4 +1,4 @@
-"""Tests of gpt_tp.prepare: build-nanogpt-identical shards from local jsonl/parquet/txt, resume, bad input."""
+"""Tests of gpt_tp.data.prepare: build-nanogpt-identical shards from local jsonl/parquet/txt, resume, bad input."""
 
 import json
 import subprocess
@@ -14,8 +14,9 @@ pytestmark = pytest.mark.usefixtures("tiktoken_cache")  # tiktoken.get_encoding(
 
 import tiktoken  # noqa: E402
 
-from gpt_tp import prepare as prep  # noqa: E402
-from gpt_tp.data import DataError, GPTDataModule, read_shard, write_shard  # noqa: E402
+from gpt_tp.data import prepare as prep  # noqa: E402
+from gpt_tp.data.shards import DataError, read_shard, write_shard  # noqa: E402
+from gpt_tp.train.datamodule import GPTDataModule
 
 
 def documents(n=120):
@@ -158,7 +159,7 @@ def test_cli_help_and_run(tmp_path, reference, capsys):
     assert shard_bytes(tmp_path) == shard_bytes(d / "nanogpt")
     with pytest.raises(DataError, match=r"--local .*nope.*no such file"):
         prep.main(["--local", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o2"), "--quiet"])
-    r = subprocess.run([sys.executable, "-m", "gpt_tp.prepare", "--local", str(tmp_path / "nope.jsonl"), "--out",
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.data.prepare", "--local", str(tmp_path / "nope.jsonl"), "--out",
                         str(tmp_path / "o2")], cwd=REPO, capture_output=True, text=True)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: --local {tmp_path / 'nope.jsonl'}: no such file or folder\n")
     assert not (tmp_path / "o2").exists()

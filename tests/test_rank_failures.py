@@ -76,8 +76,8 @@ def assert_all_exit_with(codes, out, spread, message: str):
 
 
 def test_hellaswag_command_offline_ends_every_rank(tmp_path):
-    """`python -m gpt_tp.hellaswag` at TP=2 without --path, offline: rank 0's download fails, both ranks exit."""
-    codes, out, spread = run_ranks(tmp_path, ["-m", "gpt_tp.hellaswag", "--tp", "2", "--cache-dir", str(tmp_path / "cache"), "--limit", "2"],
+    """`python -m gpt_tp.eval.hellaswag` at TP=2 without --path, offline: rank 0's download fails, both ranks exit."""
+    codes, out, spread = run_ranks(tmp_path, ["-m", "gpt_tp.eval.hellaswag", "--tp", "2", "--cache-dir", str(tmp_path / "cache"), "--limit", "2"],
                                    env=OFFLINE)
     assert_all_exit_with(codes, out, spread, "could not download HellaSwag from https://")
     assert not any((tmp_path / "cache").iterdir())  # no partial file

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from conftest import read_json, run_torchrun
-from gpt_tp.data import DataError
-from gpt_tp.hellaswag import get_encoding
+from gpt_tp.data.shards import DataError
+from gpt_tp.eval.hellaswag import get_encoding
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.sampling import PROMPT, TextSampleCallback, generate, last_logits, sample_texts
+from gpt_tp.eval.sampling import PROMPT, TextSampleCallback, generate, last_logits, sample_texts
 
 
 @pytest.fixture(scope="module")

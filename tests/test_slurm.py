@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from gpt_tp.slurm import SLURM_ENV_FLAGS, Preemption, PreemptionError, latest_checkpoint
+from gpt_tp.train.slurm import SLURM_ENV_FLAGS, Preemption, PreemptionError, latest_checkpoint
 
 APT = "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
 
@@ -259,7 +259,7 @@ def test_sigterm_saves_at_a_step_and_ends(slurm, tmp_path, how):
     rank saves at the same step boundary and exits 143 before the kill: the checkpoint is complete and holds the
     step's weights, nothing is requeued, no task is killed. The time-limit job is trained a while, then its limit
     cut to 1 minute; its early warning signal is SIGURG (ignored), so only the limit's SIGTERM acts."""
-    from gpt_tp.checkpoint import load_consolidated
+    from gpt_tp.train.checkpoint import load_consolidated
 
     job = _submit(slurm, tmp_path, env={"MAX_STEPS": "400"}, sbatch=("--signal=URG@1",) if how == "time limit" else ())
     log_path = tmp_path / f"slurm-gpt_tp_cpu-{job}.out"
@@ -300,8 +300,8 @@ def _launch_ranks(tmp_path: Path, *args: str, port: int | None = None) -> list[t
         log = tmp_path / f"rank{rank}.log"
         cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(ROOT / "configs" / "cpu.yaml"),
                "--trainer.max_steps", "400", "--trainer.enable_progress_bar", "false",
-               "--trainer.callbacks+=gpt_tp.slurm.Preemption", f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}",
-               "--trainer.callbacks.requeue=false", "--trainer.callbacks+=gpt_tp.slurm.FailFast", *SLURM_ENV_FLAGS.split(), *args]
+               "--trainer.callbacks+=gpt_tp.train.slurm.Preemption", f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}",
+               "--trainer.callbacks.requeue=false", "--trainer.callbacks+=gpt_tp.train.slurm.FailFast", *SLURM_ENV_FLAGS.split(), *args]
         procs.append((subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT), log))
     return procs
 
@@ -403,7 +403,7 @@ def test_latest_checkpoint_skips_incomplete(tmp_path):
     (tmp_path / "d.ckpt.partial").mkdir()
     assert latest_checkpoint(str(tmp_path), str(tmp_path / "missing")) == str(b)
     assert latest_checkpoint(str(tmp_path / "missing")) is None
-    out = subprocess.run([sys.executable, "-m", "gpt_tp.slurm", "latest", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "gpt_tp.train.slurm", "latest", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == str(b)
 
 

@@ -14,11 +14,11 @@ import torch
 
 from conftest import ROOT, WORKERS
 
-from gpt_tp.export import ExportError
-from gpt_tp.export import main as export_main
-from gpt_tp.hellaswag import main as hellaswag_main
+from gpt_tp.train.export import ExportError
+from gpt_tp.train.export import main as export_main
+from gpt_tp.eval.hellaswag import main as hellaswag_main
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.optim import get_lr
+from gpt_tp.train.optim import get_lr
 
 
 def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -73,7 +73,7 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
 
     out = tmp_path / "export"
-    assert export_main([str(ckpt / "last.ckpt"), "--out", str(out)]) == 0  # python -m gpt_tp.export, in this process
+    assert export_main([str(ckpt / "last.ckpt"), "--out", str(out)]) == 0  # python -m gpt_tp.train.export, in this process
     d = torch.load(out / "model.pt")
     ours = GPT(GPTConfig(**d["config"])).eval()
     ours.load_state_dict(d["state_dict"])
@@ -85,7 +85,7 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
         torch.testing.assert_close(ours(x)[..., :50257], hf(x).logits, rtol=1e-4, atol=1e-4)
         assert (hf(x).logits - start(x).logits).abs().max() > 1e-2  # 8 steps of fine-tuning changed the model
 
-    fixture = str(ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl")  # python -m gpt_tp.hellaswag, in this process
+    fixture = str(ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl")  # python -m gpt_tp.eval.hellaswag, in this process
     a = hellaswag_main(["--ckpt_path", str(ckpt / "last.ckpt"), "--path", fixture])
     b = hellaswag_main(["--hf-dir", str(out), "--path", fixture])
     assert a["total"] == 11 and (a["acc"], a["acc_norm"]) == (b["acc"], b["acc_norm"])
@@ -103,9 +103,9 @@ def test_killed_run_keeps_the_rows_it_logged(tmp_path):
 
 
 def test_export_mistakes_are_one_line(tmp_path):
-    """`python -m gpt_tp.export` on a missing checkpoint: one line, exit code 2; a non-empty --out is refused, untouched."""
+    """`python -m gpt_tp.train.export` on a missing checkpoint: one line, exit code 2; a non-empty --out is refused, untouched."""
     ckpt = tmp_path / "nothing.ckpt"
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.export", str(ckpt), "--out", str(tmp_path / "x")], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.train.export", str(ckpt), "--out", str(tmp_path / "x")], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: checkpoint folder {ckpt} does not exist"), proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # no traceback

@@ -1,5 +1,5 @@
 """Run under torchrun (gloo, CPU): the collectives of one full training step of the tiny GPT on a (dp, tp) mesh
-(TP -> FSDP2, fused AdamW, clip 1.0), by phase and kind and by process group, next to gpt_tp.audit's derived
+(TP -> FSDP2, fused AdamW, clip 1.0), by phase and kind and by process group, next to gpt_tp.perf.audit's derived
 minimum. Rank 0 writes them to --out as JSON."""
 
 import argparse
@@ -9,11 +9,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from gpt_tp.audit import minimum_collectives, step_collectives
-from gpt_tp.bench import groups_of
+from gpt_tp.perf.audit import minimum_collectives, step_collectives
+from gpt_tp.perf.bench import groups_of
 from gpt_tp.entry import run
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.optim import make_adamw
+from gpt_tp.train.optim import make_adamw
 from gpt_tp.parallel import parallelize
 
 

@@ -12,10 +12,10 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from gpt_tp.data import GPTDataModule
+from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.entry import run
 from gpt_tp.model import GPTConfig
-from gpt_tp.module import GPTModule
+from gpt_tp.train.module import GPTModule
 
 
 class MarkTraining(Callback):

@@ -17,10 +17,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
 from gpt_tp.entry import run
-from gpt_tp.hellaswag import ending_losses, evaluate, get_encoding, pad_batch, read_examples, render_example
+from gpt_tp.eval.hellaswag import ending_losses, evaluate, get_encoding, pad_batch, read_examples, render_example
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import parallelize
-from gpt_tp.sampling import sample_texts
+from gpt_tp.eval.sampling import sample_texts
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hellaswag_small.jsonl"
 

@@ -18,11 +18,11 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.entry import run
-from gpt_tp.hellaswag import HellaSwagCallback, evaluate, get_encoding, read_examples
+from gpt_tp.eval.hellaswag import HellaSwagCallback, evaluate, get_encoding, read_examples
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.module import GPTModule
-from gpt_tp.sampling import TextSampleCallback, sample_texts
-from gpt_tp.synthetic import SyntheticDataModule
+from gpt_tp.train.module import GPTModule
+from gpt_tp.eval.sampling import TextSampleCallback, sample_texts
+from synthetic_data import SyntheticDataModule
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hellaswag_small.jsonl"
 

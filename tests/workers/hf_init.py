@@ -9,8 +9,8 @@ import transformers
 from torch.distributed.device_mesh import init_device_mesh
 
 from gpt_tp.entry import run
-from gpt_tp.loss import cross_entropy
-from gpt_tp.module import GPTModule
+from gpt_tp.parallel.loss import cross_entropy
+from gpt_tp.train.module import GPTModule
 from gpt_tp.parallel import parallelize
 
 

@@ -9,8 +9,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
-from gpt_tp.module import GPTModule
-from gpt_tp.synthetic import SyntheticDataModule
+from gpt_tp.train.module import GPTModule
+from synthetic_data import SyntheticDataModule
 
 
 class KillAt(Callback):

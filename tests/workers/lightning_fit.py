@@ -15,8 +15,8 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.entry import run
-from gpt_tp.module import GPTModule
-from gpt_tp.synthetic import SyntheticDataModule
+from gpt_tp.train.module import GPTModule
+from synthetic_data import SyntheticDataModule
 
 
 def gathered(module) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""gpt_tp.loss.cross_entropy on vocab-sharded DTensor logits (TP=2, gloo) against torch's loss on the full logits."""
+"""gpt_tp.parallel.loss.cross_entropy on vocab-sharded DTensor logits (TP=2, gloo) against torch's loss on the full logits."""
 
 import argparse
 import json
@@ -11,7 +11,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from gpt_tp.entry import run
-from gpt_tp.loss import cross_entropy
+from gpt_tp.parallel.loss import cross_entropy
 
 
 def main():

@@ -13,8 +13,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_tp.entry import run
-from gpt_tp.module import GPTModule
-from gpt_tp.synthetic import SyntheticDataModule
+from gpt_tp.train.module import GPTModule
+from synthetic_data import SyntheticDataModule
 
 
 class Losses(Callback):

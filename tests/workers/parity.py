@@ -21,10 +21,10 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from gpt_tp.entry import run
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.loss import cross_entropy
-from gpt_tp.optim import get_lr, make_adamw
+from gpt_tp.parallel.loss import cross_entropy
+from gpt_tp.train.optim import get_lr, make_adamw
 from gpt_tp.parallel import clip_grad_norm, parallelize
-from gpt_tp.synthetic import SyntheticTokens
+from gpt_tp.perf.synthetic import SyntheticTokens
 
 
 def full(t):

@@ -21,12 +21,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from gpt_tp import planner
-from gpt_tp.audit import state_bytes
+from gpt_tp.perf import planner
+from gpt_tp.perf.audit import state_bytes
 from gpt_tp.entry import run
-from gpt_tp.loss import cross_entropy
+from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.optim import make_adamw
+from gpt_tp.train.optim import make_adamw
 from gpt_tp.parallel import AC_MODES, parallelize, reduce_partial_grads
 
 

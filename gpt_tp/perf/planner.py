@@ -1,8 +1,8 @@
 """Layout planner: which data-parallel x tensor-parallel layouts can train this GPT on these devices, and how much
 memory each needs per device.
 
-    python -m gpt_tp.planner --model gpt2-xl --devices-per-node 8 --memory-gib 24 --batch-size 4 --seq-len 1024
-    python -m gpt_tp.planner --config configs/tp2.yaml --memory-gib 24
+    python -m gpt_tp.perf.planner --model gpt2-xl --devices-per-node 8 --memory-gib 24 --batch-size 4 --seq-len 1024
+    python -m gpt_tp.perf.planner --config configs/tp2.yaml --memory-gib 24
 
 Rules (the same as gpt_tp.parallel): TP stays inside a node (it talks every layer), so TP divides the devices per node
 and is a valid TP size of the model (it divides heads, widths, vocabulary and T); DP = world size / TP runs FSDP2, which
@@ -165,7 +165,7 @@ def _fsdp_local(shape: tuple[int, ...], dp: int) -> int:
 
 
 def state_bytes(config: GPTConfig, dp: int, tp: int, precision: str = "bf16-mixed") -> dict[str, int]:
-    """Parameters, gradients and AdamW state per device, in bytes (compare gpt_tp.audit.state_bytes)."""
+    """Parameters, gradients and AdamW state per device, in bytes (compare gpt_tp.perf.audit.state_bytes)."""
     pb = _precision(precision)[0]
     n = sum(_fsdp_local(shape, dp) for shape, _ in param_shapes(config, tp))
     return {"params": n * pb, "grads": n * pb, "optimizer": 2 * n * pb}
@@ -445,7 +445,7 @@ def _config_from_yaml(path: str) -> dict:
 
 def main(argv: list[str] | None = None) -> Plan:
     ap = argparse.ArgumentParser(
-        prog="python -m gpt_tp.planner",
+        prog="python -m gpt_tp.perf.planner",
         description="List the DP x TP layouts of a GPT-2 on a cluster, with estimated memory per device, and pick "
         "the one with the smallest tensor-parallel size that fits.",
     )

@@ -1,8 +1,8 @@
 """Tokenize a text dataset into GPT-2 token shards in build-nanogpt's format.
 
-    python -m gpt_tp.prepare                                   # FineWeb-Edu sample-10BT -> edu_fineweb10B/
-    python -m gpt_tp.prepare --config sample-100BT --out edu_fineweb100B
-    python -m gpt_tp.prepare --local corpus/*.jsonl --out my_shards --prefix mydata   # no internet needed
+    python -m gpt_tp.data.prepare                                   # FineWeb-Edu sample-10BT -> edu_fineweb10B/
+    python -m gpt_tp.data.prepare --config sample-100BT --out edu_fineweb100B
+    python -m gpt_tp.data.prepare --local corpus/*.jsonl --out my_shards --prefix mydata   # no internet needed
 
 Each non-empty document becomes ``[<|endoftext|>] + enc.encode_ordinary(text)`` with tiktoken's ``r50k_base``
 encoding, which is byte-identical to GPT-2's BPE (tiktoken's ``gpt2``). Documents are tokenized in
@@ -28,10 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt_tp.data import (GPT2_VOCAB, SHARD_RE, DataError, _SHARD_LIKE_RE, check_token_ids, shard_header, shard_name,
-                         write_shard)
+from gpt_tp.data.shards import GPT2_VOCAB, SHARD_RE, DataError, _SHARD_LIKE_RE, check_token_ids, shard_header, shard_name, write_shard
 from gpt_tp.entry import run
-from gpt_tp.tokenizer import get_encoding
+from gpt_tp.data.tokenizer import get_encoding
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFAULT_CONFIG = "sample-10BT"
@@ -344,7 +343,7 @@ def _int(s: str) -> int:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m gpt_tp.prepare", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m gpt_tp.data.prepare", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", help=f"Hugging Face dataset (default {DEFAULT_DATASET})")
     p.add_argument("--config", help=f"dataset config (default {DEFAULT_CONFIG} for {DEFAULT_DATASET})")

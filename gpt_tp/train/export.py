@@ -1,6 +1,6 @@
 """Turn a distributed checkpoint into single-device weights.
 
-    python -m gpt_tp.export CHECKPOINT_DIR --out OUT_DIR [--format torch|hf|both]
+    python -m gpt_tp.train.export CHECKPOINT_DIR --out OUT_DIR [--format torch|hf|both]
 
 torch: OUT_DIR/model.pt = {"config": GPTConfig fields, "state_dict": the single-device GPT state dict}
        (load with GPT(GPTConfig(**d["config"])).load_state_dict(d["state_dict"])).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from gpt_tp.checkpoint import load_consolidated
+from gpt_tp.train.checkpoint import load_consolidated
 from gpt_tp.entry import run
 from gpt_tp.errors import UserError
 from gpt_tp.model import hf_config_dict, to_hf_state_dict

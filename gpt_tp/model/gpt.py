@@ -1,15 +1,14 @@
 """GPT-2 as plain single-device PyTorch (build-nanogpt's model, laid out for tensor parallelism).
 
-The model knows nothing of parallelism. Two layout choices make it shard cleanly (see gpt_tp/parallel.py):
+The model knows nothing of parallelism. Two layout choices make it shard cleanly (see gpt_tp/parallel/plan.py):
 - `c_attn` is one fused projection whose output rows are ordered per head, [h0: q k v | h1: q k v | ...],
   so splitting its rows over TP ranks hands every rank whole heads with their own q, k and v.
 - every reshape infers the number of heads (`view(B, T, -1, ...)`), so a sharded module that holds
   n_head / tp heads runs the same code unchanged.
-The parameter layout never depends on the TP degree. The loss lives outside the model (gpt_tp/module.py).
+The parameter layout never depends on the TP degree. The loss lives outside the model (gpt_tp/train/module.py).
 """
 
 from dataclasses import dataclass, fields
-from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -243,144 +242,3 @@ class GPT(nn.Module):
             x = block(x)
         x = self.transformer.ln_f(x)
         return self.lm_head(x)  # (B, T, vocab_size)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Hugging Face GPT-2 state dicts. HF keeps OpenAI's Conv1D layout: weights are (in, out), the transpose of
-# nn.Linear's (out, in), and c_attn's output columns are [q(all heads) | k(all heads) | v(all heads)].
-# HF's vocabulary is the unpadded 50257.
-
-HF_VOCAB_SIZE = 50257
-_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-def qkv_to_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Rows [q | k | v] (each n_head blocks of hd) -> rows grouped per head [h: q k v]. Works for weight and bias."""
-    rest = w.shape[1:]
-    w = w.view(3, n_head, -1, *rest)  # (3, nh, hd, ...)
-    return w.transpose(0, 1).reshape(-1, *rest)  # (nh * 3 * hd, ...)
-
-
-def qkv_from_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Inverse of qkv_to_per_head."""
-    rest = w.shape[1:]
-    w = w.view(n_head, 3, -1, *rest)  # (nh, 3, hd, ...)
-    return w.transpose(0, 1).reshape(-1, *rest)  # (3 * nh * hd, ...)
-
-
-def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
-    """Map a transformers GPT2LMHeadModel state dict onto ours (vocab padded with zero rows)."""
-    out = {}
-    for k, v in sd.items():
-        if k.endswith(".attn.bias") or k.endswith(".attn.masked_bias"):  # causal-mask buffers of old versions
-            continue
-        k = k.removeprefix("transformer.") if k.startswith("transformer.") else k
-        if k == "lm_head.weight":
-            continue  # tied to wte
-        name = "transformer." + k
-        if k.endswith(_CONV1D):
-            v = v.t()
-        if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
-            v = qkv_to_per_head(v, config.n_head)
-        if k == "wte.weight" and v.shape[0] < config.vocab_size:
-            v = torch.cat([v, v.new_zeros(config.vocab_size - v.shape[0], v.shape[1])])
-        out[name] = v.contiguous()
-    out["lm_head.weight"] = out["transformer.wte.weight"]
-    if config.vocab_used is not None:
-        out["lm_head.bias"] = GPT.vocab_mask(SimpleNamespace(config=config))
-    return out
-
-
-def to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
-    """Our (full, unsharded) state dict -> transformers GPT2LMHeadModel layout, vocab cut back to 50257."""
-    out = {}
-    for name, v in sd.items():
-        if name.startswith("lm_head."):  # weight tied to wte; bias is our padding mask
-            continue
-        k = name.removeprefix("transformer.")
-        if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
-            v = qkv_from_per_head(v, config.n_head)
-        if k.endswith(_CONV1D):
-            v = v.t()
-        if k == "wte.weight":
-            v = v[:HF_VOCAB_SIZE]
-        out["transformer." + k] = v.contiguous()
-    out["lm_head.weight"] = out["transformer.wte.weight"]
-    return out
-
-
-def hf_config_dict(config: GPTConfig) -> dict:
-    """The config.json transformers expects for this model (vocabulary 50257)."""
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": HF_VOCAB_SIZE,
-        "n_positions": config.block_size,
-        "n_ctx": config.block_size,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "activation_function": "gelu_new",
-        "resid_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "attn_pdrop": config.dropout,
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
-        "tie_word_embeddings": True,
-    }
-
-
-def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
-    """GPTConfig from a transformers GPT-2 config.json dict; refuses other architectures."""
-    if hf.get("model_type") != "gpt2":
-        raise UserError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
-    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise UserError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
-    missing = [k for k in ("n_positions", "n_layer", "n_head", "n_embd", "vocab_size") if k not in hf]
-    if missing:
-        raise UserError(f"GPT-2 config fields {', '.join(missing)} missing")
-    vocab = max(vocab_size, hf["vocab_size"])
-    return GPTConfig(
-        block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
-        vocab_used=hf["vocab_size"] if hf["vocab_size"] < vocab else None,
-    )
-
-
-def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """Read a local Hugging Face GPT-2 directory (config.json + model.safetensors) into our layout; a config.json
-    that is not GPT-2's, or weights that are unreadable or do not fit it, raise UserError naming the file."""
-    import json
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    p = Path(path)
-    cfg_file, weights = p / "config.json", p / "model.safetensors"
-    for f in (cfg_file, weights):
-        if not f.is_file():
-            raise FileNotFoundError(f"{f} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors")
-    try:
-        config = config_from_hf(json.loads(cfg_file.read_text()), vocab_size)
-    except UserError as e:
-        raise UserError(f"{cfg_file}: {e}") from e
-    except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type
-        raise UserError(f"{cfg_file}: not a GPT-2 config.json ({type(e).__name__}: {e})") from e
-    try:
-        hf_state = load_file(str(weights))
-    except Exception as e:  # noqa: BLE001 - safetensors' own error type: any unreadable file is the same mistake
-        raise UserError(f"{weights} is unreadable ({e}); copy or export the folder again") from e
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
-    try:
-        state = from_hf_state_dict(hf_state, config)
-    except RuntimeError as e:  # c_attn of another width than config.json's
-        raise UserError(f"{weights} does not fit {cfg_file} ({e})") from e
-    problems = [f"{k}: {tuple(v.shape)} vs config {expected[k]}"
-                for k, v in state.items() if k in expected and tuple(v.shape) != expected[k]]
-    problems += [f"{k} missing" for k in expected if k not in state] + [f"{k} unexpected" for k in state if k not in expected]
-    if problems:
-        more = f" ... and {len(problems) - 6} more" if len(problems) > 6 else ""
-        raise UserError(f"{weights} does not fit {cfg_file}: {'; '.join(problems[:6])}{more}; copy or export the folder again")
-    return config, state

@@ -18,9 +18,9 @@ from lightning.pytorch.callbacks import Callback
 from torch.distributed.tensor import DTensor, Shard
 
 from gpt_tp.collective import one_does
-from gpt_tp.data import check_token_ids
+from gpt_tp.data.shards import check_token_ids
 from gpt_tp.errors import UserError
-from gpt_tp.hellaswag import block_size_of, config_of, parallel_layout
+from gpt_tp.eval.hellaswag import block_size_of, config_of, parallel_layout
 
 PROMPT = "Hello, I'm a language model,"
 
@@ -109,7 +109,7 @@ class TextSampleCallback(Callback):
         self._enc = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        from gpt_tp.tokenizer import get_encoding
+        from gpt_tp.data.tokenizer import get_encoding
 
         self._enc = self._enc or get_encoding()
         if len(self._enc.encode(self.prompt)) >= self.max_length:

@@ -8,7 +8,7 @@ Megatron-LM's sequence-parallel minimum for this GPT-2, per training step on one
                        -> 2 all-gathers + 2 reduce-scatters
   token embedding:     vocab-parallel lookup, reduce-scatter into the sequence-sharded stream (fwd), all-gather (bwd)
   lm_head:             all-gather the sequence before the column-parallel head (fwd), reduce-scatter (bwd)
-  cross-entropy:       vocab-parallel (gpt_tp.loss): all-reduce of the max, then one all-reduce of the sum of exps
+  cross-entropy:       vocab-parallel (gpt_tp.parallel.loss): all-reduce of the max, then one all-reduce of the sum of exps
                        and the target logit together (fwd); nothing in backward
   replicated params:   LayerNorm weights/biases and wpe see one sequence slice per rank: their gradients are summed
                        in one flat all-reduce (gpt_tp.parallel.reduce_partial_grads)
@@ -30,8 +30,8 @@ from collections import Counter
 import torch
 from torch.distributed.tensor import DTensor
 
-from gpt_tp.bench import CollectiveRecorder
-from gpt_tp.loss import cross_entropy
+from gpt_tp.perf.bench import CollectiveRecorder
+from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.parallel import clip_grad_norm
 
 
@@ -57,7 +57,7 @@ def megatron_sp_minimum(n_layer: int) -> dict[str, int]:
 def step_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_norm: float = 1.0,
                      groups: dict[str, tuple[str, int]] | None = None) -> dict[str, dict]:
     """Run one full training step (forward, vocab-parallel loss, backward, grad reduction, clip, optimizer step) and
-    return the collectives of each phase by kind, plus 'total'. With `groups` (gpt_tp.bench.groups_of(mesh)),
+    return the collectives of each phase by kind, plus 'total'. With `groups` (gpt_tp.perf.bench.groups_of(mesh)),
     also 'by_group': the whole step's collectives by group label and kind. Gradients are left in place (peak
     memory)."""
     phases, by_group = {}, {}

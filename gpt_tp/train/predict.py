@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from gpt_tp.errors import UserError
-from gpt_tp.sampling import PROMPT, sample_texts
+from gpt_tp.eval.sampling import PROMPT, sample_texts
 
 
 def read_prompts(prompt: list[str] | None = None, prompts_file: str | None = None) -> list[str]:
@@ -39,7 +39,7 @@ def prompt_tokens(enc, prompt: str, block_size: int) -> int:
 
 def check_prompts(prompts: list[str], block_size: int, output: str | None) -> None:
     """Before any rank starts: every prompt fits the model (prompt_tokens) and --output names a file, not a folder."""
-    from gpt_tp.tokenizer import get_encoding
+    from gpt_tp.data.tokenizer import get_encoding
 
     enc = get_encoding()
     for prompt in prompts:
@@ -64,8 +64,8 @@ class PromptBatches:
 
 def continue_prompt(pl_module, batch: dict) -> list[dict]:
     """predict_step's work: `num_samples` top-k continuations of batch["prompt"], `max_new_tokens` tokens each."""
-    from gpt_tp.hellaswag import block_size_of, parallel_layout
-    from gpt_tp.tokenizer import get_encoding
+    from gpt_tp.eval.hellaswag import block_size_of, parallel_layout
+    from gpt_tp.data.tokenizer import get_encoding
 
     enc = get_encoding()
     trainer = pl_module.trainer

@@ -1,7 +1,7 @@
 """Parity check: is the tensor-parallel model the same model as the single-device one?
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.paritycheck --config configs/cpu.yaml
-    torchrun --nproc_per_node=4 -m gpt_tp.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.perf.paritycheck --config configs/cpu.yaml
+    torchrun --nproc_per_node=4 -m gpt_tp.perf.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
 
 Every rank builds the model from one seed, keeps an unsharded copy (it must fit on one device) and shards the
 other with gpt_tp's plan (TP -> FSDP2, as in training) or with --plan module:attribute (a dict of module path ->
@@ -90,10 +90,10 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from gpt_tp.loss import cross_entropy
+    from gpt_tp.parallel.loss import cross_entropy
     from gpt_tp.model import GPT
     from gpt_tp.parallel import reduce_partial_grads
-    from gpt_tp.synthetic import SyntheticTokens
+    from gpt_tp.perf.synthetic import SyntheticTokens
 
     dp = mesh["data_parallel"].size()
     dp_rank = mesh["data_parallel"].get_local_rank()
@@ -229,7 +229,7 @@ def settings(args, world: int) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m gpt_tp.paritycheck", description=__doc__,
+    ap = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m gpt_tp.perf.paritycheck", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="a training YAML (python cli.py fit --config ...): model, layout, batch shape")
     ap.add_argument("--model", help=f"a named size: {', '.join(SIZES)} (default tiny)")
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ParityInputError("run under torchrun, e.g. python -m torch.distributed.run --standalone "
-                               "--nproc_per_node=2 -m gpt_tp.paritycheck --config configs/cpu.yaml")
+                               "--nproc_per_node=2 -m gpt_tp.perf.paritycheck --config configs/cpu.yaml")
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     s = settings(args, world)
     plan = load_plan(args.plan, s["config"]) if args.plan else None

@@ -20,7 +20,7 @@ handler is installed in `setup`; the SIGTERM handler replaces Lightning's when t
 its own, whatever the environment, just before). A SIGTERM before that point ends the process at once, as it would
 without gpt_tp.
 
-Resume. `python -m gpt_tp.slurm latest DIR...` prints the newest complete checkpoint in the folders (a file, or a
+Resume. `python -m gpt_tp.train.slurm latest DIR...` prints the newest complete checkpoint in the folders (a file, or a
 distributed-checkpoint folder holding Lightning's `meta.pt`, which rank 0 writes after every shard is written), so the
 sbatch script passes it as `--ckpt_path`, whoever wrote it (this callback or a periodic ModelCheckpoint).
 
@@ -70,7 +70,7 @@ class Preemption(Callback):
 
     Args:
         dirpath: folder for `preempt-step=N.ckpt` (a distributed-checkpoint folder under ModelParallelStrategy);
-            give the same folder to `python -m gpt_tp.slurm latest` when resuming.
+            give the same folder to `python -m gpt_tp.train.slurm latest` when resuming.
         signal_name: the signal Slurm sends before the end (`#SBATCH --signal=USR1@90`); not SIGTERM.
         requeue: run `scontrol requeue $SLURM_JOB_ID` on rank 0 after a save for signal_name (only inside a Slurm job).
     """
@@ -107,7 +107,7 @@ class Preemption(Callback):
         env = getattr(trainer.strategy, "cluster_environment", None)
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:
             raise PreemptionError(
-                "gpt_tp.slurm.Preemption saves and requeues the job itself, but Lightning's SLURMEnvironment has "
+                "gpt_tp.train.slurm.Preemption saves and requeues the job itself, but Lightning's SLURMEnvironment has "
                 f"auto_requeue on (its default inside a Slurm job): pass {SLURM_ENV_FLAGS} (scripts/slurm/launch.sh does)"
             )
         self._install(self.signum, self._on_signal)
@@ -301,7 +301,7 @@ def latest_checkpoint(*dirs: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.slurm", description="Cluster helpers for gpt_tp.")
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.train.slurm", description="Cluster helpers for gpt_tp.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     lat = sub.add_parser("latest", help="print the newest complete checkpoint in the folders (nothing if none)")
     lat.add_argument("dirs", nargs="+")

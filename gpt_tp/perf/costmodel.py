@@ -1,7 +1,7 @@
 """A first-order cost model: when does tensor parallelism pay?
 
-    python -m gpt_tp.costmodel                       # anchor check + the table for GPT-2 sizes and links
-    python -m gpt_tp.costmodel --bench bench_out/bench.json --link nvlink-h100   # measured bytes, other links
+    python -m gpt_tp.perf.costmodel                       # anchor check + the table for GPT-2 sizes and links
+    python -m gpt_tp.perf.costmodel --bench bench_out/bench.json --link nvlink-h100   # measured bytes, other links
 
 Step time = compute + exposed communication.
 - compute: flops_per_token(T) x tokens on this rank's TP group / (peak x MFU), divided by tp (each rank does
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
-from gpt_tp.module import PEAK_FLOPS
+from gpt_tp.hardware import PEAK_FLOPS
 
 
 class CostModelError(UserError):
@@ -115,7 +115,7 @@ def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int =
         (and their backward reduce-scatters) move 2-byte elements, as do the c_proj outputs. The token embedding
         (float32, not autocast) reduce-scatters into the stream (fwd) and
         all-gathers its gradient (bwd); ln_f's output is all-gathered for lm_head (fwd), reduce-scattered (bwd).
-      cross-entropy (gpt_tp.loss, vocab-parallel): 2 all-reduces in float32: the max (B x T values), then the
+      cross-entropy (gpt_tp.parallel.loss, vocab-parallel): 2 all-reduces in float32: the max (B x T values), then the
         sum of exps and the target logit together (2 B x T values).
       replicated parameters (wpe, LayerNorms): their float32 gradients are per-rank partial sums, summed in one
         all-reduce over TP (at DP > 1 after FSDP2's reduce-scatter, so each rank sends its DP shard).
@@ -324,9 +324,9 @@ def bench_markdown(bench: dict, link: Link) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.costmodel", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.perf.costmodel", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bench", help="a bench.json from python -m gpt_tp.bench: price its measured collectives")
+    ap.add_argument("--bench", help="a bench.json from python -m gpt_tp.perf.bench: price its measured collectives")
     ap.add_argument("--link", help=f"with --bench: the link to price its runs on, one of {', '.join(LINKS)} "
                     "(default nvlink-h100)")
     args = ap.parse_args(argv)
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench = json.load(f)
             print(bench_markdown(bench, LINKS[args.link or "nvlink-h100"]))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CostModelError(f"--bench={args.bench}: not a bench.json from python -m gpt_tp.bench ({e})") from None
+            raise CostModelError(f"--bench={args.bench}: not a bench.json from python -m gpt_tp.perf.bench ({e})") from None
         return 0
     if args.link is not None:
         raise CostModelError(f"--link {args.link} prices the runs of --bench; give --bench bench_out/bench.json "

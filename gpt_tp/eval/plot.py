@@ -1,6 +1,6 @@
 """Plot a run's CSV log like build-nanogpt's play.ipynb: train and val loss, HellaSwag acc_norm over steps.
 
-    python -m gpt_tp.plot logs/gpt_tp/version_0 -o run.png     # a run dir, a folder of runs, or a metrics.csv
+    python -m gpt_tp.eval.plot logs/gpt_tp/version_0 -o run.png     # a run dir, a folder of runs, or a metrics.csv
 
 One run, one curve: a resumed or requeued run writes a new CSVLogger version (version_N+1) next to the one it
 continues. A version continues the run of the version before it when both saved the same hparams.yaml and its
@@ -167,7 +167,7 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
 
 
 def main(argv=None) -> Path:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.plot", description="Plot train/val loss and HellaSwag acc_norm "
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.eval.plot", description="Plot train/val loss and HellaSwag acc_norm "
                                  "from a CSVLogger log; the versions of a resumed run are joined into one curve.")
     ap.add_argument("run", help="metrics.csv, a run dir holding it, or a folder of runs (the newest metrics.csv is used)")
     ap.add_argument("-o", "--out", default="run.png", help="PNG to write (default: run.png in the current directory)")

@@ -12,22 +12,15 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gpt_tp.errors import UserError
-from gpt_tp.loss import cross_entropy
+from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.optim import check_schedule, get_lr, make_adamw
+from gpt_tp.train.optim import check_schedule, get_lr, make_adamw
+from gpt_tp.hardware import detect_peak_flops
 from gpt_tp.parallel import (
-    check_ac_mode, clip_grad_norm, data_parallel_rank_size, enable_async_tp, materialize, parallelize, validate_layout,
+    check_ac_mode, clip_grad_norm, enable_async_tp, materialize, parallelize, validate_layout,
 )
+from gpt_tp.train.ranks import data_parallel_rank_size
 
-# dense bf16 peak FLOP/s per device, for MFU; matched against torch.cuda.get_device_name()
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "3090": 71e12, "4090": 165e12, "A6000": 155e12}
-
-
-def detect_peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
 def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) -> None:
@@ -273,9 +266,9 @@ class GPTModule(L.LightningModule):
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
 
-    # ---- predict: continue prompts (python cli.py predict; gpt_tp.predict) -------------------------------------
+    # ---- predict: continue prompts (python cli.py predict; gpt_tp.train.predict) -------------------------------------
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
-        from gpt_tp.predict import continue_prompt
+        from gpt_tp.train.predict import continue_prompt
 
         return continue_prompt(self, batch)
 

@@ -1,6 +1,6 @@
 r"""Benchmark: what a training step costs per layout (DP x TP), precision and compile setting, and why.
 
-    python -m gpt_tp.bench --model gpt2 --layouts 1x1,1x2,2x2 --precision bf16-mixed --compile off,on \
+    python -m gpt_tp.perf.bench --model gpt2 --layouts 1x1,1x2,2x2 --precision bf16-mixed --compile off,on \
         --batch-size 16 --seq-len 1024 --out bench_out
 
 Every run is one torchrun job of dp x tp processes training on generated tokens: `--warmup` steps, then
@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.module import PEAK_FLOPS
+from gpt_tp.hardware import PEAK_FLOPS
 from gpt_tp.parallel import enable_async_tp
 
 PRECISIONS = ("32-true", "bf16-mixed")
@@ -179,7 +179,7 @@ def build(config: GPTConfig, mesh, device: torch.device, compile: bool, precisio
     """A GPT built on the meta device, parallelized on the (data_parallel, tensor_parallel) mesh (TP -> compile ->
     FSDP2) and initialised shard by shard, with its fused AdamW."""
     from gpt_tp.model import GPT
-    from gpt_tp.optim import make_adamw
+    from gpt_tp.train.optim import make_adamw
     from gpt_tp.parallel import materialize, parallelize
 
     with torch.device("meta"):
@@ -191,8 +191,8 @@ def build(config: GPTConfig, mesh, device: torch.device, compile: bool, precisio
 
 
 def train_step(model, opt, x, y, precision: str, max_norm: float = 1.0) -> torch.Tensor:
-    """The training step gpt_tp.module runs, without Lightning: returns the loss tensor (no host sync)."""
-    from gpt_tp.loss import cross_entropy
+    """The training step gpt_tp.train.module runs, without Lightning: returns the loss tensor (no host sync)."""
+    from gpt_tp.parallel.loss import cross_entropy
     from gpt_tp.parallel import clip_grad_norm
 
     with autocast_context(precision, x.device):
@@ -236,7 +236,7 @@ def worker(spec: dict) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from gpt_tp.synthetic import SyntheticTokens
+    from gpt_tp.perf.synthetic import SyntheticTokens
 
     cuda = spec["device"] == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -420,7 +420,7 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
 
     The result file rank 0 writes is the result, whatever torchrun's exit status: a process that aborts while
     exiting after it was written (see gpt_tp.entry) loses no measurement; the status is kept in 'exit_note'.
-    Without a result, the error is the one each failed worker wrote (gpt_tp.bench --worker), else torchrun's."""
+    Without a result, the error is the one each failed worker wrote (gpt_tp.perf.bench --worker), else torchrun's."""
     nproc = spec["dp"] * spec["tp"]
     safe = spec["name"].replace(" ", "_")
     spec = {**spec, "result": str(workdir / f"{safe}.json")}
@@ -430,9 +430,9 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
     spec_file = workdir / f"{safe}.spec.json"
     spec_file.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gpt_tp.bench", "--worker", str(spec_file)]
+           "-m", "gpt_tp.perf.bench", "--worker", str(spec_file)]
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
     # a session of its own, so that a timeout (or Ctrl-C) stops torchrun and all its workers
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -456,7 +456,7 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
 
 
 def _error_files(result: Path) -> list[Path]:
-    """The error each failed worker wrote (gpt_tp.bench --worker), by rank."""
+    """The error each failed worker wrote (gpt_tp.perf.bench --worker), by rank."""
     files = result.parent.glob(f"{result.name}.rank*.error")
     return sorted(files, key=lambda f: int(f.name.rsplit(".rank", 1)[1].split(".")[0]))
 
@@ -564,7 +564,7 @@ def run(args) -> list[dict]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.perf.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2", help=f"model size: {', '.join(SIZES)} (default gpt2, 124M)")
     ap.add_argument("--layers", type=int, help="override the number of blocks (quick runs)")

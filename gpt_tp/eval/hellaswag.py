@@ -16,9 +16,9 @@ Parallelism:
   examples repeats a batch with weight 0), since FSDP2 all-gathers parameters in each forward.
 
 Command line (one process, or torchrun for TP/DP), see docs/eval.md:
-    python -m gpt_tp.hellaswag --hf-dir gpt2_hf           # a Hugging Face GPT-2 directory
-    python -m gpt_tp.hellaswag --ckpt_path checkpoints/last.ckpt   # a Lightning checkpoint (DCP folder or file)
-    torchrun --nproc_per_node 2 -m gpt_tp.hellaswag --hf-dir gpt2_hf --tp 2
+    python -m gpt_tp.eval.hellaswag --hf-dir gpt2_hf           # a Hugging Face GPT-2 directory
+    python -m gpt_tp.eval.hellaswag --ckpt_path checkpoints/last.ckpt   # a Lightning checkpoint (DCP folder or file)
+    torchrun --nproc_per_node 2 -m gpt_tp.eval.hellaswag --hf-dir gpt2_hf --tp 2
 """
 
 import argparse
@@ -38,9 +38,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from gpt_tp.collective import one_does
-from gpt_tp.data import check_token_ids, resolve_data_dir
+from gpt_tp.data.shards import check_token_ids, resolve_data_dir
 from gpt_tp.errors import UserError
-from gpt_tp.tokenizer import get_encoding
+from gpt_tp.data.tokenizer import get_encoding
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FILENAME = "hellaswag_val.jsonl"
@@ -334,7 +334,7 @@ def evaluate(
 def parallel_layout(trainer, pl_module) -> tuple[int, int, int, object]:
     """(tp, dp_rank, dp_size, dp_group) of this process: ModelParallelStrategy's mesh, else every process is a
     data-parallel replica (DDP-like strategies), else one process."""
-    from gpt_tp.parallel import data_parallel_rank_size
+    from gpt_tp.train.ranks import data_parallel_rank_size
 
     mesh = getattr(pl_module, "device_mesh", None)
     if mesh is not None:
@@ -454,7 +454,7 @@ def load_model(args):
     elif args.ckpt_path:
         p = Path(args.ckpt_path)
         if p.is_dir():  # a distributed checkpoint (ModelParallelStrategy): consolidated in this one process
-            from gpt_tp.checkpoint import CheckpointError, load_consolidated
+            from gpt_tp.train.checkpoint import CheckpointError, load_consolidated
 
             try:
                 config, sd = load_consolidated(p)
@@ -484,7 +484,7 @@ def load_model(args):
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.hellaswag", description="HellaSwag val accuracy of GPT-2 weights (build-nanogpt's scoring).")
+    ap = argparse.ArgumentParser(prog="python -m gpt_tp.eval.hellaswag", description="HellaSwag val accuracy of GPT-2 weights (build-nanogpt's scoring).")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--hf-dir", help="Hugging Face GPT-2 directory (config.json + model.safetensors)")
     src.add_argument("--ckpt_path", help="Lightning checkpoint of GPTModule: distributed checkpoint folder (any TP/DP layout) or .ckpt file")

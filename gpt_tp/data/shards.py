@@ -1,0 +1,273 @@
+"""Token shards and the LightningDataModule that streams them.
+
+Shard format (build-nanogpt's, read and written unchanged): a standard ``.npy`` file holding a
+1-D ``uint16`` array of GPT-2 token ids, named ``{prefix}_{split}_{index:06d}.npy`` with split
+``val`` or ``train``. Each document is ``[<|endoftext|>] + tokens``; documents run on across
+shard boundaries. build-nanogpt writes shard 0 as ``val`` and the rest as ``train``.
+
+Reading scheme (cleaner than build-nanogpt's DataLoaderLite, which drops each shard's tail):
+the shards of a split are one concatenated token stream, read through small memory maps of only
+the bytes a batch needs, so memory does not grow with shard size or count. Global batch ``k`` is
+the span of ``B*T*dp_size + 1`` tokens starting at ``k*B*T*dp_size`` (within an epoch); data-parallel
+rank ``r`` takes tokens ``[r*B*T, (r+1)*B*T + 1)`` of that span, so the ``dp_size`` ranks together
+see exactly what one device with batch ``B*dp_size`` would see. Tensor-parallel ranks are not
+data-parallel ranks: all ranks of one TP group get the identical batch. Epoch 0 reads the shards in
+file order from token 0 (as build-nanogpt); each later epoch reads them in a seed-determined
+permutation, starting at a seed-determined offset in ``[0, T)``, so windows do not repeat exactly.
+"""
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt_tp.errors import UserError
+
+EOT_TOKEN = 50256  # <|endoftext|> of GPT-2's BPE (tiktoken "gpt2" == "r50k_base")
+GPT2_VOCAB = EOT_TOKEN + 1  # ids GPT-2's BPE produces; a model's vocab_size above it (50304) is padding
+SPLITS = ("train", "val")
+SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d{6})\.npy$")
+_SHARD_LIKE_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d+)\.[A-Za-z0-9]+$")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class DataError(UserError):
+    """Bad data input: the message names the file or flag at fault and how to fix it."""
+
+
+# ----------------------------------------------------------------------------------------------
+# token ids
+
+
+def check_token_ids(ids, vocab_size: int, where: str) -> None:
+    """Raise DataError unless every id in ``ids`` (numpy array or torch tensor, any shape) lies in
+    ``0 .. min(50257, vocab_size) - 1``: a GPT-2 BPE id the model has an embedding row for.
+
+    The message names ``where``, the first bad position and its id, and the fix. One pass over the
+    data (its min and max); the position is searched only when an id is out of range.
+    """
+    limit = min(GPT2_VOCAB, int(vocab_size))
+    if isinstance(ids, torch.Tensor):
+        if ids.is_floating_point() or ids.is_complex():
+            raise DataError(f"{where}: token ids must be integers, got dtype {ids.dtype}")
+        if ids.numel() == 0:
+            return
+        lo, hi = (0 if ids.dtype == torch.uint8 else int(ids.min())), int(ids.max())
+    else:
+        ids = np.asarray(ids)
+        if ids.size == 0:
+            return
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise DataError(f"{where}: token ids must be integers, got dtype {ids.dtype}")
+        lo, hi = (0 if np.issubdtype(ids.dtype, np.unsignedinteger) else int(ids.min())), int(ids.max())
+    if lo >= 0 and hi < limit:
+        return
+    bad = (ids < 0) | (ids >= limit)
+    flat = int(torch.argmax(bad.flatten().to(torch.uint8))) if isinstance(ids, torch.Tensor) else int(np.argmax(bad.ravel()))
+    pos = np.unravel_index(flat, tuple(ids.shape)) if len(ids.shape) > 1 else flat
+    pos = tuple(int(i) for i in pos) if isinstance(pos, tuple) else pos
+    value = int(ids.flatten()[flat]) if isinstance(ids, torch.Tensor) else int(ids.ravel()[flat])
+    if value < 0:
+        why = "is negative: the data is corrupt; rebuild it with python -m gpt_tp.data.prepare"
+    elif value >= GPT2_VOCAB:
+        why = (f"is not a GPT-2 BPE id (0..{GPT2_VOCAB - 1}): the data was not tokenized with GPT-2's BPE "
+               "(tiktoken r50k_base) or is corrupt; rebuild it with python -m gpt_tp.data.prepare")
+    else:
+        why = (f"is outside the model's vocabulary (0..{limit - 1}): set model.vocab_size to at least {GPT2_VOCAB} "
+               "(e.g. 50304), and model.vocab_used, if set, to 50257")
+    raise DataError(f"{where}: token id {value} at position {pos} {why}")
+
+
+# ----------------------------------------------------------------------------------------------
+# shard files
+
+
+def shard_name(prefix: str, split: str, index: int) -> str:
+    """build-nanogpt's file name of shard ``index``: ``{prefix}_{split}_{index:06d}.npy``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return f"{prefix}_{split}_{index:06d}.npy"
+
+
+def write_shard(path, tokens) -> None:
+    """Write ``tokens`` as a uint16 ``.npy`` shard (build-nanogpt format) at ``path``, atomically.
+
+    The array is written to ``path + ".tmp"`` and renamed, so a partly written shard never appears
+    under its final name. Raises DataError if a token id does not fit uint16.
+    """
+    path = os.fspath(path)
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise DataError(f"{path}: a shard must be a 1-D token array, got shape {arr.shape}")
+    if arr.dtype != np.uint16:
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise DataError(f"{path}: token ids must be integers, got dtype {arr.dtype}")
+        bad = np.flatnonzero((arr < 0) | (arr >= 2**16)) if arr.size else []
+        if len(bad):
+            raise DataError(
+                f"{path}: token id {int(arr[bad[0]])} (at position {int(bad[0])}) does not fit uint16 (0..65535); "
+                "shards hold GPT-2 BPE ids (vocab 50257): use the gpt2/r50k_base encoding"
+            )
+        arr = arr.astype(np.uint16)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:  # a file object: np.save must not append another ".npy"
+        np.save(f, arr)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def shard_header(path) -> tuple[int, int]:
+    """Check that ``path`` is a 1-D little-endian uint16 ``.npy`` file; return (num_tokens, data offset).
+
+    Reads only the header, never the data. Raises DataError naming the file otherwise.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            offset = f.tell()
+    except (ValueError, OSError, SyntaxError) as e:
+        raise DataError(f"{path}: not a readable .npy token shard ({e}); rebuild it with python -m gpt_tp.data.prepare") from e
+    if dtype != np.dtype("<u2") or len(shape) != 1 or fortran:
+        raise DataError(
+            f"{path}: expected a 1-D uint16 token array (build-nanogpt shard format), got dtype {dtype} shape {shape}; "
+            "rebuild it with python -m gpt_tp.data.prepare"
+        )
+    expected = offset + 2 * shape[0]
+    actual = os.path.getsize(path)
+    if actual != expected:
+        raise DataError(f"{path}: file is {actual} bytes but its header needs {expected}: truncated or corrupt, rebuild it")
+    return shape[0], offset
+
+
+def read_shard(path, mmap: bool = True) -> np.ndarray:
+    """Return shard ``path`` as a 1-D uint16 array, memory-mapped read-only unless ``mmap=False``."""
+    shard_header(path)
+    return np.load(os.fspath(path), mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+CHECK_CHUNK = 1 << 22  # tokens (8 MB) mapped at a time while checking a shard
+_checked_shards: set = set()  # (file identity, id limit) of the shards checked in this process
+
+
+def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
+    """``check_token_ids`` over the whole shard ``path`` (DataError naming the file, position and id),
+    once per process for each version of the file: a shard opened again is not read again."""
+    path = os.fspath(path)
+    st = os.stat(path)
+    limit = min(GPT2_VOCAB, int(vocab_size))
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, limit)
+    if key in _checked_shards:
+        return
+    if shard_max(path) >= limit:
+        check_token_ids(read_shard(path), vocab_size, path)  # finds and names the first bad id
+    _checked_shards.add(key)
+
+
+def shard_max(path) -> int:
+    """The largest token id in shard ``path`` (-1 if empty), read ``CHECK_CHUNK`` tokens at a time, so
+    memory does not grow with the shard's size."""
+    n, offset = shard_header(path)
+    hi = -1
+    for lo in range(0, n, CHECK_CHUNK):
+        chunk = np.memmap(path, dtype=np.uint16, mode="r", offset=offset + 2 * lo, shape=(min(CHECK_CHUNK, n - lo),))
+        hi = max(hi, int(chunk.max()))
+        del chunk
+    return hi
+
+
+def resolve_data_dir(data_dir) -> Path:
+    """``data_dir`` as given, or, when a relative path is missing from the working directory, the
+    same path under the repository root (so ``data/sample`` works from anywhere)."""
+    p = Path(data_dir).expanduser()
+    if not p.exists() and not p.is_absolute() and (REPO_ROOT / p).exists():
+        return REPO_ROOT / p
+    return p
+
+
+def find_shards(data_dir, split: str) -> list[Path]:
+    """The shard files of ``split`` in ``data_dir``, in index order (names like build-nanogpt's)."""
+    d = resolve_data_dir(data_dir)
+    if not d.is_dir():
+        raise DataError(
+            f"data directory {os.fspath(data_dir)!r} does not exist (or is not a directory): "
+            "set data_dir to a folder of token shards, e.g. made by python -m gpt_tp.data.prepare"
+        )
+    found, prefixes = [], set()
+    for name in sorted(os.listdir(d)):
+        m = SHARD_RE.match(name)
+        if m is None:
+            m2 = _SHARD_LIKE_RE.match(name)
+            if m2 and m2.group("split") == split and not name.endswith((".tmp", ".json", ".md", ".txt")):
+                raise DataError(
+                    f"{d / name}: looks like a {split} shard but is not a uint16 .npy shard named "
+                    f"PREFIX_{split}_NNNNNN.npy (another format, e.g. llm.c .bin?); rebuild with python -m gpt_tp.data.prepare"
+                )
+            continue
+        if m.group("split") == split:
+            found.append((int(m.group("index")), d / name))
+            prefixes.add(m.group("prefix"))
+    if not found:
+        raise DataError(
+            f"no {split} shards (*_{split}_NNNNNN.npy) in {d}: point data_dir at a folder made by "
+            "python -m gpt_tp.data.prepare or build-nanogpt's fineweb.py"
+        )
+    if len(prefixes) > 1:
+        raise DataError(f"{d}: {split} shards with several prefixes {sorted(prefixes)}: keep one dataset per folder")
+    return [p for _, p in sorted(found)]
+
+
+class TokenStream:
+    """Several shards read as one concatenated token stream.
+
+    Opening checks every shard's header and token ids (``check_shard``: ids below
+    ``min(50257, vocab_size)``), so a bad shard raises DataError here, before any batch is read.
+    ``read(start, stop)`` maps only the bytes it needs (one small ``np.memmap`` per shard touched,
+    dropped right after copying), so resident memory does not depend on shard size or count.
+    """
+
+    def __init__(self, paths, vocab_size: int = GPT2_VOCAB):
+        self.paths = [Path(p) for p in paths]
+        headers = [shard_header(p) for p in self.paths]
+        for p in self.paths:
+            check_shard(p, vocab_size)
+        self.sizes = np.array([n for n, _ in headers], dtype=np.int64)
+        self.data_offsets = [off for _, off in headers]
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def reordered(self, order) -> "TokenStream":
+        """The same shards in another order (headers are not read again)."""
+        s = TokenStream.__new__(TokenStream)
+        s.paths = [self.paths[i] for i in order]
+        s.sizes = self.sizes[list(order)]
+        s.data_offsets = [self.data_offsets[i] for i in order]
+        s.starts = np.concatenate([[0], np.cumsum(s.sizes)])
+        return s
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the stream as a new uint16 array (may cross shards)."""
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"read [{start}, {stop}) outside stream of {len(self)} tokens")
+        out = np.empty(stop - start, dtype=np.uint16)
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        pos = start
+        while pos < stop:
+            lo = pos - int(self.starts[i])
+            n = min(stop - pos, int(self.sizes[i]) - lo)
+            if n > 0:
+                m = np.memmap(self.paths[i], dtype=np.uint16, mode="r", offset=self.data_offsets[i] + 2 * lo, shape=(n,))
+                out[pos - start : pos - start + n] = m
+                del m
+            pos += n
+            i += 1
+        return out

@@ -1,0 +1,1 @@
+"""The evaluation room: HellaSwag, text samples and the loss plot."""

@@ -1,0 +1,128 @@
+"""Applying the plan in a fixed order: TP -> activation checkpointing -> compile -> FSDP2, then the init."""
+
+from functools import partial
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    parallelize_module,
+)
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts, noop_context_fn
+
+from gpt_tp.errors import UserError
+from gpt_tp.model import GPT
+from gpt_tp.parallel.layout import validate_layout
+from gpt_tp.parallel.plan import TP_PLAN
+
+
+def is_parallelized(model: nn.Module) -> bool:
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+AC_MODES = ("none", "full", "selective")
+
+# selective activation checkpointing keeps the outputs of these ops (the matmuls and attention, whose recomputation
+# costs the FLOPs) and recomputes everything else in the block (LayerNorms, GELU, adds, casts, TP collectives)
+_AC_SAVE = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _selective_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if func in _AC_SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def check_ac_mode(mode: str) -> None:
+    if mode not in AC_MODES:
+        raise UserError(f"model.activation_checkpointing={mode!r}: use one of {', '.join(AC_MODES)}")
+
+
+def apply_ac(model: GPT, mode: str) -> None:
+    """Activation checkpointing per block (torch.utils.checkpoint, non-reentrant). "full": a block keeps only its
+    input and reruns its whole forward in backward; "selective": a block keeps its matmul and attention outputs
+    and reruns the rest; "none": nothing changes. Each block checkpoints itself (Block.checkpoint_activations), so
+    parameter names (checkpoints, exports) are the same in every mode."""
+    check_ac_mode(mode)
+    if mode == "none":
+        return
+    context_fn = partial(create_selective_checkpoint_contexts, _selective_policy) if mode == "selective" else noop_context_fn
+    for block in model.transformer.h:
+        block.checkpoint_activations(context_fn)
+
+
+def parallelize(
+    model: GPT, mesh: DeviceMesh | None, compile: bool = False, param_dtype: torch.dtype | None = None,
+    activation_checkpointing: str = "none",
+) -> GPT:
+    """Apply TP (on mesh["tensor_parallel"]), then activation checkpointing per block, then torch.compile per block,
+    then FSDP2 (on mesh["data_parallel"]).
+
+    The fixed order matters: checkpointing wraps the TP-annotated blocks, so recomputation replays their
+    collectives; compile must see the TP-annotated (and checkpointed) blocks; FSDP2 wraps the compiled blocks,
+    gathers a block's weights again before its backward (and so before its recomputation), and composes with the
+    TP DTensors into one 2-D (dp, tp) mesh. mesh=None (one device) only checkpoints and compiles.
+    param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and reduce-scatters gradients in float32.
+    Idempotent: an already-parallelized model is left as is.
+    """
+    if is_parallelized(model):
+        return model
+    tp_size = mesh["tensor_parallel"].size() if mesh is not None else 1
+    dp_size = mesh["data_parallel"].size() if mesh is not None else 1
+    validate_layout(model.config, tp=tp_size, dp=dp_size)
+
+    # 1. Tensor parallelism. parallelize_module registers new Parameters, which unties wte and lm_head:
+    #    both are Shard(0) over the vocabulary, so the tie is restored by pointing lm_head at wte's new DTensor.
+    if tp_size > 1:
+        tp_mesh = mesh["tensor_parallel"]
+        parallelize_module(model, tp_mesh, TP_PLAN)
+        model.tie_weights()
+
+    # 2. Activation checkpointing, each block's forward wrapped in place (apply_ac).
+    apply_ac(model, activation_checkpointing)
+
+    # 3. torch.compile each block in place (keeps parameter names free of _orig_mod).
+    if compile:
+        for block in model.transformer.h:
+            block.compile()
+
+    # 4. FSDP2 over the data-parallel dim: each block is a unit, the root takes embeddings, ln_f and lm_head.
+    if dp_size > 1:
+        dp_mesh = mesh["data_parallel"]
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+        for block in model.transformer.h:
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+    return model
+
+
+def _fill_local_shard(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Write this rank's shard of the full tensor into a (possibly) DTensor parameter, without communication."""
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(full)
+
+
+def materialize(model: GPT, device: torch.device) -> None:
+    """After building on the meta device and parallelizing: allocate the local shards and give them GPT-2's init
+    (not PyTorch's reset_parameters): the same numbers as the single-device init, since each parameter is drawn
+    at full size from the model's init_seed and cut to the local shard. In a process group the seed is rank 0's,
+    broadcast to every rank, so ranks whose random state differs still cut their shards from one init. Nothing
+    happens if no parameter is meta."""
+    if not any(p.is_meta for p in model.parameters()):
+        return
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        seed = torch.tensor([model.init_seed], dtype=torch.int64, device=device)
+        torch.distributed.broadcast(seed, src=0)
+        model.init_seed = int(seed.item())
+    model.to_empty(device=device)
+    model.init_weights(fill=_fill_local_shard)

@@ -1,0 +1,64 @@
+"""The optimizer step's gradient sync: the sequence-partial sums over TP and the global norm, clipped."""
+
+from math import prod
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from gpt_tp.parallel.plan import is_sequence_partial
+
+
+@torch.no_grad()
+def reduce_partial_grads(model: nn.Module) -> int:
+    """Sum the sequence-partial gradients (LayerNorms, wpe: see SequenceReplicated) over the TP group, all of them
+    in one flat all-reduce, in place. Call it once per optimizer step, after the (accumulated) backward and, at
+    DP > 1, after FSDP2's reduce-scatter, so each rank sums only its DP shard; clip_grad_norm calls it (a second
+    call would add the sums again). Returns the number of gradients reduced."""
+    grads = [p.grad.to_local() for m in model.modules() if is_sequence_partial(m)
+             for p in m.parameters(recurse=False) if p.grad is not None]
+    if grads:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        mesh = next(p for m in model.modules() if is_sequence_partial(m) for p in m.parameters(recurse=False)).device_mesh
+        dist.all_reduce(flat, group=mesh.get_group("tensor_parallel"))
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
+    return len(grads)
+
+
+def _sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
+    """This rank's share of the squared global norm: the local shards' squares, each divided by how many ranks
+    hold a copy of it (the product of the mesh dims it is replicated on), so summing over all ranks counts every
+    element once."""
+    by_copies: dict[int, list[torch.Tensor]] = {}
+    for g in grads:
+        copies = 1
+        if isinstance(g, DTensor):
+            if any(pl.is_partial() for pl in g.placements):
+                raise RuntimeError(f"a gradient is still Partial ({g.placements}): the plan left a reduction undone")
+            copies = prod(g.device_mesh.size(i) for i, pl in enumerate(g.placements) if pl.is_replicate())
+            g = g.to_local()
+        by_copies.setdefault(copies, []).append(g)
+    squares = [torch.nn.utils.get_total_norm(gs, foreach=True).float() ** 2 / c for c, gs in by_copies.items()]
+    return torch.stack(squares).sum() if squares else torch.zeros(())
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
+    """The step's gradient sync and clipping, for every layout: sum the sequence-partial gradients over TP
+    (reduce_partial_grads), take the global norm with one all-reduce of the squared-norm shares over the whole
+    (dp, tp) mesh, and scale the gradients down to max_norm if it is set. Returns the norm before clipping as a
+    plain scalar tensor, without a host sync."""
+    reduce_partial_grads(model)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    sq = _sum_of_squares(grads)
+    meshes = {g.device_mesh for g in grads if isinstance(g, DTensor)}
+    if meshes:
+        (mesh,) = meshes  # every parameter lives on the one (dp, tp) mesh
+        if mesh.ndim > 1 and mesh.size() != dist.get_world_size():
+            raise RuntimeError(f"the grad norm reduces over the whole job, but the mesh {mesh} does not span it")
+        dist.all_reduce(sq, group=mesh.get_group() if mesh.ndim == 1 else None)
+    norm = sq.sqrt()
+    if max_norm:
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
+    return norm
