@@ -11,6 +11,7 @@
   flush the output, and leave with os._exit, which runs no finalizer and no C++ static destructor.
 """
 
+import argparse
 import hashlib
 import logging
 import os
@@ -25,6 +26,44 @@ import torch.distributed as dist
 from gpt_tp.errors import UserError
 
 EXIT_USER_ERROR = 2  # argparse's code for a bad command line; used for every user mistake
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """The command line of every gpt_tp command: a bad flag or value is a UserError, so `run` prints it as one
+    ``error:`` line naming the flag and exits 2 (argparse would print its usage block first)."""
+
+    def __init__(self, prog: str, description: str | None = None, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(prog=prog, description=description, **kwargs)
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
+    """Start a command launched by torchrun: the process group (NCCL on CUDA, else gloo) and its (data_parallel,
+    tensor_parallel) DeviceMesh. device: "auto" (CUDA when present), "cuda" or "cpu". Returns (mesh, torch.device).
+    Outside torchrun, or when dp x tp is not the world size, a UserError says how to launch."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise UserError("run this command under torchrun, e.g. python -m torch.distributed.run --standalone "
+                        "--nproc_per_node=2 -m <command> ...")
+    world = int(os.environ["WORLD_SIZE"])
+    if dp * tp != world:
+        raise UserError(f"data-parallel {dp} x tensor-parallel {tp} = {dp * tp} processes, but torchrun started "
+                        f"{world}: pass --nproc_per_node={dp * tp} or change the layout")
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    mesh = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    return mesh, dev
 
 
 def end_distributed() -> None:
