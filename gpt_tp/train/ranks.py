@@ -1,4 +1,4 @@
-"""Where this process sits in a Lightning trainer's layout."""
+"""Where this process sits in a Lightning trainer's layout, and what the model it trains is."""
 
 
 def data_parallel_rank_size(trainer) -> tuple[int, int]:
@@ -7,3 +7,34 @@ def data_parallel_rank_size(trainer) -> tuple[int, int]:
     kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None) if trainer is not None else None
     kwargs = kwargs or {}
     return kwargs.get("rank", 0), kwargs.get("num_replicas", 1)
+
+
+def parallel_layout(trainer, pl_module) -> tuple[int, int, int, object]:
+    """(tp, dp_rank, dp_size, dp_group) of this process: ModelParallelStrategy's mesh, else every process is a
+    data-parallel replica (DDP-like strategies; dp_group None: the default group), else one process."""
+    mesh = getattr(pl_module, "device_mesh", None)
+    if mesh is not None:
+        dp_mesh = mesh["data_parallel"]
+        return mesh["tensor_parallel"].size(), dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group()
+    rank, size = data_parallel_rank_size(trainer)
+    return 1, rank, size, None
+
+
+def model_config(model):
+    """The GPTConfig of a GPT, of a GPTModule (its .model) or of anything with a .config; None without one."""
+    return getattr(getattr(model, "model", model), "config", None) or getattr(model, "config", None)
+
+
+def model_vocab(model) -> int | None:
+    """Token ids the model takes: its config's ``vocab_used`` (the tokenizer's ids, below a padded vocabulary) or
+    ``vocab_size``; None without a config."""
+    config = model_config(model)
+    return getattr(config, "vocab_used", None) or getattr(config, "vocab_size", None)
+
+
+def block_size_of(model) -> int:
+    """The model's block_size (longest sequence it takes); ValueError without a config."""
+    config = model_config(model)
+    if config is None:
+        raise ValueError("the model's block_size is needed: give it a config (model.config or model.model.config)")
+    return config.block_size
