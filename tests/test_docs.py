@@ -1,0 +1,110 @@
+"""The docs name what exists: every `python -m gpt_tp.X` module, every repository path, every test a row cites;
+docs/structure.md lists every file of the package, tests, scripts and configs; the package imports only downward
+(base -> model -> parallel -> data -> train -> eval -> perf)."""
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FLOORS = ["base", "model", "parallel", "data", "train", "eval", "perf"]
+TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+
+
+def text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def named_modules(doc: str) -> set[str]:
+    return set(re.findall(r"-m (gpt_tp(?:\.\w+)+)", doc))
+
+
+def named_paths(doc: str) -> set[str]:
+    """Repository paths a page names: under gpt_tp/, tests/, scripts/, configs/, docs/, data/sample/, .ci/, and cli.py;
+    a test id's `::name[param]` is cut off; patterns (`*`, `<`, `{`, `N`) are left out."""
+    found = set()
+    for m in re.finditer(r"(?<![\w./-])((?:gpt_tp|tests|scripts|configs|docs|data/sample|\.ci)/[\w./-]*|cli\.py)", doc):
+        path = m.group(1).rstrip(".")
+        if re.search(r"[*<{]", doc[m.end() : m.end() + 1]) or path.endswith(("_", "-")):
+            continue
+        found.add(path)
+    return found
+
+
+def cited_tests(doc: str) -> set[tuple[str, str]]:
+    return set(re.findall(r"(tests/test_\w+\.py)::(\w+)", doc))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_named_modules_paths_and_tests_exist(doc):
+    body = text(doc)
+    for module in named_modules(body):
+        parts = module.split(".")
+        assert (ROOT.joinpath(*parts).with_suffix(".py")).is_file(), f"{doc.name}: python -m {module}: no such module"
+    for path in named_paths(body):
+        assert (ROOT / path).exists(), f"{doc.name}: {path}: no such file or folder"
+    for path, name in cited_tests(body):
+        assert re.search(rf"^def {name}\(", text(ROOT / path), re.M), f"{doc.name}: {path}::{name}: no such test"
+
+
+def test_readme_quick_start_and_length():
+    readme = text(ROOT / "README.md")
+    assert "bash scripts/setup.sh && .venv/bin/python cli.py fit --config configs/cpu.yaml" in readme
+    assert TEST_COMMAND in readme and TEST_COMMAND in text(ROOT / ".ci" / "run")  # the CI runs the README's line
+    assert len(readme.splitlines()) <= 180
+
+
+def structure_files() -> set[str]:
+    """The files docs/structure.md's trees list: two spaces of indent a level; a name ending in / opens a folder."""
+    files, blocks = set(), re.findall(r"```\n(.*?)```", text(ROOT / "docs" / "structure.md"), re.S)
+    for block in blocks[1:]:  # the first block draws the floors
+        stack = []  # (indent, folder)
+        for line in block.splitlines():
+            if not line.strip():
+                continue
+            indent, name = len(line) - len(line.lstrip()), line.split()[0]
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            path = "".join(folder for _, folder in stack) + name
+            if name.endswith("/"):
+                stack.append((indent, name))
+            else:
+                files.add(path)
+    return files
+
+
+def repository_files() -> set[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "gpt_tp", "tests", "scripts", "configs"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    return set(out.split())
+
+
+def test_structure_lists_every_file():
+    listed, tracked = structure_files(), repository_files()
+    assert sorted(p for p in listed if not (ROOT / p).exists()) == [], "docs/structure.md lists files that do not exist"
+    assert sorted(tracked - listed) == [], "files missing from docs/structure.md"
+
+
+def floor(module: str) -> int:
+    parts = module.split(".")
+    return FLOORS.index(parts[1]) if len(parts) > 1 and parts[1] in FLOORS else 0
+
+
+def test_imports_go_only_downward():
+    wrong = []
+    for path in sorted((ROOT / "gpt_tp").rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        here = floor(".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts))
+        for node in ast.walk(ast.parse(text(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                if name.startswith("gpt_tp") and floor(name) > here:
+                    wrong.append(f"{rel}.py imports {name} ({FLOORS[here]} -> {FLOORS[floor(name)]})")
+    assert wrong == []
