@@ -2,14 +2,21 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, read_json, run_torchrun
-from gpt_tp.eval import hellaswag as hs
+from conftest import ROOT, one_error_line, read_json, run_torchrun
 from gpt_tp.data.shards import DataError
+from gpt_tp.data.tokenizer import get_encoding
+from gpt_tp.eval import hellaswag as hs
+from gpt_tp.eval import hellaswag_data as hd
+from gpt_tp.eval import hellaswag_score as score
+from gpt_tp.eval.vocab import mask_padded_vocab
 from gpt_tp.model import GPT, GPTConfig, hf_config_dict, to_hf_state_dict
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"
@@ -17,7 +24,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"
 
 @pytest.fixture(scope="module")
 def enc():
-    return hs.get_encoding()
+    return get_encoding()
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +37,11 @@ def tiny():
 
 
 def test_fixture_is_valid_hellaswag():
-    examples = hs.read_examples(FIXTURE)
+    examples = hd.read_examples(FIXTURE)
     assert len(examples) == 11
     keys = {"ind", "activity_label", "ctx_a", "ctx_b", "ctx", "split", "split_type", "label", "endings", "source_id"}
     assert all(set(e) == keys and e["ctx"] == f"{e['ctx_a']} {e['ctx_b']}" for e in examples)
-    assert hs.read_examples(FIXTURE, limit=3) == examples[:3]
+    assert hd.read_examples(FIXTURE, limit=3) == examples[:3]
 
 
 def test_malformed_records_reported_with_line_numbers(tmp_path):
@@ -51,8 +58,8 @@ def test_malformed_records_reported_with_line_numbers(tmp_path):
     ]
     f = tmp_path / "bad.jsonl"
     f.write_text("\n".join(lines) + "\n")
-    with pytest.raises(hs.HellaSwagError) as e:
-        hs.read_examples(f)
+    with pytest.raises(hd.HellaSwagError) as e:
+        hd.read_examples(f)
     msg = str(e.value)
     assert "4 malformed" in msg
     assert f"{f}:2: missing key(s) 'ctx'" in msg
@@ -61,12 +68,12 @@ def test_malformed_records_reported_with_line_numbers(tmp_path):
     assert f"{f}:6: invalid JSON" in msg
     assert ":1:" not in msg and ":4:" not in msg and ":7:" not in msg
     # limit stops before the bad lines
-    assert len(hs.read_examples(f, limit=1)) == 1
-    with pytest.raises(hs.HellaSwagError, match="not found"):
-        hs.read_examples(tmp_path / "missing.jsonl")
+    assert len(hd.read_examples(f, limit=1)) == 1
+    with pytest.raises(hd.HellaSwagError, match="not found"):
+        hd.read_examples(tmp_path / "missing.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(hs.HellaSwagError, match="no HellaSwag records"):
-        hs.read_examples(tmp_path / "empty.jsonl")
+    with pytest.raises(hd.HellaSwagError, match="no HellaSwag records"):
+        hd.read_examples(tmp_path / "empty.jsonl")
 
 
 def test_download_is_atomic_and_cached(tmp_path, monkeypatch):
@@ -76,36 +83,36 @@ def test_download_is_atomic_and_cached(tmp_path, monkeypatch):
         calls.append(url)
         return FIXTURE.read_bytes()
 
-    monkeypatch.setattr(hs, "fetch_url", fake_fetch)
+    monkeypatch.setattr(hd, "fetch_url", fake_fetch)
     cache = tmp_path / "cache"
-    path = hs.resolve_path(None, cache)
-    assert path == cache / hs.FILENAME and path.read_bytes() == FIXTURE.read_bytes()
-    assert calls == [hs.HELLASWAG_URL]
-    assert hs.HELLASWAG_URL == "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
-    assert sorted(p.name for p in cache.iterdir()) == [hs.FILENAME]  # no temporary file left
-    assert hs.resolve_path(None, cache) == path and len(calls) == 1  # cached: not fetched again
+    path = hd.resolve_path(None, cache)
+    assert path == cache / hd.FILENAME and path.read_bytes() == FIXTURE.read_bytes()
+    assert calls == [hd.HELLASWAG_URL]
+    assert hd.HELLASWAG_URL == "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+    assert sorted(p.name for p in cache.iterdir()) == [hd.FILENAME]  # no temporary file left
+    assert hd.resolve_path(None, cache) == path and len(calls) == 1  # cached: not fetched again
     # a local path wins and must exist
-    assert hs.resolve_path(FIXTURE, cache) == FIXTURE
-    with pytest.raises(hs.HellaSwagError, match="not found"):
-        hs.resolve_path(tmp_path / "nope.jsonl", cache)
+    assert hd.resolve_path(FIXTURE, cache) == FIXTURE
+    with pytest.raises(hd.HellaSwagError, match="not found"):
+        hd.resolve_path(tmp_path / "nope.jsonl", cache)
 
 
 def test_failed_download_leaves_nothing(tmp_path, monkeypatch):
     def offline(url, timeout=60.0):
         raise OSError("Network is unreachable")
 
-    monkeypatch.setattr(hs, "fetch_url", offline)
-    with pytest.raises(hs.HellaSwagError, match="could not download .*Network is unreachable.*copy it to"):
-        hs.resolve_path(None, tmp_path)
+    monkeypatch.setattr(hd, "fetch_url", offline)
+    with pytest.raises(hd.HellaSwagError, match="could not download .*Network is unreachable.*copy it to"):
+        hd.resolve_path(None, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
     def broken_write(fd):  # the write fails half-way: the temporary file is removed, dest never appears
         raise OSError("disk full")
 
-    monkeypatch.setattr(hs, "fetch_url", lambda url, timeout=60.0: b"x" * 100)
-    monkeypatch.setattr(hs.os, "fsync", broken_write)
+    monkeypatch.setattr(hd, "fetch_url", lambda url, timeout=60.0: b"x" * 100)
+    monkeypatch.setattr(hd.os, "fsync", broken_write)
     with pytest.raises(OSError, match="disk full"):
-        hs.download(tmp_path / hs.FILENAME)
+        hd.download(tmp_path / hd.FILENAME)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -113,8 +120,8 @@ def test_failed_download_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_render_example_as_build_nanogpt(enc):
-    ex = hs.read_examples(FIXTURE)[0]
-    rows, masks, label = hs.render_example(ex, enc)
+    ex = hd.read_examples(FIXTURE)[0]
+    rows, masks, label = hd.render_example(ex, enc)
     ctx = enc.encode(ex["ctx"])
     assert label == ex["label"] and len(rows) == 4
     for row, mask, end in zip(rows, masks, ex["endings"]):
@@ -142,26 +149,37 @@ def test_scoring_on_hand_built_logits_acc_vs_acc_norm():
     mask = torch.tensor([[0, 1, 0, 0, 0], [0, 1, 1, 1, 0], [0, 1, 1, 0, 0], [0, 1, 1, 1, 1]])
     targets = [row[1:].tolist() for row in tokens]  # position t predicts token t + 1
     losses = [[1.0, 9, 9, 9], [0.5, 0.5, 0.5, 9], [2.0, 2.0, 9, 9], [0.9, 0.9, 0.9, 0.9]]
-    sum_loss, mean_loss = hs.ending_losses(logits_for(targets, losses, T, V), tokens, mask)
+    sum_loss, mean_loss = score.ending_losses(logits_for(targets, losses, T, V), tokens, mask)
     assert sum_loss.tolist() == pytest.approx([1.0, 1.5, 4.0, 3.6], abs=1e-5)  # positions outside the ending ignored
     assert mean_loss.tolist() == pytest.approx([1.0, 0.5, 2.0, 0.9], abs=1e-5)
-    assert hs.predict(sum_loss, mean_loss) == (0, 1)
+    assert score.predict(sum_loss, mean_loss) == (0, 1)
     # ids >= vocab_limit leave the softmax: a huge logit there changes nothing once masked
     logits = logits_for(targets, losses, T, V)
     logits[..., 14:] = 50.0
-    assert hs.ending_losses(logits, tokens, mask)[0][0] > 40  # unmasked, the padded rows dominate
-    masked = hs.ending_losses(logits, tokens, mask, vocab_limit=14)[0]
+    assert score.ending_losses(logits, tokens, mask)[0][0] > 40  # unmasked, the padded rows dominate
+    masked = score.ending_losses(logits, tokens, mask, vocab_limit=14)[0]
     assert masked[0].item() < 1.0  # the mass of (1-p) spread over 15 ids, now 13: loss stays near 1.0
     assert masked.argmin().item() == 0
+
+
+def test_padded_vocab_masked_whole_or_shard_by_shard():
+    """Ids >= limit get -inf, in a whole row or in a vocabulary shard starting at an offset: the shards of a row,
+    masked one by one, join into the masked row."""
+    logits = torch.randn(2, 3, 16)
+    whole = mask_padded_vocab(logits, 13)
+    assert torch.isneginf(whole[..., 13:]).all() and torch.equal(whole[..., :13], logits[..., :13])
+    shards = [mask_padded_vocab(part, 13, offset=4 * k) for k, part in enumerate(logits.split(4, dim=-1))]
+    assert torch.equal(torch.cat(shards, dim=-1), whole)
+    assert mask_padded_vocab(logits, None) is logits and mask_padded_vocab(logits, 16) is logits
 
 
 def test_padding_and_batching_do_not_change_losses(tiny, enc):
     """Right padding (to a TP multiple, or a compile-friendly 64) and batching several examples together leave
     every per-example loss as scored alone (causal attention)."""
-    examples = hs.read_examples(FIXTURE)[:5]
-    alone = hs.evaluate(tiny, examples, block_size=128, batch_size=1, details=True, enc=enc)
+    examples = hd.read_examples(FIXTURE)[:5]
+    alone = score.evaluate(tiny, examples, block_size=128, batch_size=1, details=True, enc=enc)
     for kw in (dict(batch_size=2, tp=2), dict(batch_size=5, pad_to=64)):
-        res = hs.evaluate(tiny, examples, block_size=128, details=True, enc=enc, **kw)
+        res = score.evaluate(tiny, examples, block_size=128, details=True, enc=enc, **kw)
         for a, b in zip(alone["examples"], res["examples"]):
             assert a["sum_loss"] == pytest.approx(b["sum_loss"], rel=1e-5)
             assert (a["pred"], a["pred_norm"]) == (b["pred"], b["pred_norm"])
@@ -170,12 +188,12 @@ def test_padding_and_batching_do_not_change_losses(tiny, enc):
 
 
 def test_long_examples_are_left_truncated(tiny, enc):
-    ex = {**hs.read_examples(FIXTURE)[0], "ctx": "The quick brown fox jumps over the lazy dog. " * 30}
-    rows, masks, _ = hs.render_example(ex, enc)
-    cut_rows, cut_masks, cut = hs.fit_rows(rows, masks, 128)
+    ex = {**hd.read_examples(FIXTURE)[0], "ctx": "The quick brown fox jumps over the lazy dog. " * 30}
+    rows, masks, _ = hd.render_example(ex, enc)
+    cut_rows, cut_masks, cut = score.fit_rows(rows, masks, 128)
     assert cut and all(len(r) == 128 for r in cut_rows)
     assert all(r[-5:] == full[-5:] and sum(m) == sum(fm) for r, full, m, fm in zip(cut_rows, rows, cut_masks, masks))
-    res = hs.evaluate(tiny, [ex, hs.read_examples(FIXTURE)[1]], block_size=128, tp=2, enc=enc, details=True)
+    res = score.evaluate(tiny, [ex, hd.read_examples(FIXTURE)[1]], block_size=128, tp=2, enc=enc, details=True)
     assert res["truncated"] == 1 and res["total"] == 2
     assert all(math.isfinite(v) for e in res["examples"] for v in e["sum_loss"])
 
@@ -273,8 +291,8 @@ def test_cli_hf_dir_and_ckpt_match_in_process(tmp_path, tiny, enc, monkeypatch):
     from safetensors.torch import save_file
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    examples = hs.read_examples(FIXTURE)
-    expected = hs.evaluate(tiny, examples, block_size=128, enc=enc)
+    examples = hd.read_examples(FIXTURE)
+    expected = score.evaluate(tiny, examples, block_size=128, enc=enc)
     hf = tmp_path / "hf"
     hf.mkdir()
     sd = to_hf_state_dict(tiny.state_dict(), tiny.config)
@@ -292,9 +310,9 @@ def test_cli_hf_dir_and_ckpt_match_in_process(tmp_path, tiny, enc, monkeypatch):
     assert (got["correct"], got["correct_norm"]) == (expected["correct"], expected["correct_norm"])
 
     (tmp_path / "dcp").mkdir()  # an empty folder is no distributed checkpoint
-    with pytest.raises(hs.HellaSwagError, match="dcp"):
+    with pytest.raises(hd.HellaSwagError, match="dcp"):
         hs.main(["--ckpt_path", str(tmp_path / "dcp"), "--path", str(FIXTURE)])
-    with pytest.raises(hs.HellaSwagError, match="not found"):
+    with pytest.raises(hd.HellaSwagError, match="not found"):
         hs.main(["--ckpt_path", str(tmp_path / "nope.ckpt"), "--path", str(FIXTURE)])
 
 
@@ -312,15 +330,28 @@ def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch, capsys):
     assert f"{bad}:1: 'label' must be an integer 0-3, got 9" in err
 
 
+def test_cli_bad_flag_is_one_error_line():
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.hellaswag", "--batch-size", "two"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert one_error_line(proc) == ("error: argument --batch-size: invalid int value: 'two' "
+                                    "(see python -m gpt_tp.eval.hellaswag --help)")
+
+
+def test_cli_tp_without_torchrun_says_how_to_launch(user_run):
+    line = user_run(lambda: hs.main(["--tp", "2", "--path", str(FIXTURE)]))
+    assert line.startswith("error: run this command under torchrun, e.g. python -m torch.distributed.run")
+
+
 def test_token_ids_outside_the_model_vocabulary(tiny, enc):
     """A model whose vocabulary is smaller than the tokenizer's: the first HellaSwag token it has no row for is
     named (example, ending, position, id) before any forward."""
     small = GPT(GPTConfig(**{**vars(tiny.config), "vocab_size": 256})).eval()
-    ex = hs.read_examples(FIXTURE)[:2]
-    ids = hs.render_example(ex[0], enc)[0][0]
+    ex = hd.read_examples(FIXTURE)[:2]
+    ids = hd.render_example(ex[0], enc)[0][0]
     pos = next(i for i, t in enumerate(ids) if t >= 256)
     with pytest.raises(DataError, match=rf"^HellaSwag example 0, ending 0: token id {ids[pos]} at position {pos} is outside the model's vocabulary \(0..255\)"):
-        hs.evaluate(small, ex, block_size=128, enc=enc)
+        score.evaluate(small, ex, block_size=128, enc=enc)
 
 
 def test_callback_arguments_checked():

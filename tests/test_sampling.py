@@ -5,9 +5,9 @@ import torch
 
 from conftest import read_json, run_torchrun
 from gpt_tp.data.shards import DataError
-from gpt_tp.eval.hellaswag import get_encoding
-from gpt_tp.model import GPT, GPTConfig
+from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.eval.sampling import PROMPT, TextSampleCallback, generate, last_logits, sample_texts
+from gpt_tp.model import GPT, GPTConfig
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,10 @@ from torch.distributed.tensor import DTensor, Shard
 
 from gpt_tp.collective import one_does
 from gpt_tp.data.shards import check_token_ids
+from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.errors import UserError
-from gpt_tp.eval.hellaswag import block_size_of, config_of, parallel_layout
+from gpt_tp.eval.vocab import mask_padded_vocab
+from gpt_tp.train.ranks import block_size_of, model_vocab, parallel_layout
 
 PROMPT = "Hello, I'm a language model,"
 
@@ -52,11 +54,11 @@ def generate(
 ) -> torch.Tensor:
     """Extend `prompt` (token ids) to max_length tokens, num_samples times: softmax, top-k, multinomial with a
     generator seeded with `seed` (build-nanogpt's loop). Token ids >= vocab_limit (the padded vocabulary rows)
-    are never drawn. Every prompt id must be below the model's vocab_size (where it has a config) and vocab_limit
-    (gpt_tp.data.check_token_ids). Returns (num_samples, max_length) token ids. Call on every rank of the job."""
+    are never drawn. Every prompt id must be below the model's vocabulary (where it has a config) and vocab_limit
+    (gpt_tp.data.shards.check_token_ids). Returns (num_samples, max_length) token ids. Call on every rank of the job."""
     if not prompt:
         raise UserError("the prompt encodes to no tokens: give a non-empty prompt")
-    limits = [v for v in (getattr(config_of(model), "vocab_size", None), vocab_limit) if v is not None]
+    limits = [v for v in (model_vocab(model), vocab_limit) if v is not None]
     if limits:
         check_token_ids(torch.tensor(prompt), min(limits), "the sampling prompt")
     if max_length <= len(prompt):
@@ -72,9 +74,7 @@ def generate(
             padded = F.pad(ctx, (0, math.ceil(T / tp) * tp - T))  # right-pad with token 0
             with forward_context():
                 logits = model(padded)
-            logits = last_logits(logits, T - 1).float()  # (B, V)
-            if vocab_limit is not None:  # never draw the padded vocabulary rows
-                logits = logits.masked_fill(torch.arange(logits.size(-1), device=device) >= vocab_limit, float("-inf"))
+            logits = mask_padded_vocab(last_logits(logits, T - 1).float(), vocab_limit)  # (B, V): never the padding
             probs = F.softmax(logits, dim=-1)
             topk_probs, topk_idx = torch.topk(probs, min(top_k, probs.size(-1)), dim=-1)  # (B, k)
             ix = torch.multinomial(topk_probs, 1, generator=gen)  # (B, 1)
@@ -109,8 +109,6 @@ class TextSampleCallback(Callback):
         self._enc = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        from gpt_tp.data.tokenizer import get_encoding
-
         self._enc = self._enc or get_encoding()
         if len(self._enc.encode(self.prompt)) >= self.max_length:
             raise UserError(f"TextSampleCallback max_length={self.max_length} must exceed the prompt's token count: "

@@ -10,9 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gpt_tp.data.shards import GPT2_VOCAB, DataError, TokenStream, find_shards
-from gpt_tp.train.ranks import data_parallel_rank_size
-# ----------------------------------------------------------------------------------------------
-# batches
+from gpt_tp.train.ranks import data_parallel_rank_size, model_vocab
 
 
 class TokenBatches(IterableDataset):
@@ -124,10 +122,6 @@ class _ResumableLoader(DataLoader):
             yield batch
 
 
-# ----------------------------------------------------------------------------------------------
-# the data module
-
-
 class GPTDataModule(L.LightningDataModule):
     """Streams GPT-2 token shards (build-nanogpt format) as (x, y) batches for Lightning.
 
@@ -170,30 +164,20 @@ class GPTDataModule(L.LightningDataModule):
         self._mark = None  # (position, trainer progress) when the train loader last started
         self._yielded = 0  # batches the train loader returned since it last started
 
-    # -- data-parallel placement ----------------------------------------------------------------
-
     def data_parallel(self) -> tuple[int, int]:
         """(rank, size) of this process among data-parallel replicas (TP ranks share a rank)."""
         if self.dp_rank is not None or self.dp_size is not None:
             return self.dp_rank or 0, self.dp_size or 1
         return data_parallel_rank_size(getattr(self, "trainer", None))
 
-    # -- Lightning hooks ------------------------------------------------------------------------
-
-    def model_vocab_size(self) -> int:
-        """Token ids the attached model can take (its config's ``vocab_used`` or ``vocab_size``); GPT-2's
-        50257 when no trainer or model is attached."""
-        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
-        config = getattr(module, "config", None)
-        return getattr(config, "vocab_used", None) or getattr(config, "vocab_size", None) or GPT2_VOCAB
-
     def setup(self, stage: str | None = None) -> None:
         """Find and check the shards and build this rank's datasets.
 
         Every rank opens every shard of the splits it uses, so every rank checks every shard's token ids
-        (``check_shard``) here, before any step: a bad id stops all ranks alike, none waits in a collective."""
+        (``check_shard``) here, before any step: a bad id stops all ranks alike, none waits in a collective. The ids
+        must lie below the attached model's vocabulary (gpt_tp.train.ranks.model_vocab), GPT-2's 50257 without one."""
         rank, size = self.data_parallel()
-        vocab = self.model_vocab_size()
+        vocab = model_vocab(getattr(getattr(self, "trainer", None), "lightning_module", None)) or GPT2_VOCAB
         if stage in (None, "fit"):
             self.train_data = TokenBatches(find_shards(self.data_dir, "train"), self.batch_size, self.seq_len,
                                            rank, size, self.seed, split="train", vocab_size=vocab)
@@ -221,8 +205,6 @@ class GPTDataModule(L.LightningDataModule):
         if self.val_data is None:
             return []
         return DataLoader(self.val_data, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory)
-
-    # -- position -------------------------------------------------------------------------------
 
     def _progress(self) -> int | None:
         """Training batches the trainer's loop has processed (ran ``training_step`` on), or None.

@@ -9,18 +9,19 @@ With --sample it also samples (--sample-only: nothing else) from both models wit
 import argparse
 import copy
 import json
+import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
-from gpt_tp.entry import run
-from gpt_tp.eval.hellaswag import ending_losses, evaluate, get_encoding, pad_batch, read_examples, render_example
+from gpt_tp.data.tokenizer import get_encoding
+from gpt_tp.entry import run, torchrun_mesh
+from gpt_tp.eval.hellaswag_data import read_examples, render_example
+from gpt_tp.eval.hellaswag_score import ending_losses, evaluate, pad_batch
+from gpt_tp.eval.sampling import sample_texts
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import parallelize
-from gpt_tp.eval.sampling import sample_texts
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hellaswag_small.jsonl"
 
@@ -32,10 +33,9 @@ def main():
     ap.add_argument("--sample-only", action="store_true", help="only sample text (no HellaSwag)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dp, tp = args.dp, world // args.dp
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    dp, tp = args.dp, int(os.environ["WORLD_SIZE"]) // args.dp
+    mesh, _ = torchrun_mesh(dp, tp, "cpu")
+    rank = mesh.get_rank()
     dp_mesh = mesh["data_parallel"]
     layout = dict(tp=tp, dp_rank=dp_mesh.get_local_rank(), dp_size=dp, dp_group=dp_mesh.get_group())
 
@@ -55,7 +55,6 @@ def main():
         res["ref_samples"] = sample_texts(ref, enc, **kw)
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
 
 
 def score(model, ref, examples, enc, config, tp, layout) -> dict:

@@ -17,11 +17,14 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
+from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.entry import run
-from gpt_tp.eval.hellaswag import HellaSwagCallback, evaluate, get_encoding, read_examples
+from gpt_tp.eval.hellaswag import HellaSwagCallback
+from gpt_tp.eval.hellaswag_data import read_examples
+from gpt_tp.eval.hellaswag_score import evaluate
+from gpt_tp.eval.sampling import TextSampleCallback, sample_texts
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.module import GPTModule
-from gpt_tp.eval.sampling import TextSampleCallback, sample_texts
 from synthetic_data import SyntheticDataModule
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hellaswag_small.jsonl"

@@ -1,0 +1,134 @@
+"""The HellaSwag file: reading and checking its records, downloading the official val split once, and
+rendering an example as token rows (build-nanogpt's render_example)."""
+
+import json
+import os
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from gpt_tp.data.shards import resolve_data_dir
+from gpt_tp.errors import UserError
+
+HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+FILENAME = "hellaswag_val.jsonl"
+DEFAULT_CACHE_DIR = "data/hellaswag"
+MAX_REPORTED = 20  # malformed lines listed in one error
+
+
+class HellaSwagError(UserError):
+    """A missing, unreadable or malformed HellaSwag file; the message names the line(s) and the fix."""
+
+
+def check_record(rec) -> str | None:
+    """What is wrong with one parsed record (None if it is usable): a dict with a string `ctx`, a list of four
+    string `endings` and an integer `label` in 0-3."""
+    if not isinstance(rec, dict):
+        return f"expected a JSON object, got {type(rec).__name__}"
+    missing = [k for k in ("ctx", "endings", "label") if k not in rec]
+    if missing:
+        return f"missing key(s) {', '.join(map(repr, missing))}"
+    if not isinstance(rec["ctx"], str):
+        return f"'ctx' must be a string, got {type(rec['ctx']).__name__}"
+    endings = rec["endings"]
+    if not isinstance(endings, list) or len(endings) != 4:
+        n = len(endings) if isinstance(endings, list) else type(endings).__name__
+        return f"'endings' must be a list of 4 strings, got {n}" + (" endings" if isinstance(endings, list) else "")
+    if not all(isinstance(e, str) and e.strip() for e in endings):
+        return "'endings' must hold 4 non-empty strings"
+    label = rec["label"]
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label <= 3:
+        return f"'label' must be an integer 0-3, got {label!r}"
+    return None
+
+
+def read_examples(path: str | os.PathLike, limit: int | None = None) -> list[dict]:
+    """The records of a HellaSwag .jsonl file (the first `limit` if given), each checked. Blank lines are skipped.
+    Raises HellaSwagError listing every malformed line as path:line: problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise HellaSwagError(f"HellaSwag file {path} not found: pass an existing hellaswag_val.jsonl, or path=None to download it")
+    if limit is not None and limit < 1:
+        raise HellaSwagError(f"limit={limit} must be >= 1 (or None for every example)")
+    examples, errors = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if limit is not None and len(examples) + len(errors) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                errors.append(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})")
+                continue
+            problem = check_record(rec)
+            if problem:
+                errors.append(f"{path}:{lineno}: {problem}")
+            else:
+                examples.append(rec)
+    if errors:
+        shown = "\n  ".join(errors[:MAX_REPORTED])
+        more = f"\n  ... and {len(errors) - MAX_REPORTED} more" if len(errors) > MAX_REPORTED else ""
+        raise HellaSwagError(
+            f"{len(errors)} malformed HellaSwag record(s) in {path} (each needs 'ctx', 4 'endings', 'label' 0-3):"
+            f"\n  {shown}{more}\nFix or delete these lines, or re-download the file (delete it from the cache dir)."
+        )
+    if not examples:
+        raise HellaSwagError(f"{path} holds no HellaSwag records")
+    return examples
+
+
+def fetch_url(url: str, timeout: float = 60.0) -> bytes:
+    """The bytes at url (the one network call; tests replace it)."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
+    """Fetch url into dest atomically: written to a temporary file beside dest, then renamed, so a crash or a
+    concurrent reader never sees a half-written file."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = fetch_url(url)
+    except Exception as e:
+        raise HellaSwagError(
+            f"could not download HellaSwag from {url} ({type(e).__name__}: {e}). Offline, fetch the file elsewhere "
+            f"and copy it to {dest}, or pass its location as path=/--path."
+        ) from e
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest
+
+
+def resolve_path(path: str | os.PathLike | None = None, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR) -> Path:
+    """The file to read: `path` if given (it must exist; a relative one missing from the working directory is
+    taken from the repository root, like data.data_dir), else cache_dir/hellaswag_val.jsonl, downloaded once."""
+    if path is not None:
+        p = resolve_data_dir(path)  # a relative path missing here is looked up under the repository root
+        if not p.is_file():
+            raise HellaSwagError(f"HellaSwag file {p} not found: give an existing hellaswag_val.jsonl, or no path to download it into the cache dir")
+        return p
+    dest = Path(cache_dir).expanduser() / FILENAME
+    return dest if dest.is_file() else download(dest)
+
+
+def render_example(example: dict, enc) -> tuple[list[list[int]], list[list[int]], int]:
+    """build-nanogpt's render_example, unpadded: 4 token rows (context + " " + ending), 4 mask rows (1 on the
+    ending tokens), and the label."""
+    ctx_tokens = enc.encode(example["ctx"])
+    rows, masks = [], []
+    for end in example["endings"]:
+        end_tokens = enc.encode(" " + end)  # GPT-2's tokenizer: the space belongs to the ending's first token
+        rows.append(ctx_tokens + end_tokens)
+        masks.append([0] * len(ctx_tokens) + [1] * len(end_tokens))
+    return rows, masks, example["label"]

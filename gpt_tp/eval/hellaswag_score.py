@@ -1,0 +1,188 @@
+"""HellaSwag (val) accuracy the build-nanogpt way, correct under tensor and data parallelism.
+
+Each example is a context and four endings. Row i = context tokens + tokens of " " + ending i; the model's
+cross-entropy is taken over the ending tokens only. `acc` picks the ending with the lowest summed loss,
+`acc_norm` the one with the lowest mean loss per token (build-nanogpt's hellaswag.py reports both; its
+training loop logs acc_norm). GPT-2 124M scores acc 0.2859 / acc_norm 0.2955 on the 10,042 val examples.
+
+Parallelism:
+- TP: the logits are a DTensor sharded over the vocabulary. Per-token losses come from F.cross_entropy(...,
+  reduction="none") under loss_parallel(): a max, a sum of exponentials and the target logit are all-reduced
+  over the TP group, never the (rows, T, vocab) logits. Rows are padded (right, causal model: padding cannot
+  change earlier positions) to a multiple of the TP degree, which sequence parallelism requires.
+- DP: example i goes to data-parallel rank i % dp; the ranks of one TP group score the same examples. Counts are
+  summed over the data-parallel group only (a sum over all ranks would count every example tp times), so the
+  total is exactly the number of examples. Every DP rank runs the same number of forwards (a rank with fewer
+  examples repeats a batch that counts nothing), since FSDP2 all-gathers parameters in each forward. The counts are
+  a torchmetrics Metric synced over the data-parallel group.
+"""
+
+import math
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+from torchmetrics import Metric
+
+from gpt_tp.data.shards import check_token_ids
+from gpt_tp.data.tokenizer import get_encoding
+from gpt_tp.eval.hellaswag_data import HellaSwagError, render_example
+from gpt_tp.eval.vocab import mask_padded_vocab, vocab_shard_offset
+from gpt_tp.train.ranks import model_vocab
+
+
+def fit_rows(rows: list[list[int]], masks: list[list[int]], max_len: int) -> tuple[list[list[int]], list[list[int]], bool]:
+    """Left-truncate rows longer than max_len (drop the oldest context tokens), as the model sees at most
+    block_size positions. Returns the rows, the masks and whether anything was cut. An ending that alone does not
+    fit loses its first tokens (their loss would need context the model cannot see)."""
+    cut = any(len(r) > max_len for r in rows)
+    if cut:
+        rows = [r[-max_len:] for r in rows]
+        masks = [m[-max_len:] for m in masks]
+    return rows, masks, cut
+
+
+def pad_batch(rows: list[list[int]], masks: list[list[int]], multiple: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to one length, rounded up to `multiple` (sequence parallelism needs T % tp == 0) and at most
+    max_len. Padding is token 0 with mask 0: a causal model's earlier positions cannot see it."""
+    T = min(math.ceil(max(len(r) for r in rows) / multiple) * multiple, max_len)
+    tokens = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        tokens[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(m)] = torch.tensor(m)
+    return tokens, mask
+
+
+def ending_losses(
+    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, vocab_limit: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed and mean cross-entropy over each row's masked (ending) tokens.
+
+    logits (R, T, V) may be a plain tensor or a DTensor sharded on the vocabulary (Shard(-1)); position t predicts
+    token t + 1. Targets outside the ending are ignore_index, and under loss_parallel() each rank all-reduces only
+    (R * T)-sized max / sum-exp / target-logit values, never the vocabulary. Ids >= vocab_limit are left out of the
+    softmax (gpt_tp.eval.vocab.mask_padded_vocab; a DTensor shard by shard, without communication). Returns (sum_loss (R,), mean_loss (R,)) as plain float tensors.
+    """
+    target = torch.full_like(tokens, -100)  # (R, T): -100 = ignored
+    target[:, :-1] = torch.where(mask[:, 1:].bool(), tokens[:, 1:], -100)
+    logits = logits.float()
+    if isinstance(logits, DTensor):
+        local = mask_padded_vocab(logits.to_local(), vocab_limit, vocab_shard_offset(logits))  # (R, T, V / tp)
+        logits = DTensor.from_local(local, logits.device_mesh, logits.placements, run_check=False,
+                                    shape=logits.shape, stride=logits.stride())
+    else:
+        logits = mask_padded_vocab(logits, vocab_limit)
+    with loss_parallel() if isinstance(logits, DTensor) else nullcontext():
+        losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")  # (R * T,)
+    if isinstance(losses, DTensor):
+        losses = losses.full_tensor()  # replicated over TP: no communication
+    losses = losses.view(tokens.shape)
+    n = (target != -100).sum(dim=1)
+    sum_loss = losses.sum(dim=1)
+    return sum_loss, sum_loss / n.clamp_min(1)
+
+
+def predict(sum_loss: torch.Tensor, mean_loss: torch.Tensor) -> tuple[int, int]:
+    """(pred, pred_norm): the ending with the lowest summed loss (acc) and the lowest mean loss (acc_norm)."""
+    return int(sum_loss.argmin()), int(mean_loss.argmin())
+
+
+class HellaSwagCounts(Metric):
+    """Examples scored, how many of them acc and acc_norm got right, and how many were truncated to block_size:
+    sums that compute() syncs over ``process_group`` (the data-parallel group) when ``sync_on_compute``."""
+
+    full_state_update = False
+    NAMES = ("correct", "correct_norm", "total", "truncated")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        for name in self.NAMES:
+            self.add_state(name, default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, pred: torch.Tensor, pred_norm: torch.Tensor, label: torch.Tensor, truncated: torch.Tensor) -> None:
+        """One entry per example (each (N,)): the acc and acc_norm picks, the label, whether its rows were cut."""
+        self.correct += (pred == label).sum().to(self.device)
+        self.correct_norm += (pred_norm == label).sum().to(self.device)
+        self.total += label.numel()
+        self.truncated += truncated.sum().to(self.device)
+
+    def compute(self) -> dict[str, int]:
+        return {name: int(getattr(self, name)) for name in self.NAMES}
+
+
+@torch.no_grad()
+def evaluate(
+    model,
+    examples: list[dict],
+    *,
+    block_size: int,
+    batch_size: int = 4,
+    tp: int = 1,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    dp_group=None,
+    device: torch.device | str = "cpu",
+    forward_context=nullcontext,
+    pad_to: int = 1,
+    details: bool = False,
+    enc=None,
+    vocab_limit: int | None = -1,
+) -> dict:
+    """Score `examples` with model(idx (B, T)) -> logits (B, T, V) (plain or vocab-sharded DTensor).
+
+    This DP rank scores examples dp_rank, dp_rank + dp, ... in batches of `batch_size` examples (4 rows each);
+    counts are summed over dp_group (None: the default group) when dp_size > 1. Rows are padded to a multiple of
+    lcm(tp, pad_to). Logits of ids >= vocab_limit are masked (-1: the tokenizer's size, 50257; None: keep all).
+    Every token id must have an embedding row (gpt_tp.data.shards.check_token_ids against the model's vocabulary,
+    where it has a config). Call it on every rank of the job: all take part in every forward's collectives.
+    Returns {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"} (the totals are global), plus
+    "examples" (this rank's per-example index, label, sum/mean losses, pred, pred_norm) with details=True.
+    """
+    if batch_size < 1:
+        raise HellaSwagError(f"batch_size={batch_size} must be >= 1")
+    enc = enc or get_encoding()
+    vocab_limit = enc.n_vocab if vocab_limit == -1 else vocab_limit
+    vocab_size = model_vocab(model) or enc.n_vocab
+    multiple = math.lcm(tp, pad_to)
+    max_len = block_size - block_size % tp  # sequence parallelism: T % tp == 0
+    mine = list(range(dp_rank, len(examples), dp_size))
+    n_batches = math.ceil(math.ceil(len(examples) / dp_size) / batch_size)  # the same on every DP rank
+    counts = HellaSwagCounts(process_group=dp_group, sync_on_compute=dp_size > 1).to(device)
+    out = []
+    for b in range(n_batches):
+        idx = mine[b * batch_size : (b + 1) * batch_size]
+        n = len(idx)  # examples this batch counts
+        if not idx:  # this rank ran out: repeat a batch for the collectives, count nothing
+            idx = [mine[0] if mine else 0]
+        rows, masks, labels, cuts = [], [], [], []
+        for i in idx:
+            r, m, label = render_example(examples[i], enc)
+            for k, row in enumerate(r):
+                check_token_ids(row, vocab_size, f"HellaSwag example {i}, ending {k}")
+            r, m, cut = fit_rows(r, m, max_len)
+            rows += r
+            masks += m
+            labels.append(label)
+            cuts.append(cut)
+        tokens, mask = pad_batch(rows, masks, multiple, max_len)
+        tokens, mask = tokens.to(device), mask.to(device)
+        with forward_context():
+            logits = model(tokens)
+        sum_loss, mean_loss = ending_losses(logits, tokens, mask, vocab_limit)
+        sum_loss, mean_loss = sum_loss.view(-1, 4).cpu(), mean_loss.view(-1, 4).cpu()  # (examples, 4 endings)
+        preds = [predict(sum_loss[j], mean_loss[j]) for j in range(n)]
+        pred, pred_norm = (torch.tensor([p[k] for p in preds], dtype=torch.long) for k in (0, 1))  # (n,) each
+        counts.update(pred, pred_norm, torch.tensor(labels[:n], dtype=torch.long), torch.tensor(cuts[:n], dtype=torch.long))
+        if details:
+            out += [{"index": i, "label": labels[j], "pred": preds[j][0], "pred_norm": preds[j][1],
+                     "sum_loss": sum_loss[j].tolist(), "mean_loss": mean_loss[j].tolist()} for j, i in enumerate(idx[:n])]
+    res = counts.compute()
+    if res["total"] != len(examples):
+        raise RuntimeError(f"HellaSwag counted {res['total']} examples, expected {len(examples)}: the DP rank/size passed do not match the job")
+    res = {"acc": res["correct"] / res["total"], "acc_norm": res["correct_norm"] / res["total"], **res}
+    if details:
+        res["examples"] = out
+    return res
