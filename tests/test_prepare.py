@@ -1,4 +1,5 @@
-"""Tests of gpt_tp.data.prepare: build-nanogpt-identical shards from local jsonl/parquet/txt, resume, bad input."""
+"""Tests of gpt_tp.data.prepare (build-nanogpt-identical shards from local jsonl/parquet/txt, resume, bad input) and
+of gpt_tp.data.sample (the bundled sample's build)."""
 
 import json
 import subprocess
@@ -14,9 +15,12 @@ pytestmark = pytest.mark.usefixtures("tiktoken_cache")  # tiktoken.get_encoding(
 
 import tiktoken  # noqa: E402
 
+from conftest import one_error_line  # noqa: E402
 from gpt_tp.data import prepare as prep  # noqa: E402
+from gpt_tp.data.sample import build_sample  # noqa: E402
 from gpt_tp.data.shards import DataError, read_shard, write_shard  # noqa: E402
-from gpt_tp.train.datamodule import GPTDataModule
+from gpt_tp.data.tokenizer import get_encoding  # noqa: E402
+from gpt_tp.train.datamodule import GPTDataModule  # noqa: E402
 
 
 def documents(n=120):
@@ -73,7 +77,7 @@ def reference(tmp_path_factory):
 
 
 def test_gpt2_encoding_is_r50k_base():
-    enc = prep.get_encoding()
+    enc = get_encoding()
     assert enc.eot_token == 50256 and enc.n_vocab == 50257
     assert enc.encode_ordinary("Hello world") == [15496, 995]  # GPT-2's ids
 
@@ -86,7 +90,7 @@ def test_local_jsonl_matches_build_nanogpt_byte_for_byte(tmp_path, reference):
     assert docs[-1] == "" and state["complete"] and state["documents"] == len(docs) - 1  # the empty one skipped
     assert [s["file"] for s in state["shards"]][:2] == ["edufineweb_val_000000.npy", "edufineweb_train_000001.npy"]
     # the stream decodes back to the documents, each preceded by <|endoftext|>
-    enc = prep.get_encoding()
+    enc = get_encoding()
     stream = np.concatenate([read_shard(tmp_path / s["file"]) for s in state["shards"]])
     assert state["tokens"] == len(stream) and (stream == 50256).sum() == len(docs) - 1
     assert enc.decode(stream.tolist()) == "".join("<|endoftext|>" + t for t in docs if t)
@@ -115,7 +119,7 @@ def test_local_txt_folder_one_document_per_file(tmp_path):
     assert state["documents"] == 3 and [s["file"] for s in state["shards"]] == ["t_val_000000.npy"]
     stream = read_shard(tmp_path / "out" / "t_val_000000.npy")
     want = "".join("<|endoftext|>" + texts[n] for n in sorted(texts))  # sorted file order
-    assert prep.get_encoding().decode(stream.tolist()) == want
+    assert get_encoding().decode(stream.tolist()) == want
 
 
 def test_rerun_skips_complete_shards_and_resumes(tmp_path, reference, monkeypatch):
@@ -174,23 +178,39 @@ def test_prepared_shards_feed_the_data_module(tmp_path, reference):
 
 
 def test_bundled_sample_is_reproducible(tmp_path):
-    """build_sample.py on the opening of Hamlet gives the same tokens as the bundled sample's Hamlet document
-    (the whole sample is 42 such documents; the full rebuild needs the 42 plays, see data/sample/README.md)."""
+    """python -m gpt_tp.data.sample on the opening of Hamlet gives the same tokens as the bundled sample's Hamlet
+    document, with the sample's settings (the whole sample is 42 such documents; the full rebuild needs the 42
+    plays, see data/sample/README.md)."""
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "hamlet_gut.txt").write_text((CORPUS / "hamlet_gut.txt").read_text())
-    r = subprocess.run([sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "corpus"), "--out",
-                        str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.data.sample", "--corpus", str(tmp_path / "corpus"), "--out",
+                        str(tmp_path / "out"), "--quiet"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     built = np.concatenate([read_shard(f) for f in sorted((tmp_path / "out").glob("shakespeare_*.npy"))])
     committed = REPO / "data" / "sample"
-    stream = np.concatenate([read_shard(committed / s["file"]) for s in
-                             json.loads((committed / "shakespeare_prepare.json").read_text())["shards"]])
+    record = json.loads((committed / "shakespeare_prepare.json").read_text())
+    stream = np.concatenate([read_shard(committed / s["file"]) for s in record["shards"]])
     starts = np.flatnonzero(stream == 50256)
     assert len(starts) == 42 and built[0] == 50256 and (built == 50256).sum() == 1
     hamlet = [a for a in starts if np.array_equal(stream[a : a + 20], built[:20])]
     assert len(hamlet) == 1 and len(built) > 5000
     # all but the last token (the fixture's final newline; the play goes on with more blank lines)
     assert np.array_equal(stream[hamlet[0] : hamlet[0] + len(built) - 1], built[:-1])
+    ours = json.loads((tmp_path / "out" / "shakespeare_prepare.json").read_text())["settings"]
+    assert ours.pop("local") == [["hamlet_gut.txt", len((CORPUS / "hamlet_gut.txt").read_bytes())]]
+    assert ours == {k: v for k, v in record["settings"].items() if k != "local"}  # shard size, prefix, encoding
+    with pytest.raises(DataError, match=r"--corpus .*empty: no .txt files"):
+        build_sample(tmp_path / "empty", tmp_path / "out2")
+
+
+@pytest.mark.parametrize("command, flag, message", [
+    ("gpt_tp.data.prepare", "--shard-size=lots", "argument --shard-size: not an integer: 'lots'"),
+    ("gpt_tp.data.sample", "--shard-size=lots", "argument --shard-size: invalid int value: 'lots'"),
+])
+def test_bad_flag_is_one_error_line(command, flag, message):
+    proc = subprocess.run([sys.executable, "-m", command, flag, "--corpus", "x"] if command.endswith("sample")
+                          else [sys.executable, "-m", command, flag], cwd=REPO, capture_output=True, text=True)
+    assert one_error_line(proc) == f"error: {message} (see python -m {command} --help)"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,7 +252,7 @@ def test_empty_documents_are_skipped(tmp_path):
     state = prep.prepare(tmp_path / "o", local=[tmp_path / "d.jsonl"], shard_size=4, workers=1, progress=False)
     stream = np.concatenate([read_shard(tmp_path / "o" / s["file"]) for s in state["shards"]])
     assert state["documents"] == 2 and (stream == 50256).sum() == 2  # no bare <|endoftext|> documents
-    assert prep.get_encoding().decode(stream.tolist()) == "<|endoftext|>First.<|endoftext|>Second."
+    assert get_encoding().decode(stream.tolist()) == "<|endoftext|>First.<|endoftext|>Second."
     write_jsonl(tmp_path / "e.jsonl", ["", ""])
     with pytest.raises(DataError, match=r"e.jsonl: empty input, no documents \(2 rows, all with empty 'text'\)"):
         prep.prepare(tmp_path / "o2", local=[tmp_path / "e.jsonl"], workers=1, progress=False)
@@ -244,7 +264,7 @@ def test_small_corpus_warns_that_there_is_no_train_shard(tmp_path, capsys):
 
     docs = documents(4)
     pq.write_table(pa.table({"text": docs}), tmp_path / "small.parquet")
-    n = sum(1 + len(prep.get_encoding().encode_ordinary(t)) for t in docs if t)
+    n = sum(1 + len(get_encoding().encode_ordinary(t)) for t in docs if t)
     args = ["--local", str(tmp_path / "small.parquet"), "--workers", "1", "--quiet"]
     prep.main([*args, "--out", str(tmp_path / "one")])  # the default --shard-size: 1e8 tokens
     assert sorted(p.name for p in (tmp_path / "one").glob("*.npy")) == ["edufineweb_val_000000.npy"]

@@ -18,6 +18,7 @@ tokenizing them again, and carries on.
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -29,22 +30,20 @@ from pathlib import Path
 import numpy as np
 
 from gpt_tp.data.shards import GPT2_VOCAB, SHARD_RE, DataError, _SHARD_LIKE_RE, check_token_ids, shard_header, shard_name, write_shard
-from gpt_tp.entry import run
-from gpt_tp.data.tokenizer import get_encoding
+from gpt_tp.data.sources import load_rows, local_files, texts_of
+from gpt_tp.data.tokenizer import ENCODING, get_encoding
+from gpt_tp.entry import ArgumentParser, run
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFAULT_CONFIG = "sample-10BT"
 DEFAULT_OUT = "edu_fineweb10B"
 DEFAULT_PREFIX = "edufineweb"
 DEFAULT_SHARD_SIZE = 100_000_000
-DEFAULT_ENCODING = "r50k_base"  # == tiktoken's "gpt2": GPT-2's BPE, <|endoftext|> = 50256
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
-COMPRESSION = {".gz", ".bz2", ".xz", ".zst", ".lz4"}
 CHUNK_DOCS = 64  # documents per task sent to a worker
 
 
 # ----------------------------------------------------------------------------------------------
-# tokenizer
+# tokenizing, in worker processes
 
 _enc = None
 
@@ -86,91 +85,6 @@ def tokenized(texts, workers: int, encoding: str, first_index: int = 0):
                 yield from pending.popleft().get()
         while pending:
             yield from pending.popleft().get()
-
-
-# ----------------------------------------------------------------------------------------------
-# input
-
-
-def local_files(paths) -> tuple[list[str], str]:
-    """Expand files and folders (sorted, recursively) to data files, skipping empty ones; return
-    them and the ``datasets`` builder for their type (json / parquet / text)."""
-    files = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and _builder(q) is not None)
-            if not found:
-                raise DataError(f"--local {p}: folder holds no {'/'.join(LOCAL_BUILDERS)} files")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise DataError(f"--local {p}: no such file or folder")
-    files = [f for f in files if f.stat().st_size > 0]  # empty files hold no documents
-    if not files:
-        raise DataError(f"--local {' '.join(map(str, paths))}: empty input, all files are empty")
-    kinds = {_builder(f) for f in files}
-    if None in kinds:
-        bad = next(f for f in files if _builder(f) is None)
-        raise DataError(f"--local {bad}: unknown file type; use {', '.join(LOCAL_BUILDERS)} (optionally compressed)")
-    if len(kinds) > 1:
-        raise DataError(f"--local mixes file types {sorted(kinds)}: prepare one type at a time")
-    return [str(f) for f in files], kinds.pop()
-
-
-def _builder(path: Path):
-    suffixes = [s.lower() for s in path.suffixes]
-    while suffixes and suffixes[-1] in COMPRESSION:
-        suffixes.pop()
-    return LOCAL_BUILDERS.get(suffixes[-1]) if suffixes else None
-
-
-def load_rows(dataset=None, config=None, split="train", local=None):
-    """The input as a streaming ``datasets`` iterable of rows; errors mapped to DataError."""
-    import datasets
-
-    if local:
-        files, builder = local_files(local)
-        kwargs = {"sample_by": "document"} if builder == "text" else {}  # a .txt file is one document
-        try:
-            return datasets.load_dataset(builder, data_files=files, split="train", streaming=True, **kwargs)
-        except Exception as e:
-            raise DataError(f"--local: cannot read {len(files)} {builder} file(s) ({type(e).__name__}: {e})") from e
-    try:
-        return datasets.load_dataset(dataset, name=config, split=split, streaming=True)
-    except datasets.exceptions.DatasetNotFoundError as e:
-        raise DataError(f"--dataset {dataset!r}: not found on the Hugging Face Hub or not accessible ({e}); "
-                        "check the name, log in for gated data, or use --local FILES") from e
-    except ConnectionError as e:
-        hint = ("offline mode is on (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE) and it is not in the datasets cache"
-                if "OfflineModeIsEnabled" in str(e) else "HF_DATASETS_OFFLINE=1 reads it from the datasets cache if there")
-        raise DataError(f"--dataset {dataset!r}: cannot reach the Hugging Face Hub ({e}); without internet use "
-                        f"--local FILES; {hint}") from e
-    except ValueError as e:
-        msg = str(e)
-        if "split" in msg.lower():
-            raise DataError(f"--split {split!r}: no such split of {dataset!r} ({msg})") from e
-        if "config" in msg.lower():
-            raise DataError(f"--config {config!r}: no such config of {dataset!r} ({msg})") from e
-        raise DataError(f"--dataset {dataset!r} --config {config!r}: {msg}") from e
-
-
-def texts_of(rows, text_column: str, where: str):
-    """Iterate the non-empty ``text_column`` strings of ``rows`` (an empty text is no document and is
-    skipped); DataError if the column is missing or no row holds text."""
-    n = rows_seen = 0
-    for rows_seen, row in enumerate(rows, 1):
-        if text_column not in row:
-            raise DataError(f"{where}: no text column {text_column!r} (columns: {sorted(row)}); set --text-column")
-        text = row[text_column]
-        if not isinstance(text, str):
-            raise DataError(f"{where}: row {rows_seen - 1} column {text_column!r} is {type(text).__name__}, not text")
-        if text:
-            n += 1
-            yield text
-    if n == 0:
-        empty = f" ({rows_seen} rows, all with empty {text_column!r})" if rows_seen else ""
-        raise DataError(f"{where}: empty input, no documents{empty}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,7 +148,7 @@ def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
 
 
 def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local=None, text_column="text",
-            shard_size=DEFAULT_SHARD_SIZE, prefix=DEFAULT_PREFIX, workers=None, encoding=DEFAULT_ENCODING,
+            shard_size=DEFAULT_SHARD_SIZE, prefix=DEFAULT_PREFIX, workers=None, encoding=ENCODING,
             progress=True) -> dict:
     """Tokenize the input into shards under ``out_dir``; return the final state (shards, totals).
 
@@ -336,15 +250,18 @@ def _log(on: bool, msg: str) -> None:
 
 
 def _int(s: str) -> int:
-    v = float(s)  # accepts 1e8
-    if v != int(v):
-        raise argparse.ArgumentTypeError(f"not an integer: {s}")
+    """An integer, also written like 1e8."""
+    try:
+        v = float(s)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v) or v != int(v):
+        raise argparse.ArgumentTypeError(f"not an integer: {s!r}")
     return int(v)
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m gpt_tp.data.prepare", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser("python -m gpt_tp.data.prepare", __doc__.split("\n\n")[0])
     p.add_argument("--dataset", help=f"Hugging Face dataset (default {DEFAULT_DATASET})")
     p.add_argument("--config", help=f"dataset config (default {DEFAULT_CONFIG} for {DEFAULT_DATASET})")
     p.add_argument("--split", default="train", help="dataset split to read (default train)")
@@ -355,7 +272,7 @@ def main(argv=None) -> None:
     p.add_argument("--shard-size", type=_int, default=DEFAULT_SHARD_SIZE, help="tokens per shard (default 1e8)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"shard file prefix (default {DEFAULT_PREFIX})")
     p.add_argument("--workers", type=int, help="tokenizer processes (default half the CPUs)")
-    p.add_argument("--encoding", default=DEFAULT_ENCODING, help="tiktoken encoding (default r50k_base = GPT-2 BPE)")
+    p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default {ENCODING} = GPT-2 BPE)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     with warnings.catch_warnings(record=True) as caught:

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt_tp.data.tokenizer import EOT
 from gpt_tp.errors import UserError
 
-EOT_TOKEN = 50256  # <|endoftext|> of GPT-2's BPE (tiktoken "gpt2" == "r50k_base")
-GPT2_VOCAB = EOT_TOKEN + 1  # ids GPT-2's BPE produces; a model's vocab_size above it (50304) is padding
+GPT2_VOCAB = EOT + 1  # ids GPT-2's BPE produces; a model's vocab_size above it (50304) is padding
 SPLITS = ("train", "val")
 SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d{6})\.npy$")
 _SHARD_LIKE_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d+)\.[A-Za-z0-9]+$")

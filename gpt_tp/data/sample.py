@@ -1,0 +1,51 @@
+"""Build the bundled sample corpus data/sample/ from the public-domain Shakespeare plays.
+
+    python -m gpt_tp.data.sample --corpus DIR        # DIR: the 42 Project Gutenberg texts (*.txt, metadata.txt)
+
+Each play or poem (one ``*.txt`` file, Project Gutenberg text; data/sample/SOURCES.txt lists their sources) is one
+document, in sorted file order, tokenized with GPT-2's BPE by gpt_tp.data.prepare into shards of 100,000 tokens:
+``shakespeare_val_000000.npy`` (the first 100k tokens: All's Well That Ends Well, Antony and Cleopatra and the
+start of As You Like It) and ``shakespeare_train_000001.npy`` ... (the rest, about 1.47M tokens). The output is
+deterministic: rebuilding gives identical files.
+"""
+
+import shutil
+from pathlib import Path
+
+from gpt_tp.data.prepare import prepare
+from gpt_tp.data.shards import REPO_ROOT, DataError
+from gpt_tp.entry import ArgumentParser, run
+
+PREFIX = "shakespeare"
+SHARD_SIZE = 100_000
+OUT = REPO_ROOT / "data" / "sample"
+
+
+def build_sample(corpus, out=OUT, shard_size: int = SHARD_SIZE, progress: bool = True) -> dict:
+    """Tokenize the plays in ``corpus`` into ``out`` (its shakespeare_* files are replaced) and copy
+    ``corpus/metadata.txt``, their sources, to ``out/SOURCES.txt``. Returns prepare's final state."""
+    corpus, out = Path(corpus), Path(out)
+    files = sorted(f for f in corpus.glob("*.txt") if f.name != "metadata.txt")
+    if not files:
+        raise DataError(f"--corpus {corpus}: no .txt files; give the folder of the Project Gutenberg plays")
+    for old in out.glob(f"{PREFIX}_*"):  # always a fresh, deterministic build
+        old.unlink()
+    state = prepare(out, local=files, shard_size=shard_size, prefix=PREFIX, workers=1, progress=progress)
+    if (corpus / "metadata.txt").exists():
+        shutil.copyfile(corpus / "metadata.txt", out / "SOURCES.txt")
+    print(f"{out}: {len(files)} documents, {state['tokens']:,} tokens in {len(state['shards'])} shards")
+    return state
+
+
+def main(argv=None) -> dict:
+    p = ArgumentParser("python -m gpt_tp.data.sample", __doc__.split("\n\n")[0])
+    p.add_argument("--corpus", required=True, help="folder of the plays' .txt files (and metadata.txt, their sources)")
+    p.add_argument("--out", default=str(OUT), help="output folder (default: the repository's data/sample)")
+    p.add_argument("--shard-size", type=int, default=SHARD_SIZE, help=f"tokens per shard (default {SHARD_SIZE})")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    return build_sample(a.corpus, a.out, a.shard_size, progress=not a.quiet)
+
+
+if __name__ == "__main__":
+    run(main)
