@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, one_error_line
 from gpt_tp.eval.plot import PlotError, find_csv, join, main, plot, read_metrics, run_csvs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -108,6 +108,12 @@ def test_help_names_the_default_output(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0 and "run.png in the current directory" in " ".join(capsys.readouterr().out.split())
+
+
+def test_bad_flag_is_one_error_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.plot", str(tmp_path), "--no-such-flag"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert one_error_line(proc) == "error: unrecognized arguments: --no-such-flag (see python -m gpt_tp.eval.plot --help)"
 
 
 def _fit(logs, ckpts, max_steps, ckpt_path=None, shift=0.0, lr=0.1):

@@ -11,11 +11,11 @@ Reference lines: OpenAI's GPT-2 124M checkpoint (val loss 3.2924 on FineWeb-Edu 
 GPT-3 124M's HellaSwag 0.337 (GPT-3 paper), as build-nanogpt draws them. Needs matplotlib.
 """
 
-import argparse
 import csv
 import math
 from pathlib import Path
 
+from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
 
 REF_VAL_LOSS_GPT2 = 3.2924
@@ -167,8 +167,8 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
 
 
 def main(argv=None) -> Path:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.eval.plot", description="Plot train/val loss and HellaSwag acc_norm "
-                                 "from a CSVLogger log; the versions of a resumed run are joined into one curve.")
+    ap = ArgumentParser("python -m gpt_tp.eval.plot", "Plot train/val loss and HellaSwag acc_norm from a CSVLogger log; "
+                        "the versions of a resumed run are joined into one curve.")
     ap.add_argument("run", help="metrics.csv, a run dir holding it, or a folder of runs (the newest metrics.csv is used)")
     ap.add_argument("-o", "--out", default="run.png", help="PNG to write (default: run.png in the current directory)")
     ap.add_argument("--no-reference", action="store_true", help="leave out the GPT-2 / GPT-3 reference lines")
@@ -183,6 +183,4 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    from gpt_tp.entry import run
-
     run(main)
