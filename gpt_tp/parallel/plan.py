@@ -1,13 +1,14 @@
-"""The tensor-parallel plan for gpt_tp.model.GPT, and how it is applied: TP -> activation checkpointing -> compile -> FSDP2.
+"""The tensor-parallel plan for gpt_tp.model.GPT (TP_PLAN), and the reference plans it is measured against.
 
 Megatron-style tensor parallelism with sequence parallelism on the mesh's "tensor_parallel" dim:
-between blocks the residual stream is split along the sequence (Shard(1), a plain local tensor of shape
-(B, T/tp, C)); LayerNorms and dropouts run on that slice. Before attention and the MLP an all-gather makes the
-full sequence (Shard(1) -> Replicate); q/k/v and c_fc are column-parallel (each rank holds whole heads / a
-slice of the 4C hidden units), the output projections are row-parallel and reduce-scatter straight back to
-Shard(1). The token embedding is vocab-parallel, lm_head is column-parallel over the vocabulary and feeds
-the vocab-parallel cross-entropy of gpt_tp.parallel.loss, so full [B, T, vocab] logits never exist on one rank. Every parameter,
-wpe and the LayerNorms included, becomes a DTensor on the mesh, which clip_grad_norm_ and fused AdamW need.
+between blocks the residual stream is split along the sequence (a plain local tensor of shape (B, T/tp, C));
+LayerNorms and dropouts run on that slice. Before attention and the MLP an all-gather makes the full sequence;
+q/k/v and c_fc are column-parallel (each rank holds whole heads / a slice of the 4C hidden units), the output
+projections are row-parallel and reduce-scatter straight back to the slice. The token embedding is
+vocab-parallel, lm_head is column-parallel over the vocabulary and feeds the vocab-parallel cross-entropy of
+gpt_tp.parallel.loss, so full [B, T, vocab] logits never exist on one rank. Every parameter, wpe and the
+LayerNorms included, is a DTensor on the mesh, which clip_grad_norm and fused AdamW need; the blocks compute on
+the local shards with explicit collectives (gpt_tp.parallel.sp).
 
 The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks up n_head / tp heads.
 """
@@ -27,6 +28,9 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from gpt_tp.errors import UserError
+from gpt_tp.parallel.overlap import OverlappedMLP
+from gpt_tp.parallel.sp import GatherSequence, cast_for_matmul, colwise, rowwise, vocab_embedding, vocab_head
 
 
 class _LocalLayerNorm(nn.LayerNorm):
@@ -76,17 +80,12 @@ def is_sequence_partial(module: nn.Module) -> bool:
 
 
 def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple | None:
-    """Under autocast, LayerNorm outputs float32 but the matmul after it runs in bf16: cast before the all-gather,
-    so the gather (and its backward reduce-scatter) moves 2-byte elements. Same forward numbers."""
-    device = args[0].device.type
-    if not torch.is_autocast_enabled(device):
-        return None
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+    """A forward pre-hook: the inputs in the autocast dtype before the style's own all-gather (see cast_for_matmul)."""
+    return tuple(cast_for_matmul(a) if torch.is_tensor(a) else a for a in args)
 
 
 class _GatherInAutocastDtype:
-    """Mixin for styles whose input is all-gathered: register the cast above ahead of the style's own hooks."""
+    """Mixin for DTensor styles whose input is all-gathered: register the cast ahead of the style's own hooks."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         module = super()._apply(module, device_mesh)
@@ -94,36 +93,85 @@ class _GatherInAutocastDtype:
         return module
 
 
-class GatherInput(_GatherInAutocastDtype, PrepareModuleInput):
+class _DTensorGatherInput(_GatherInAutocastDtype, PrepareModuleInput):
     """PrepareModuleInput (Shard(1) -> Replicate all-gather) in the autocast dtype."""
 
 
-class VocabParallelHead(_GatherInAutocastDtype, ColwiseParallel):
+class _DTensorVocabHead(_GatherInAutocastDtype, ColwiseParallel):
     """ColwiseParallel lm_head whose sequence all-gather runs in the autocast dtype."""
 
 
+def sequence_parallel_plan(token_major: bool = True, overlap_chunks: int = 1) -> dict[str, ParallelStyle]:
+    """gpt_tp's plan on local tensors (gpt_tp.parallel.sp), keyed by module path. token_major=False gathers every
+    activation in (B, T) order and rearranges every partial sum before its reduce-scatter (a copy each, as DTensor
+    does); overlap_chunks > 1 runs each MLP as k chunks with its collectives overlapped (gpt_tp.parallel.overlap)."""
+    plan = {
+        # token ids (replicated) -> vocab-parallel lookup -> reduce-scatter to the sequence-sharded residual stream
+        "transformer.wte": vocab_embedding(token_major),
+        "transformer.wpe": SequenceReplicated(split_input=True),
+        # attention: LayerNorm on the sequence slice, all-gather in (B, T) order, whole heads per rank, reduce-scatter
+        "transformer.h.*.ln_1": SequenceReplicated(),
+        "transformer.h.*.attn": GatherSequence(in_order=True),
+        "transformer.h.*.attn.c_attn": colwise(),
+        "transformer.h.*.attn.c_proj": rowwise("input" if token_major else "output"),
+        # MLP: the same pattern, the 4C hidden units split over ranks, on the token-major gathered buffer
+        "transformer.h.*.ln_2": SequenceReplicated(),
+        "transformer.h.*.mlp": GatherSequence(in_order=not token_major),
+        "transformer.h.*.mlp.c_fc": colwise(),
+        "transformer.h.*.mlp.c_proj": rowwise(None if token_major else "output"),
+        # head: all-gather the sequence, vocab-sharded logits as a DTensor for gpt_tp.parallel.loss.cross_entropy
+        "transformer.ln_f": SequenceReplicated(),
+        "lm_head": vocab_head(),
+    }
+    if overlap_chunks > 1:
+        plan["transformer.h.*.mlp"] = OverlappedMLP(overlap_chunks)
+    return plan
+
+
 # The plan, keyed by module path. Order within the dict does not matter: each entry parallelizes its own module.
-TP_PLAN: dict[str, ParallelStyle] = {
-    # token ids (replicated) -> vocab-parallel lookup -> reduce-scatter to the sequence-sharded residual stream
-    "transformer.wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-    "transformer.wpe": SequenceReplicated(split_input=True),
-    "transformer.drop": SequenceParallel(use_local_output=True),
-    # attention: LayerNorm on the sequence slice, all-gather, whole heads per rank, reduce-scatter back
-    "transformer.h.*.ln_1": SequenceReplicated(),
-    "transformer.h.*.attn": GatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-    "transformer.h.*.attn.c_attn": ColwiseParallel(),
-    "transformer.h.*.attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
-    "transformer.h.*.attn.resid_dropout": SequenceParallel(use_local_output=True),
-    # MLP: the same pattern, the 4C hidden units split over ranks
-    "transformer.h.*.ln_2": SequenceReplicated(),
-    "transformer.h.*.mlp": GatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-    "transformer.h.*.mlp.c_fc": ColwiseParallel(),
-    "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
-    "transformer.h.*.mlp.dropout": SequenceParallel(use_local_output=True),
-    # head: all-gather the sequence, vocab-sharded logits stay a DTensor for gpt_tp.parallel.loss.cross_entropy
-    "transformer.ln_f": SequenceReplicated(),
-    "lm_head": VocabParallelHead(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+TP_PLAN: dict[str, ParallelStyle] = sequence_parallel_plan()
+
+
+def dtensor_plan(torch_recipe: bool = False) -> dict[str, ParallelStyle]:
+    """The same layout with torch's DTensor styles (every block op dispatched on DTensors; gathers and scatters
+    along T rearrange their buffers). torch_recipe: the plain torch recipe, LayerNorms and dropouts as
+    SequenceParallel, so their weight gradients are reduced per parameter by DTensor in backward (train it with
+    torch's loss_parallel; see gpt_tp.train.module). Dropouts run on the local slices, as in gpt_tp's plan."""
+    norm = SequenceParallel if torch_recipe else SequenceReplicated
+    return {
+        "transformer.wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "transformer.wpe": SequenceReplicated(split_input=True),
+        "transformer.h.*.ln_1": norm(),
+        "transformer.h.*.attn": _DTensorGatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "transformer.h.*.attn.c_attn": ColwiseParallel(),
+        "transformer.h.*.attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "transformer.h.*.ln_2": norm(),
+        "transformer.h.*.mlp": _DTensorGatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "transformer.h.*.mlp.c_fc": ColwiseParallel(),
+        "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "transformer.ln_f": norm(),
+        "lm_head": _DTensorVocabHead(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+
+
+# model.tp_plan: gpt_tp's plan and the references it is measured against (gpt_tp.perf.scaling)
+PLANS = {
+    "gpt_tp": lambda chunks: sequence_parallel_plan(True, chunks),
+    "gpt_tp_ordered": lambda chunks: sequence_parallel_plan(False, chunks),
+    "dtensor": lambda chunks: dtensor_plan(),
+    "torch": lambda chunks: dtensor_plan(torch_recipe=True),
 }
+
+
+def make_plan(name: str = "gpt_tp", overlap_chunks: int = 1) -> dict[str, ParallelStyle]:
+    """A plan by name (PLANS); overlap_chunks applies to the gpt_tp plans only."""
+    if name not in PLANS:
+        raise UserError(f"model.tp_plan={name!r}: use one of {', '.join(PLANS)}")
+    if overlap_chunks < 1:
+        raise UserError(f"model.tp_overlap_chunks={overlap_chunks} must be >= 1 (1: no overlap)")
+    if overlap_chunks > 1 and not name.startswith("gpt_tp"):
+        raise UserError(f"model.tp_overlap_chunks={overlap_chunks} needs model.tp_plan gpt_tp or gpt_tp_ordered, not {name!r}")
+    return PLANS[name](overlap_chunks)
 
 
 def enable_async_tp(tp_mesh) -> None:

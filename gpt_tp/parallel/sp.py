@@ -1,0 +1,207 @@
+"""Sequence parallelism on plain local tensors: the styles of gpt_tp's TP_PLAN.
+
+Every parameter is a DTensor on the TP mesh (what FSDP2, clip_grad_norm, fused AdamW and DCP checkpoints see), but
+the forward runs on `param.to_local()` with plain torch ops, and the communication is explicit: functional
+collectives (torch.ops._c10d_functional, differentiable and traceable by torch.compile) along the leading dim.
+No DTensor op is dispatched inside a block.
+
+Gathers and reduce-scatters work on dim 0. Gathering rank r's (B, T/n, C) slices along dim 0 gives an
+(n B, T/n, C) buffer in "token-major" order (rank, row, position): every token once, but not in (B, T) order.
+The MLP and the row-parallel matmuls are token-wise, so they run on that buffer as it is, and the reduce-scatter
+along dim 0 hands rank r back exactly its own tokens. Only attention needs (B, T) order: its input is gathered in
+order (one rearranging copy of (B, T, C)), and its output (B, T, C/n) is rearranged to token-major before c_proj
+(a copy n times smaller than rearranging c_proj's output).
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+
+_C10D = torch.ops._c10d_functional
+
+
+def all_gather_rows(x: torch.Tensor, n: int, group: str) -> torch.Tensor:
+    """(B, ...) on each of n ranks -> (n B, ...), rank-major. Backward: reduce-scatter."""
+    return _C10D.wait_tensor(_C10D.all_gather_into_tensor(x.contiguous(), n, group))
+
+
+def reduce_scatter_rows(x: torch.Tensor, n: int, group: str) -> torch.Tensor:
+    """(n B, ...) partial sums -> (B, ...), rank r's rows summed over ranks. Backward: all-gather."""
+    return _C10D.wait_tensor(_C10D.reduce_scatter_tensor(x.contiguous(), "sum", n, group))
+
+
+def to_token_major(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, T, ...) in order -> (n B, T/n, ...): row block r holds positions [r T/n, (r+1) T/n) of every sequence."""
+    B, T = x.shape[:2]
+    return x.reshape(B, n, T // n, *x.shape[2:]).transpose(0, 1).reshape(n * B, T // n, *x.shape[2:])  # copy
+
+
+def to_sequence_order(x: torch.Tensor, n: int) -> torch.Tensor:
+    """(n B, T/n, ...) token-major -> (B, T, ...) in order."""
+    B, t = x.shape[0] // n, x.shape[1]
+    return x.reshape(n, B, t, *x.shape[2:]).transpose(0, 1).reshape(B, n * t, *x.shape[2:])  # copy
+
+
+def autocast_dtype_of(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype the next matmul runs in under autocast (None outside autocast)."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+
+
+def cast_for_matmul(x: torch.Tensor) -> torch.Tensor:
+    """Under autocast, LayerNorm outputs float32 but the matmul after it runs in bf16: cast before an all-gather,
+    so the gather (and its backward reduce-scatter) moves 2-byte elements. Same forward numbers."""
+    dtype = autocast_dtype_of(x)
+    return x.to(dtype) if dtype is not None and x.is_floating_point() else x
+
+
+class _TP:
+    """What a local module needs of its TP group, fixed when the plan is applied (plain values: compile-friendly)."""
+
+    def __init__(self, mesh: DeviceMesh):
+        self.mesh, self.n, self.rank = mesh, mesh.size(), mesh.get_local_rank()
+        self.group = mesh.get_group().group_name
+
+
+def _distribute(module: nn.Module, mesh: DeviceMesh, placements: dict[str, list]) -> None:
+    for name, placement in placements.items():
+        p = getattr(module, name, None)
+        if p is not None:
+            param = nn.Parameter(distribute_tensor(p, mesh, placement), requires_grad=p.requires_grad)
+            module.register_parameter(name, param)
+
+
+def _local(p: torch.Tensor | None) -> torch.Tensor | None:
+    return None if p is None else p.to_local()
+
+
+class _PartialBias(torch.autograd.Function):
+    """Row-parallel bias on the partial sums before their reduce-scatter: added on the group's first rank only, so
+    the sum holds it once. Its gradient is the sum of the output gradient over all tokens on every rank (that
+    gradient is the all-gathered one, the same on every rank), a true Replicate gradient: no extra collective."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, b: torch.Tensor, add: bool) -> torch.Tensor:
+        ctx.b_dtype = b.dtype
+        return y + b.to(y.dtype) if add else y.clone()
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return g, g.sum(dim=tuple(range(g.ndim - 1))).to(ctx.b_dtype), None
+
+
+class ColwiseLinear(nn.Linear):
+    """Column-parallel Linear: weight rows and bias split over TP (Shard(0)); input is the gathered activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to_local(), _local(self.bias))
+
+
+class RowwiseLinear(nn.Linear):
+    """Row-parallel Linear: weight columns split (Shard(1)), bias replicated. The partial sums are reduce-scattered
+    along dim 0 into this rank's token slice. `reorder`: "input" rearranges a (B, T, K) input to token-major
+    before the matmul (attention's output), "output" rearranges the (B, T, C) partial sums after it, None takes a
+    token-major input as it is (the MLP's)."""
+
+    tp: _TP
+    reorder: str | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.tp.n
+        if self.reorder == "input":
+            x = to_token_major(x, n)  # (B, T, K) -> (n B, T/n, K)
+        y = F.linear(x, self.weight.to_local())  # partial sums over this rank's K slice
+        if self.reorder == "output":
+            y = to_token_major(y, n)  # (B, T, C) -> (n B, T/n, C)
+        if self.bias is not None:
+            y = _PartialBias.apply(y, self.bias.to_local(), self.tp.rank == 0)
+        return reduce_scatter_rows(y, n, self.tp.group)  # (B, T/n, C)
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """wte split over the vocabulary (Shard(0)): each rank looks up the ids it holds (zeros elsewhere) for every
+    token of the replicated (B, T) ids, and a reduce-scatter sums the ranks' rows into this rank's (B, T/n, C)
+    slice. The ids are put in token-major order first (a copy of integers, not of activations); the weight
+    gradient is this rank's (V/n, C) rows only."""
+
+    tp: _TP
+    token_major: bool
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        n = self.tp.n
+        w = self.weight.to_local()  # (V/n, C)
+        if self.token_major:
+            idx = to_token_major(idx, n)  # (B, T) -> (n B, T/n)
+        local = idx - self.tp.rank * w.shape[0]
+        outside = (local < 0) | (local >= w.shape[0])
+        y = F.embedding(local.masked_fill(outside, 0), w).masked_fill(outside.unsqueeze(-1), 0.0)  # (.., C) partial
+        if not self.token_major:
+            y = to_token_major(y, n)  # (B, T, C) -> (n B, T/n, C)
+        return reduce_scatter_rows(y, n, self.tp.group)  # (B, T/n, C)
+
+
+class VocabParallelHead(nn.Linear):
+    """lm_head split over the vocabulary (Shard(0), tied to wte): gathers the (B, T/n, C) slices in (B, T) order
+    and returns this rank's logits (B, T, V/n) as a Shard(-1) DTensor for gpt_tp.parallel.loss.cross_entropy."""
+
+    tp: _TP
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.tp.n
+        x = to_sequence_order(all_gather_rows(cast_for_matmul(x), n, self.tp.group), n)  # (B, T, C)
+        y = F.linear(x, self.weight.to_local(), _local(self.bias))  # (B, T, V/n)
+        return DTensor.from_local(y, self.tp.mesh, (Shard(-1),), run_check=False)
+
+
+class LocalStyle(ParallelStyle):
+    """Distribute a module's parameters on the TP mesh and swap in its local-tensor class (one of the above)."""
+
+    def __init__(self, cls: type, placements: dict[str, list], **attrs):
+        super().__init__()
+        self.cls, self.placements, self.attrs = cls, placements, attrs
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _distribute(module, device_mesh, self.placements)
+        module.__class__ = self.cls
+        module.tp = _TP(device_mesh)
+        for k, v in self.attrs.items():
+            setattr(module, k, v)
+        return module
+
+
+def colwise() -> LocalStyle:
+    return LocalStyle(ColwiseLinear, {"weight": [Shard(0)], "bias": [Shard(0)]})
+
+
+def rowwise(reorder: str | None) -> LocalStyle:
+    return LocalStyle(RowwiseLinear, {"weight": [Shard(1)], "bias": [Replicate()]}, reorder=reorder)
+
+
+def vocab_embedding(token_major: bool) -> LocalStyle:
+    return LocalStyle(VocabParallelEmbedding, {"weight": [Shard(0)]}, token_major=token_major)
+
+
+def vocab_head() -> LocalStyle:
+    return LocalStyle(VocabParallelHead, {"weight": [Shard(0)], "bias": [Shard(0)]})
+
+
+class GatherSequence(ParallelStyle):
+    """A module's input (B, T/n, C), this rank's sequence slice, all-gathered before its forward (in the autocast
+    dtype): in (B, T) order (attention) or token-major, (n B, T/n, C) with no rearranging copy (the MLP)."""
+
+    def __init__(self, in_order: bool):
+        super().__init__()
+        self.in_order = in_order
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        tp, in_order = _TP(device_mesh), self.in_order
+
+        def gather(mod, args):
+            x = all_gather_rows(cast_for_matmul(args[0]), tp.n, tp.group)  # (n B, T/n, C)
+            return (to_sequence_order(x, tp.n) if in_order else x, *args[1:])  # (B, T, C) or as gathered
+
+        module.register_forward_pre_hook(gather)
+        return module
