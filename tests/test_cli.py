@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import cli as cli_module  # imported before any capsys: Lightning's log handlers keep the stream they first see
+from gpt_tp.train import cli as cli_module  # imported before any capsys: Lightning's log handlers keep the stream they first see
 from conftest import ROOT, one_error_line
 
 
@@ -43,9 +43,10 @@ def test_print_config():
         (["--ckpt_path", "no/such/ckpt"], "--ckpt_path no/such/ckpt: no such checkpoint"),
         (["--model.async_tp", "true", "--model.compile", "true"], "async TP needs CUDA GPUs"),
         (["--trainer.precision", "16-mixed"], "trainer.precision=16-mixed: ModelParallelStrategy has no fp16 gradient scaler"),
+        (["--model.n_layerx", "3"], "unrecognized arguments: --model.n_layerx 3 (see python cli.py fit --help)"),
     ],
     ids=["world-size", "heads", "total-batch", "seq-len-split", "seq-len-block", "data-dir", "model-size", "init-from", "ckpt-path",
-         "async-tp-on-cpu", "fp16-under-tp"],
+         "async-tp-on-cpu", "fp16-under-tp", "unknown-flag"],
 )
 def test_bad_flags_fail_before_training_with_one_line(user_run, flags, message):
     """Refused in the launching process, before any rank starts: run in this process as cli.py's __main__ runs it."""
@@ -170,16 +171,14 @@ def test_unwritable_log_folder_is_one_line_before_launch(tmp_path):
 def test_progress_bar_is_ours_with_or_without_rich(monkeypatch):
     import lightning.pytorch.trainer.connectors.callback_connector as connector
 
-    from cli import GPTCLI, GPTTrainer
-    from gpt_tp.train.datamodule import GPTDataModule
-    from gpt_tp.train.module import GPTModule
+    from gpt_tp.train.cli import GPTCLI
     from gpt_tp.train.progress import StepProgressBar
 
     args = ["--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.devices", "1", "--trainer.strategy", "auto"]
     for rich in (True, False):
         monkeypatch.setattr(connector, "_RICH_AVAILABLE", rich)
         monkeypatch.chdir(ROOT)
-        cli_ = GPTCLI(GPTModule, GPTDataModule, trainer_class=GPTTrainer, args=args, run=False)
+        cli_ = GPTCLI(args=args, run=False)
         assert type(cli_.trainer.progress_bar_callback) is StepProgressBar
-    off = GPTCLI(GPTModule, GPTDataModule, trainer_class=GPTTrainer, args=[*args, "--trainer.enable_progress_bar", "false"], run=False)
+    off = GPTCLI(args=[*args, "--trainer.enable_progress_bar", "false"], run=False)
     assert off.trainer.progress_bar_callback is None

@@ -9,6 +9,9 @@ continuations and, with `--output FILE`, writes them as JSON lines {"prompt", "s
 import json
 from pathlib import Path
 
+from lightning.pytorch import Trainer
+
+from gpt_tp.collective import one_does
 from gpt_tp.errors import UserError
 from gpt_tp.eval.sampling import PROMPT, sample_texts
 
@@ -90,3 +93,34 @@ def write_predictions(rows: list[dict], output: str | None) -> None:
         tmp = path.with_name(path.name + ".partial")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         tmp.replace(path)
+
+
+class GPTTrainer(Trainer):
+    """Lightning's Trainer whose predict, without dataloaders, continues prompts (the `predict` subcommand's flags)."""
+
+    def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions=None, ckpt_path=None, *,
+                prompt: list[str] | str | None = None, prompts_file: str | None = None, output: str | None = None,
+                max_new_tokens: int = 32, num_samples: int = 1, top_k: int = 50, seed: int = 42):
+        """Continue prompts with the model and print them (rank 0); --output FILE also writes them as JSON lines.
+
+        Args:
+            prompt: a prompt to continue, or a JSON list of them ('["To be", "ROMEO:"]'); default: the text sampler's prompt.
+            prompts_file: a text file with one prompt a line, after any --prompt.
+            output: also write {"prompt", "sample", "text"} JSON lines to this file (rank 0).
+            max_new_tokens: tokens to add to each prompt (fewer where the model's block_size ends first).
+            num_samples: continuations per prompt.
+            top_k: sample from the k most likely tokens (1: greedy).
+            seed: the sampling generator's seed, per prompt: the same seed and weights give the same text on any layout.
+        """
+        if dataloaders is None:
+            if max_new_tokens < 1 or num_samples < 1 or top_k < 1:
+                raise UserError(f"--max_new_tokens={max_new_tokens}, --num_samples={num_samples} and --top_k={top_k} must be >= 1")
+            settings = {"max_new_tokens": max_new_tokens, "num_samples": num_samples, "top_k": top_k, "seed": seed}
+            prompts = read_prompts([prompt] if isinstance(prompt, str) else prompt, prompts_file)
+            if model is not None:
+                check_prompts(prompts, model.config.block_size, output)
+            dataloaders = PromptBatches(prompts, **settings)
+        out = super().predict(model, dataloaders, None, True if return_predictions is None else return_predictions, ckpt_path)
+        if out is not None:  # rank 0 writes; a failure there ends every rank with it
+            one_does(lambda: write_predictions([row for batch in out for row in batch], output))
+        return out

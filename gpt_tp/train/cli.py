@@ -1,0 +1,147 @@
+"""gpt_tp's command line, `python cli.py fit --config configs/tp2.yaml` (see README): GPTCLI runs TrainingCLI
+(gpt_tp.train.config) with the checks that need no process group done first, in the launching process, so a
+mistake prints once; `auto` layouts are planned before launch.
+
+Subcommands: fit, validate (val loss, and HellaSwag where its callback is configured), predict (continue prompts).
+A user's mistake prints one line, `error: ...`, and exits with code 2 (gpt_tp.entry)."""
+
+import os
+import sys
+
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from gpt_tp.data.shards import find_shards
+from gpt_tp.errors import UserError
+from gpt_tp.parallel import LayoutError, validate_layout
+from gpt_tp.perf.planner import detect_device_memory_gib, resolve_layout
+from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
+from gpt_tp.train.config import TrainingCLI, check_config, device_count
+from gpt_tp.train.module import check_total_batch
+from gpt_tp.train.progress import StepProgressBar
+
+CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
+
+
+class GPTCLI(TrainingCLI):
+    """TrainingCLI with gpt_tp's checks before launch and its 'auto' layout planning."""
+
+    def before_instantiate_classes(self) -> None:
+        """The config's own checks (check_config); `auto` data/tensor-parallel sizes: the planner picks the smallest
+        TP that fits the device memory."""
+        cfg = self.config.get(self.subcommand) if self.subcommand else self.config
+        config = check_config(cfg)
+        init = getattr(cfg.trainer.strategy, "init_args", None)
+        if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
+            return
+        devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
+        if devices is None:
+            raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to plan an "
+                              "'auto' layout")
+        dp, tp = resolve_layout(
+            config, devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
+            detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
+            ac=cfg.model.activation_checkpointing,
+        )
+        init.data_parallel_size, init.tensor_parallel_size = dp, tp
+        print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.perf.planner shows the table)", file=sys.stderr)
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        """Add the optimizer-step progress bar unless the config brings its own or turns the bar off."""
+        trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
+        callbacks = trainer.get("callbacks") or []
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            trainer["callbacks"] = [*callbacks, StepProgressBar()]
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (MisconfigurationException, ModuleNotFoundError) as e:  # a trainer.* value (devices=0, an accelerator not installed)
+            raise UserError(f"{e} (check the trainer.* settings)") from e
+
+    def _parse_ckpt_path(self) -> None:
+        """gpt_tp's checkpoints are folders: a file given to --ckpt_path is refused before Lightning unpickles it."""
+        sub = self.config.get("subcommand")
+        ckpt = self.config[sub].get("ckpt_path") if sub else None
+        if ckpt and os.path.isfile(ckpt):
+            check_checkpoint(ckpt)  # raises CheckpointError: a file, not a distributed checkpoint folder
+        super()._parse_ckpt_path()
+
+    # ---- checks before any process group or model shard exists (in the launching process: errors print once) ----
+    def _check_layout(self) -> int:
+        """The layout fits the model; returns the data-parallel size."""
+        if self.trainer.num_devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
+            # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.trainer.num_devices))
+        cfg = self.config[self.subcommand]
+        world = self.trainer.num_devices * self.trainer.num_nodes
+        dp, tp = world, 1  # DDP-like strategies
+        if isinstance(self.trainer.strategy, ModelParallelStrategy):
+            args = cfg.trainer.strategy.init_args  # numbers by now (before_instantiate_classes plans 'auto')
+            dp, tp = int(args.data_parallel_size), int(args.tensor_parallel_size)
+        config = self.model.config  # resolved, init_from's folder included
+        seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
+        if seq_len is not None and seq_len > config.block_size:
+            raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
+        validate_layout(config, tp=tp, dp=dp, world_size=world, seq_len=seq_len)
+        if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
+            raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
+        ckpt = cfg.get("ckpt_path")
+        folders = {cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
+        for folder in folders | ({os.path.dirname(os.path.abspath(ckpt))} if ckpt and ckpt not in CKPT_ALIASES else set()):
+            recover_interrupted_saves(folder)  # a save killed while overwriting a name: its `.old` folder back first
+        if ckpt is not None and ckpt not in CKPT_ALIASES and not os.path.exists(ckpt):
+            raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
+        self._check_log_folders()
+        return dp
+
+    def _check_log_folders(self) -> None:
+        """Create each logger's folder here, in the launching process: a folder that cannot be made or written is
+        one line before any rank starts, not a failure on rank 0 alone while the others wait in a collective."""
+        for logger in self.trainer.loggers:
+            save_dir = getattr(logger, "save_dir", None)
+            if save_dir is None:
+                continue
+            try:
+                os.makedirs(save_dir, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"trainer.logger: cannot create the log folder {save_dir} ({e.strerror}); "
+                                f"set the logger's save_dir to a writable folder") from e
+            if not os.access(save_dir, os.W_OK | os.X_OK):
+                raise UserError(f"trainer.logger: the log folder {save_dir} is not writable; set the logger's save_dir "
+                                "to a writable folder")
+
+    def before_fit(self) -> None:
+        cfg = self.config[self.subcommand]
+        dp = self._check_layout()
+        find_shards(cfg.data.data_dir, "train")
+        if cfg.data.val_batches:
+            find_shards(cfg.data.data_dir, "val")
+        accum = self.trainer.accumulate_grad_batches
+        check_total_batch(cfg.model.total_batch_size, cfg.data.batch_size, cfg.data.seq_len, dp, accum)
+        interval, max_steps = cfg.trainer.val_check_interval, self.trainer.max_steps
+        if isinstance(interval, int) and cfg.data.val_batches and max_steps > 0 and interval > max_steps * accum:
+            rank_zero_warn(
+                f"trainer.val_check_interval={interval} micro-batches is beyond the run's {max_steps} steps x "
+                f"{accum} accumulation: no validation will run; lower trainer.val_check_interval"
+            )
+
+    def before_validate(self) -> None:
+        self._check_layout()
+        find_shards(self.config[self.subcommand].data.data_dir, "val")
+
+    def before_predict(self) -> None:
+        self._check_layout()
+
+
+def main(args: list[str] | None = None) -> GPTCLI:
+    """Run `cli.py` with args (default: the command line): fit, validate or predict."""
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] == "test":
+        raise UserError("`test` is not a gpt_tp subcommand: the data has a train and a val split; "
+                        "use `python cli.py validate --config ... --ckpt_path ...` for val loss and HellaSwag")
+    return GPTCLI(args=args)

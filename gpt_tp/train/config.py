@@ -1,0 +1,237 @@
+"""The training configuration, read the way `python cli.py fit` reads it.
+
+TrainingCLI is gpt_tp's LightningCLI: GPTModule, GPTDataModule, GPTTrainer and gpt_tp's trainer defaults, with the
+subcommands fit, validate and predict; a bad flag or value is a UserError (one ``error:`` line, exit 2). cli.py runs
+it; read_training_config parses the arguments of `cli.py fit` with the same parser (every --config file in order,
+then the command-line overrides, over the classes' defaults) and returns the settings the tools need, without
+building a Trainer, a model or a process group.
+"""
+
+import importlib
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from jsonargparse import ArgumentError
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from gpt_tp.errors import UserError
+from gpt_tp.model import GPTConfig, config_from_hf
+from gpt_tp.train.datamodule import GPTDataModule
+from gpt_tp.train.module import GPTModule
+from gpt_tp.train.predict import GPTTrainer
+
+
+def default_loggers(save_dir: str = "logs") -> list:
+    """CSV always; TensorBoard too where it is installed."""
+    loggers = [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": save_dir, "name": "gpt_tp"}}]
+    if importlib.util.find_spec("tensorboard"):  # its own folder, so both number their versions alike
+        tb_dir = f"{save_dir}/tensorboard"
+        loggers.append({"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": tb_dir, "name": "gpt_tp"}})
+    return loggers
+
+
+class TrainingParser(LightningArgumentParser):
+    """LightningCLI's parser, raising jsonargparse's ArgumentError instead of printing its usage block and exiting."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("exit_on_error", False)
+        super().__init__(*args, **kwargs)
+
+
+def parse(parser: LightningArgumentParser, args: list[str] | None):
+    """parser.parse_args (args None: the command line); a bad flag or value is a UserError naming it."""
+    try:
+        return parser.parse_args(args)
+    except ArgumentError as e:
+        argv = sys.argv[1:] if args is None else args
+        sub = next((a for a in argv if a in TrainingCLI.subcommands()), None)
+        raise UserError(f"{' '.join(str(e).split())} (see python cli.py {sub + ' ' if sub else ''}--help)") from None
+
+
+class TrainingCLI(LightningCLI):
+    """gpt_tp's LightningCLI: its model, data module, trainer and trainer defaults; fit, validate and predict."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs):
+        super().__init__(
+            GPTModule,
+            GPTDataModule,
+            trainer_class=GPTTrainer,
+            trainer_defaults={
+                "logger": default_loggers(),
+                "inference_mode": False,  # DTensors do not support inference_mode on GPUs
+                "gradient_clip_val": 1.0,
+            },
+            save_config_kwargs={"overwrite": True},
+            parser_class=TrainingParser,
+            auto_configure_optimizers=False,  # GPTModule.configure_optimizers: AdamW + warmup/cosine
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """fit, validate and predict; `test` is not offered (gpt_tp's data has a train and a val split only)."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k != "test"}
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        self.config = parse(parser, args)
+
+
+def strategy_class(strategy) -> type | None:
+    """The class a trainer.strategy value names by its class_path; None for a registry name ("auto", "ddp")."""
+    if isinstance(strategy, str):
+        return None
+    module, _, name = strategy.class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"trainer.strategy.class_path={strategy.class_path}: cannot import it ({e})") from None
+
+
+def check_config(cfg) -> GPTConfig:
+    """The checks a parsed config (one subcommand's namespace) gets before anything is built; returns the model's
+    GPTConfig (named size or fields, before init_from)."""
+    config = GPTConfig.resolve(cfg.model.model)  # its own checks, before jsonargparse buries them in a union-type error
+    cls = strategy_class(cfg.trainer.strategy)
+    if str(cfg.trainer.precision).startswith("16") and cls is not None and issubclass(cls, ModelParallelStrategy):
+        raise UserError(f"trainer.precision={cfg.trainer.precision}: ModelParallelStrategy has no fp16 gradient scaler for "
+                        "tensor-parallel/FSDP2 parameters; use trainer.precision=bf16-mixed (fp16 with its scaler "
+                        "trains under --trainer.strategy ddp or on one device)")
+    return config
+
+
+def model_config(model, init_from: str | None) -> GPTConfig:
+    """The GPTConfig GPTModule builds from model.model and model.init_from, reading init_from's config.json only."""
+    config = GPTConfig.resolve(model)
+    if init_from is None:
+        return config
+    cfg_file = Path(init_from) / "config.json"
+    if not cfg_file.is_file():
+        raise UserError(f"model.init_from={init_from}: {cfg_file} not found (a Hugging Face GPT-2 folder holds "
+                        "config.json and model.safetensors)")
+    try:
+        return config_from_hf(json.loads(cfg_file.read_text()), vocab_size=config.vocab_size)
+    except UserError as e:
+        raise UserError(f"model.init_from={init_from}: {cfg_file}: {e}") from None
+    except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type
+        raise UserError(f"model.init_from={init_from}: {cfg_file} is not a GPT-2 config.json ({e})") from None
+
+
+def device_count(devices) -> int | None:
+    """trainer.devices as a number of devices per node (2, "2", [0, 1], "0,1"); None where only the hardware can
+    tell ("auto", -1)."""
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str):
+        devices = devices.strip()
+        if "," in devices:
+            return len([d for d in devices.split(",") if d.strip()])
+        devices = int(devices) if devices.lstrip("-").isdigit() else None
+    return devices if isinstance(devices, int) and devices > 0 else None
+
+
+@dataclass
+class TrainingConfig:
+    """What `python cli.py fit` with the same arguments trains: the values after every --config file, the
+    command-line overrides and the classes' defaults."""
+
+    model: GPTConfig
+    """The model GPTModule builds: model.model (a named size or the fields), or model.init_from's config.json."""
+    batch_size: int
+    """data.batch_size: micro-batch rows per data-parallel rank."""
+    seq_len: int
+    """data.seq_len: tokens per row."""
+    data_dir: str
+    """data.data_dir: the token shards' folder."""
+    val_batches: int
+    """data.val_batches: batches per validation run (0: no validation)."""
+    tensor_parallel_size: int | str
+    """trainer.strategy.init_args.tensor_parallel_size under ModelParallelStrategy, 1 under any other strategy;
+    "auto" where the planner picks it at launch."""
+    data_parallel_size: int | str
+    """trainer.strategy.init_args.data_parallel_size; "auto" with a numeric tensor-parallel size is the world size
+    over it; the world size under any other strategy; "auto" where the planner, or the hardware, decides."""
+    devices: int | None
+    """trainer.devices: devices per node; None where the hardware decides at launch ("auto", -1)."""
+    num_nodes: int
+    """trainer.num_nodes."""
+    world_size: int | None
+    """devices x num_nodes; None where devices is."""
+    accelerator: str
+    """trainer.accelerator: "cpu", "gpu", "cuda" or "auto"."""
+    strategy: str
+    """trainer.strategy: its class_path, or the name given ("auto", "ddp")."""
+    model_parallel: bool
+    """The strategy is ModelParallelStrategy (gpt_tp.train.checkpoint.ModelParallel included)."""
+    precision: str
+    """trainer.precision, e.g. "32-true" (Lightning's default) or "bf16-mixed"."""
+    accumulate_grad_batches: int
+    """trainer.accumulate_grad_batches: micro-batches per optimizer step."""
+    max_steps: int
+    """trainer.max_steps: optimizer steps (-1: no limit)."""
+    total_batch_size: int | None
+    """model.total_batch_size: tokens per optimizer step the run asks for (None: unchecked)."""
+    activation_checkpointing: str
+    """model.activation_checkpointing: "none", "full" or "selective"."""
+    compile: bool
+    """model.compile: torch.compile each block."""
+    async_tp: bool
+    """model.async_tp: asynchronous tensor-parallel collectives (CUDA)."""
+    meta_init: bool
+    """model.meta_init: build on the meta device, initialise the local shards only."""
+    init_from: str | None
+    """model.init_from: a Hugging Face GPT-2 folder the weights come from."""
+    seed: int | bool
+    """seed_everything."""
+
+
+class _Parsed(Exception):
+    """Ends a parse-only TrainingCLI after its arguments are parsed: LightningCLI would go on to seed and build."""
+
+    def __init__(self, config):
+        self.config = config
+
+
+class _ParseOnly(TrainingCLI):
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        raise _Parsed(parse(parser, args))
+
+
+def read_training_config(args: list[str]) -> TrainingConfig:
+    """The settings of `python cli.py fit *args` (e.g. ["--config", "configs/tp2.yaml", "--data.seq_len", "512"]):
+    the same parser, defaults, checks and model resolution as the trainer; no Trainer, model weights or process
+    group. A bad flag, value or file is a UserError naming it."""
+    try:
+        _ParseOnly(args=["fit", *args])
+    except _Parsed as parsed:
+        cfg = parsed.config.fit
+    check_config(cfg)
+    model = model_config(cfg.model.model, cfg.model.init_from)
+    strategy = cfg.trainer.strategy
+    cls = strategy_class(strategy)
+    per_node, nodes = device_count(cfg.trainer.devices), int(cfg.trainer.num_nodes)
+    world = None if per_node is None else per_node * nodes
+    model_parallel = cls is not None and issubclass(cls, ModelParallelStrategy)
+    if model_parallel:
+        init = strategy.init_args
+        tp, dp = init.get("tensor_parallel_size", "auto"), init.get("data_parallel_size", "auto")
+        if dp == "auto" and tp != "auto" and world is not None and world % int(tp) == 0:
+            dp = world // int(tp)
+    else:
+        tp, dp = 1, "auto" if world is None else world
+    return TrainingConfig(
+        model=model, batch_size=cfg.data.batch_size, seq_len=cfg.data.seq_len, data_dir=cfg.data.data_dir,
+        val_batches=cfg.data.val_batches, tensor_parallel_size=tp, data_parallel_size=dp, devices=per_node,
+        num_nodes=nodes, world_size=world, accelerator=str(cfg.trainer.accelerator),
+        strategy=strategy if cls is None else strategy.class_path, model_parallel=model_parallel,
+        precision="32-true" if cfg.trainer.precision is None else str(cfg.trainer.precision), accumulate_grad_batches=cfg.trainer.accumulate_grad_batches,
+        max_steps=cfg.trainer.max_steps, total_batch_size=cfg.model.total_batch_size,
+        activation_checkpointing=cfg.model.activation_checkpointing, compile=cfg.model.compile,
+        async_tp=cfg.model.async_tp, meta_init=cfg.model.meta_init, init_from=cfg.model.init_from,
+        seed=cfg.seed_everything,
+    )
