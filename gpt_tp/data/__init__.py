@@ -1,2 +1,2 @@
-"""The data room: the token-shard format (shards.py), GPT-2's tokenizer (tokenizer.py) and the FineWeb-Edu
-preparation command (prepare.py)."""
+"""The data room: the token-shard format (shards.py), GPT-2's tokenizer (tokenizer.py), where documents come from
+(sources.py), the preparation command (prepare.py) and the bundled sample's build command (sample.py)."""
