@@ -10,11 +10,11 @@ Parallelism:
   reduction="none") under loss_parallel(): a max, a sum of exponentials and the target logit are all-reduced
   over the TP group, never the (rows, T, vocab) logits. Rows are padded (right, causal model: padding cannot
   change earlier positions) to a multiple of the TP degree, which sequence parallelism requires.
-- DP: example i goes to data-parallel rank i % dp; the ranks of one TP group score the same examples. Counts are
-  summed over the data-parallel group only (a sum over all ranks would count every example tp times), so the
-  total is exactly the number of examples. Every DP rank runs the same number of forwards (a rank with fewer
-  examples repeats a batch that counts nothing), since FSDP2 all-gathers parameters in each forward. The counts are
-  a torchmetrics Metric synced over the data-parallel group.
+- DP: example i goes to data-parallel rank i % dp; the ranks of one TP group score the same examples. The counts
+  are a torchmetrics Metric (HellaSwagCounts) synced over the data-parallel group only (a sum over all ranks would
+  count every example tp times), so the total is exactly the number of examples. Every DP rank runs the same
+  number of forwards (a rank with fewer examples repeats a batch that counts nothing), since FSDP2 all-gathers
+  parameters in each forward.
 """
 
 import math
@@ -64,7 +64,8 @@ def ending_losses(
     logits (R, T, V) may be a plain tensor or a DTensor sharded on the vocabulary (Shard(-1)); position t predicts
     token t + 1. Targets outside the ending are ignore_index, and under loss_parallel() each rank all-reduces only
     (R * T)-sized max / sum-exp / target-logit values, never the vocabulary. Ids >= vocab_limit are left out of the
-    softmax (gpt_tp.eval.vocab.mask_padded_vocab; a DTensor shard by shard, without communication). Returns (sum_loss (R,), mean_loss (R,)) as plain float tensors.
+    softmax (gpt_tp.eval.vocab.mask_padded_vocab; a DTensor shard by shard, without communication).
+    Returns (sum_loss (R,), mean_loss (R,)) as plain float tensors.
     """
     target = torch.full_like(tokens, -100)  # (R, T): -100 = ignored
     target[:, :-1] = torch.where(mask[:, 1:].bool(), tokens[:, 1:], -100)
