@@ -1,29 +1,46 @@
-"""Communication audit and memory at TP=2, DP=2 x TP=2 and DP=2 x TP=1 (gloo), against numbers derived by hand.
+"""The audit command (python -m gpt_tp.perf.audit) at TP=2, DP=2 x TP=2 and DP=2 x TP=1 (gloo), against numbers
+derived by hand.
 
-The Megatron sequence-parallel minimum for L blocks on the TP group (derivation in gpt_tp/perf/audit.py):
+The Megatron sequence-parallel minimum for L blocks on the TP group (derivation in gpt_tp/parallel/sizes.py):
   all_gather 4L + 2   (per block: before attention and MLP in forward, for the reduce-scatters' grads in backward;
                        + lm_head's sequence gather in forward, + the embedding's grad in backward)
   reduce_scatter 4L + 2 (mirror image: after attention and MLP; + the embedding in forward, + lm_head in backward)
   all_reduce 3        (2 in vocab-parallel cross-entropy: the max, then the sum of exps with the target logit;
-                       1 flat one for the replicated-parameter grads)
+                       1 flat one for the sequence-partial grads)
 FSDP2 on the DP group (L block units + the root): all_gather 2L + 1 (each unit before forward, each block again
 before backward), reduce_scatter L + 1. The grad norm: 1 all_reduce over the whole mesh.
 """
 
-import pytest
+import os
+import subprocess
+import sys
 
-from conftest import read_json, run_torchrun
+import pytest
+from conftest import ROOT, one_error_line, read_json
+
+
+def audit(tmp_path, nproc: int, *args: str) -> dict:
+    """python -m gpt_tp.perf.audit on nproc processes (the tiny model, T=64); its JSON report. The command exits 0
+    only when the measurement equals gpt_tp.parallel.sizes' model."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "gpt_tp.perf.audit", "--model", "tiny", "--seq-len", "64", "--json", str(out), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "audit: the step communicates and stores what the model says" in proc.stdout
+    r = read_json(out)
+    assert r["differences"] == []
+    return r
 
 
 @pytest.mark.parametrize("n_layer", [2, 3])
 def test_collectives_equal_megatron_minimum(tmp_path, n_layer):
-    out = tmp_path / "r.json"
-    run_torchrun("../../scripts/tp_report.py", 2, "--model", "tiny", "--seq-len", "64", "--layers", str(n_layer), "--json", str(out))
-    r = read_json(out)
-    L = n_layer
-    assert r["megatron_minimum"] == {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 4}
-    assert r["collectives"]["total"] == r["megatron_minimum"]
-    c = r["collectives"]
+    r = audit(tmp_path, 2, "--layers", str(n_layer))
+    L, c = n_layer, r["measured"]["collectives"]
+    minimum = {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 4}
+    assert r["modeled"]["by_group"] == {"tensor_parallel": minimum}
+    assert c["total"] == minimum
     assert c["forward"] == {"all_gather": 2 * L + 1, "reduce_scatter": 2 * L + 1, "all_reduce": 2}
     assert c["backward"] == {"all_gather": 2 * L + 1, "reduce_scatter": 2 * L + 1}
     assert c["grad_sync_and_clip"] == {"all_reduce": 2}
@@ -32,12 +49,10 @@ def test_collectives_equal_megatron_minimum(tmp_path, n_layer):
 
 @pytest.mark.parametrize("dp,tp,n_layer", [(2, 2, 3), (2, 1, 2)], ids=["dp2xtp2", "dp2xtp1"])
 def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
-    """No per-parameter all-reduce inside FSDP2's backward, one flat all-reduce of the replicated gradients over TP,
-    one grad-norm all-reduce over the whole mesh."""
-    out = tmp_path / "r.json"
-    run_torchrun("audit_mesh.py", dp * tp, "--dp", str(dp), "--layers", str(n_layer), "--out", str(out))
-    r = read_json(out)
-    L, c = n_layer, r["collectives"]
+    """No per-parameter all-reduce inside FSDP2's backward, one flat all-reduce of the sequence-partial gradients
+    over TP, one grad-norm all-reduce over the whole mesh."""
+    r = audit(tmp_path, dp * tp, "--dp", str(dp), "--layers", str(n_layer), "--batch-size", "2")
+    L, c = n_layer, r["measured"]["collectives"]
     expected = {"data_parallel": {"all_gather": 2 * L + 1, "reduce_scatter": L + 1}}
     if tp > 1:
         expected["tensor_parallel"] = {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 3}
@@ -45,19 +60,24 @@ def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
     else:
         expected["data_parallel"]["all_reduce"] = 1
     assert c["by_group"] == expected
-    assert r["minimum"] == expected  # gpt_tp.perf.audit derives the same
+    assert r["modeled"]["by_group"] == expected  # gpt_tp.parallel.sizes derives the same
     assert "all_reduce" not in c["backward"]
     assert c["grad_sync_and_clip"] == {"all_reduce": 2 if tp > 1 else 1}
     assert c["optimizer"] == {}
 
 
 def test_state_bytes_halve(tmp_path):
-    out = tmp_path / "r.json"
-    run_torchrun("../../scripts/tp_report.py", 2, "--model", "tiny", "--seq-len", "64", "--json", str(out))
-    r = read_json(out)
-    one, two = r["bytes_tp1"], r["bytes_tp2_per_rank"]
-    # tiny: 3,327,744 params; replicated at TP=2: wpe 128x64, LayerNorms 5x2x64, row-parallel biases 4x64
+    r = audit(tmp_path, 2)
+    one, two = r["modeled"]["state_bytes_tp1"], r["measured"]["state_bytes"]
+    # tiny: 3,327,744 params; whole at TP=2: wpe 128x64, LayerNorms 5x2x64, row-parallel biases 4x64
     n, replicated = 3_327_744, 128 * 64 + 10 * 64 + 4 * 64
     assert one == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n, "total": 16 * n}
     expected = (n - replicated) // 2 + replicated
     assert two == {"params": 4 * expected, "grads": 4 * expected, "optimizer": 8 * expected, "total": 16 * expected}
+
+
+def test_mistakes_are_one_error_line():
+    for args, msg in [(["--nope"], "unrecognized arguments: --nope"), ([], "run this command under torchrun")]:
+        proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.audit", "--model", "tiny", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert msg in one_error_line(proc)

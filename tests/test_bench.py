@@ -1,6 +1,6 @@
 """The benchmark command on CPU (gloo): what it measures and writes. Nothing here asserts on a timing.
 
-The collectives it records (count and bytes, per mesh dim and kind) must equal gpt_tp.perf.costmodel's hand
+The collectives it records (count and bytes, per mesh dim and kind) must equal gpt_tp.parallel.sizes' hand
 derivation, so the bytes the cost model prices are the ones a real step moves.
 """
 
@@ -13,11 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import ROOT
-from gpt_tp.perf.bench import BenchError, launch, main, parse_layouts, parser, specs_from_args
-from gpt_tp.parallel import enable_async_tp
-from gpt_tp.perf.costmodel import step_collectives
+from conftest import ROOT, one_error_line
+from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
+from gpt_tp.parallel import enable_async_tp
+from gpt_tp.parallel.sizes import step_collectives
+from gpt_tp.perf.bench import launch, main, parse_layouts, parser, specs_from_args
 
 
 def key(rows):
@@ -87,13 +88,16 @@ def test_bad_flags(tmp_path):
         (["--model", "gpt5"], "--model='gpt5' is unknown"),
     ]
     for flags, msg in cases:
-        with pytest.raises(BenchError, match=re.escape(msg)):
+        with pytest.raises(UserError, match=re.escape(msg)):
             main(["--model", "tiny", "--seq-len", "64", "--device", "cpu", "--out", str(tmp_path), *flags])
     assert parse_layouts("1x1, 2x4") == [(1, 1), (2, 4)]
     proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.bench", "--model", "tiny", "--layouts", "2", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         "error: --layouts: '2' is not DPxTP (e.g. 1x1 for one device, 1x2 for TP=2, 2x2 for DP=2 x TP=2)"]
+    for command in (["gpt_tp.perf.bench"], ["gpt_tp.perf.bench_worker", "spec.json"]):  # an unknown flag: one line, exit 2
+        proc = subprocess.run([sys.executable, "-m", *command, "--nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert "unrecognized arguments: --nope" in one_error_line(proc)
 
 
 def test_default_seq_len_follows_the_model():

@@ -1,14 +1,19 @@
 """The cost model against hand-derived numbers and the seed user's anchor figures (no timing, pure arithmetic)."""
 
-import pytest
-
-from gpt_tp.perf.audit import megatron_sp_minimum
 import json
 import re
+import subprocess
+import sys
 
-from gpt_tp.perf.costmodel import (ANCHOR, LINKS, CostModelError, anchor_check, comm_seconds, estimate, main, sizes_markdown,
-                              sizes_table, step_collectives, wire_bytes)
+import pytest
+from conftest import ROOT, one_error_line
+
+from gpt_tp.hardware import LINKS
 from gpt_tp.model import GPTConfig
+from gpt_tp.parallel.sizes import counts, step_collectives, wire_bytes
+from gpt_tp.perf.costmodel import (ANCHOR, CostModelError, anchor_check, collectives_for, comm_seconds, main,
+                                   sizes_markdown, sizes_table, step_time)
+from gpt_tp.perf.memory import memory_per_device
 
 
 def test_ring_wire_bytes():
@@ -20,9 +25,17 @@ def test_ring_wire_bytes():
 
 @pytest.mark.parametrize("n_layer", [2, 12])
 def test_sp_counts_are_the_megatron_minimum(n_layer):
+    """Korthikanti et al. 2022, 4.2.2, per step on the TP group: 4L + 2 all-gathers and reduce-scatters; 2 all-reduces
+    in the vocab-parallel loss, 1 for the sequence-partial gradients, 1 for the grad norm."""
     config = GPTConfig.from_name("tiny", n_layer=n_layer)
-    counts = {c["kind"]: c["count"] for c in step_collectives(config, 2, 64, dp=1, tp=2)}
-    assert counts == megatron_sp_minimum(n_layer)
+    L = n_layer
+    assert counts(step_collectives(config, 2, 64, dp=1, tp=2)) == {
+        "tensor_parallel": {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 4}}
+    assert counts(step_collectives(config, 2, 64, dp=2, tp=2)) == {
+        "data_parallel": {"all_gather": 2 * L + 1, "reduce_scatter": L + 1}, "world": {"all_reduce": 1},
+        "tensor_parallel": {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 3}}
+    for dp, tp in [(1, 2), (2, 2), (2, 1)]:  # the cost model prices gpt_tp's step as it is
+        assert collectives_for(config, 2, 64, dp, tp, "bf16-mixed") == step_collectives(config, 2, 64, dp, tp, "bf16-mixed")
 
 
 def test_sp_bytes_by_hand():
@@ -68,28 +81,30 @@ def test_where_tp_wins():
                 assert r["ddp2_tok_s"] > r["tp2_tok_s"]  # where DP fits it is faster
     # NVLink beats PCIe for TP
     assert by["gpt2", "H100 SXM, NVLink"]["tp2_tok_s"] > 2 * by["gpt2", "H100 PCIe"]["tp2_tok_s"]
-    # on 24 GB 3090s, from gpt2-medium up DDP does not fit at B=16, TP=2 does up to gpt2-large
+    # on 24 GiB 3090s (the planner's memory), from gpt2-medium up DDP does not fit at B=16, TP=2 does up to gpt2-medium
     assert not by["gpt2-medium", "RTX 3090, NVLink bridge"]["ddp_fits"]
-    assert by["gpt2-large", "RTX 3090, NVLink bridge"]["tp2_fits"]
+    assert by["gpt2-medium", "RTX 3090, NVLink bridge"]["tp2_fits"]
+    assert not by["gpt2-large", "RTX 3090, NVLink bridge"]["tp2_fits"]
 
 
 def test_tp_efficiency_and_bad_input():
     config = GPTConfig.from_name("gpt2")
     kw = dict(config=config, batch_size=16, seq_len=1024, dp=1, tp=2, link=LINKS["pcie4"], peak_flops=71e12, mfu=0.8)
-    assert estimate(**kw, tp_efficiency=0.5)["compute_s"] == pytest.approx(2 * estimate(**kw)["compute_s"])
+    assert step_time(**kw, tp_efficiency=0.5)["compute_s"] == pytest.approx(2 * step_time(**kw)["compute_s"])
     with pytest.raises(ValueError, match="plan='foo'"):
-        step_collectives(config, 1, 8, tp=2, plan="foo")
+        collectives_for(config, 1, 8, tp=2, plan="foo")
 
 
 def test_memory_column_says_what_does_not_fit():
-    """Every 'a > b' in the table has a > b, every unmarked figure is within the GPU's memory (no '24 > 24')."""
+    """Every 'a > b' in the table has a > b, every unmarked figure is within what the GPU may use; the figures are
+    the planner's."""
     rows = sizes_table()
     text = sizes_markdown(rows)
     cells = [line.split("|")[-2].strip() for line in text.splitlines() if line.startswith("| gpt2")]
     assert len(cells) == len(rows) == 16
     marked = 0
     for cell, r in zip(cells, rows):
-        for part, gb, ok in zip(cell.split(" / "), (r["ddp_mem_gb"], r["tp2_mem_gb"]), (r["ddp_fits"], r["tp2_fits"])):
+        for part, gb, ok in zip(cell.split(" / "), (r["ddp_mem_gib"], r["tp2_mem_gib"]), (r["ddp_fits"], r["tp2_fits"])):
             m = re.fullmatch(r"([\d.]+)(?: > ([\d.]+))?", part)
             assert m and float(m[1]) == pytest.approx(gb, abs=0.05), (part, gb)
             assert (m[2] is None) == ok, part
@@ -97,8 +112,10 @@ def test_memory_column_says_what_does_not_fit():
                 marked += 1
                 assert float(m[1]) > float(m[2]), part
             else:
-                assert float(m[1]) <= r["gpu_mem_gb"]
-    assert marked >= 4 and "24.3 > 24" in text  # gpt2-medium under DDP on a 24 GB 3090 (24.3 GB)
+                assert float(m[1]) <= r["usable_gib"]
+    # gpt2-medium under DDP on a 24 GiB 3090: 28.7 GiB, more than its 95% (22.8)
+    medium = memory_per_device(GPTConfig.from_name("gpt2-medium"), 1, 1, 16, 1024, "bf16-mixed").total / 2**30
+    assert marked >= 4 and f"{medium:.1f} > 22.8" in text and medium == pytest.approx(28.7, abs=0.05)
 
 
 def test_cli(capsys, tmp_path):
@@ -108,9 +125,9 @@ def test_cli(capsys, tmp_path):
     with pytest.raises(CostModelError, match="unknown --link 'nope'"):
         main(["--link", "nope"])
     with pytest.raises(CostModelError, match="--link pcie4 prices the runs of --bench; give --bench"):
-        main(["--link", "pcie4"])  # was silently ignored: the tables use their own links
+        main(["--link", "pcie4"])  # the tables use their own links
     # --bench with --link: the run's collectives priced on that link
-    colls = step_collectives(GPTConfig.from_name("tiny"), 2, 64, dp=1, tp=2)
+    colls = step_collectives(GPTConfig.from_name("tiny"), 2, 64, dp=1, tp=2)  # as a bench.json holds them
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"runs": [{"name": "dp1xtp2 32-true", "collectives": colls, "step_time_s": {"median": 0.05}}]}))
     for link in ("pcie4", "nvlink-h100"):
@@ -121,3 +138,9 @@ def test_cli(capsys, tmp_path):
     bench.write_text("[]")
     with pytest.raises(CostModelError, match="not a bench.json"):
         main(["--bench", str(bench)])
+
+
+def test_bad_flag_is_one_error_line():
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.costmodel", "--nope"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert "unrecognized arguments: --nope" in one_error_line(proc)

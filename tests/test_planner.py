@@ -10,9 +10,9 @@ import pytest
 import yaml
 from conftest import ROOT, read_json, run_torchrun
 
-from gpt_tp.perf import planner
 from gpt_tp.model import GPTConfig
-from gpt_tp.parallel import LayoutError, valid_tp_sizes
+from gpt_tp.parallel import LayoutError, sizes, valid_tp_sizes
+from gpt_tp.perf import memory, planner
 
 GIB = 1024**3
 
@@ -29,7 +29,7 @@ def test_estimate_matches_measured(tmp_path, dp, tp, precision, ac):
     """A 2-layer model trained as GPTModule trains it (FSDP2 gathering bf16 weights under bf16-mixed, activation
     checkpointing): the peak memory of a micro-batch under gradient accumulation (profiler allocation records on
     top of the tensors alive before it) within 5% of the planner's total less its overhead; parameters, gradients
-    and AdamW state per rank (gpt_tp.perf.audit.state_bytes after a real step) within 1%; bytes saved for backward in
+    and AdamW state per rank (gpt_tp.perf.audit.measure_state_bytes after a real step) within 1%; bytes saved for backward in
     one forward (unique storages seen by saved_tensors_hooks, parameters left out) within 2% at DP=1 without AC.
     At DP>1 FSDP2's gathered weights are saved too and freed after the forward (reshard), and checkpointed blocks
     save through their own hooks, so the hook count there is not a memory figure."""
@@ -52,21 +52,21 @@ def test_fsdp_bf16_gathers_two_bytes_and_keeps_no_weight_copies():
     stream, the gathered root and blocks cost 2 bytes an element; at DP=1 autocast keeps a bf16 copy of every
     matmul weight. Activation checkpointing shrinks the saved activations, full more than selective."""
     c = GPTConfig.from_name("gpt2-xl")
-    one = planner.activation_bytes(c, 4, 1024, 1, "bf16-mixed", dp=1)
-    fsdp = planner.activation_bytes(c, 4, 1024, 1, "bf16-mixed", dp=8)
-    assert one["weight_copies"] == 2 * sum(math.prod(s) for s, mm in planner.param_shapes(c, 1) if mm)
+    one = memory.activation_bytes(c, 4, 1024, 1, "bf16-mixed", dp=1)
+    fsdp = memory.activation_bytes(c, 4, 1024, 1, "bf16-mixed", dp=8)
+    assert one["weight_copies"] == 2 * sum(math.prod(p.shape) for p in sizes.local_params(c, 1) if p.matmul)
     assert fsdp["weight_copies"] == 0 and fsdp["layers"] < one["layers"]
-    root = sum(math.prod(s) for s, _ in planner.param_shapes(c, 1)[12 * c.n_layer :])
-    assert planner.transient_bytes(c, 8, 1, 4, 1024, "bf16-mixed") - planner.transient_bytes(c, 1, 1, 4, 1024, "bf16-mixed") == 2 * root
-    acts = {ac: planner.estimate(c, 8, 1, 4, 1024, ac=ac).activations for ac in ("none", "selective", "full")}
+    root = sum(math.prod(p.shape) for p in sizes.root_params(c, 1))
+    assert memory.transient_bytes(c, 8, 1, 4, 1024, "bf16-mixed") - memory.transient_bytes(c, 1, 1, 4, 1024, "bf16-mixed") == 2 * root
+    acts = {ac: memory.memory_per_device(c, 8, 1, 4, 1024, ac=ac).activations for ac in ("none", "selective", "full")}
     assert acts["full"] < acts["selective"] < acts["none"]
 
 
 def test_activations_shrink_with_tp_except_gathered_inputs():
     """With sequence parallelism every activation term divides by TP except the all-gathered matmul inputs."""
     c = GPTConfig.from_name("gpt2")
-    a1 = planner.activation_bytes(c, 8, 1024, 1, "bf16-mixed")["layers"]
-    a4 = planner.activation_bytes(c, 8, 1024, 4, "bf16-mixed")["layers"]
+    a1 = memory.activation_bytes(c, 8, 1024, 1, "bf16-mixed")["layers"]
+    a4 = memory.activation_bytes(c, 8, 1024, 4, "bf16-mixed")["layers"]
     gathered = c.n_layer * 2 * 8 * 1024 * c.n_embd * 2  # c_attn / c_fc inputs, bf16, full sequence
     assert a4 - gathered == pytest.approx((a1 - gathered) / 4, rel=0.01)
 
@@ -91,13 +91,13 @@ def test_gpt2_xl_cannot_split_heads_and_runs_as_fsdp_dp8():
     assert valid_tp_sizes(c, 1024) == [1]
     one = planner.plan(c, devices_per_node=1, batch_size=1, seq_len=1024, device_memory_gib=24)
     assert one.choice is None  # AdamW training state alone is 16 B/param = 23.2 GiB: no single 24 GB GPU
-    assert planner.estimate(c, 1, 1, 1, 1024).states / GIB == pytest.approx(23.2, abs=0.1)
+    assert memory.memory_per_device(c, 1, 1, 1, 1024).states / GIB == pytest.approx(23.2, abs=0.1)
     p = planner.plan(c, devices_per_node=8, batch_size=4, seq_len=1024, device_memory_gib=24)
     assert (p.choice.dp, p.choice.tp) == (8, 1)
     assert all(lay.memory is None for lay in p.layouts if lay.tp > 1)
     notes = " ".join(p.notes)
     assert "TP=5" in notes and "50560" in notes and "1020" in notes
-    assert planner.padded_vocab(50304, 5) == 50560
+    assert sizes.padded_vocab(50304, 5) == 50560
 
 
 def test_smallest_tp_that_fits_multinode():
@@ -153,10 +153,10 @@ def test_bigger_node_hint_only_when_it_fits():
     c = GPTConfig.from_name("gpt2")
     p = planner.plan(c, devices_per_node=2, batch_size=64, seq_len=1024, device_memory_gib=24)
     assert p.choice is None
-    tp4 = planner.estimate(c, 1, 4, 64, 1024).total
+    tp4 = memory.memory_per_device(c, 1, 4, 64, 1024).total
     assert tp4 <= 0.95 * 24 * GIB and "use nodes of 4 devices (TP=4)" in p.notes[-1]
     p = planner.plan(c, devices_per_node=2, batch_size=256, seq_len=1024, device_memory_gib=24)
-    assert planner.estimate(c, 1, 4, 256, 1024).total > 0.95 * 24 * GIB
+    assert memory.memory_per_device(c, 1, 4, 256, 1024).total > 0.95 * 24 * GIB
     assert p.choice is None and "use nodes" not in p.notes[-1] and "lower data.batch_size" in p.notes[-1]
 
 

@@ -1,74 +1,52 @@
-"""Count what one training step communicates and stores, against the minimum derived here.
+"""Audit one training step on a data-parallel x tensor-parallel mesh: what it communicates and stores, measured,
+against gpt_tp.parallel.sizes, the model the planner, the cost model and the benchmark use.
 
-Megatron-LM's sequence-parallel minimum for this GPT-2, per training step on one TP group (Korthikanti et al.,
-"Reducing Activation Recomputation in Large Transformer Models", section 4.2.2):
-  per block, forward:  all-gather before attention, reduce-scatter after it; the same around the MLP
-                       -> 2 all-gathers + 2 reduce-scatters
-  per block, backward: the conjugates (reduce-scatter for each all-gather, all-gather for each reduce-scatter)
-                       -> 2 all-gathers + 2 reduce-scatters
-  token embedding:     vocab-parallel lookup, reduce-scatter into the sequence-sharded stream (fwd), all-gather (bwd)
-  lm_head:             all-gather the sequence before the column-parallel head (fwd), reduce-scatter (bwd)
-  cross-entropy:       vocab-parallel (gpt_tp.parallel.loss): all-reduce of the max, then one all-reduce of the sum of exps
-                       and the target logit together (fwd); nothing in backward
-  replicated params:   LayerNorm weights/biases and wpe see one sequence slice per rank: their gradients are summed
-                       in one flat all-reduce (gpt_tp.parallel.reduce_partial_grads)
-On the TP group, for L blocks: all_gather 4L + 2, reduce_scatter 4L + 2, all_reduce 3. (wpe costs no extra
-collective: each rank looks up its own positions and the weight gradient joins the flat all-reduce.)
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.perf.audit --model gpt2
+    python -m torch.distributed.run --standalone --nproc_per_node=4 -m gpt_tp.perf.audit --model tiny --dp 2
 
-FSDP2 over DP (ZeRO-3, one unit per block and one root unit with the embeddings, ln_f and lm_head): each unit's
-parameters are all-gathered before its forward (L + 1), each block's again before its backward (L; the root stays
-gathered), and each unit's gradients reduce-scattered (L + 1): all_gather 2L + 1, reduce_scatter L + 1 on the DP
-group. It reduce-scatters the replicated parameters' gradients as they are (per-rank partial sums labelled
-Replicate, see gpt_tp.parallel.SequenceReplicated), so it adds no all-reduce; the TP sum then moves 1/dp of them.
-
-Gradient clipping: one all-reduce of this rank's squared-norm share over the whole mesh (the TP or DP group on a
-1-D mesh, the default group on the 2-D one).
+One full float32 step (forward, vocab-parallel loss, backward, gradient sync and clipping, fused AdamW) runs with
+every collective recorded, by phase and by process group, with its bytes. The audit holds:
+  - the collectives, count and bytes per (group, kind), equal gpt_tp.parallel.sizes.step_collectives: on the TP
+    group the Megatron sequence-parallel minimum, all_gather 4L + 2, reduce_scatter 4L + 2, all_reduce 3 (with the
+    derivation in gpt_tp.parallel.sizes.tp_collectives); on the DP group FSDP2's all_gather 2L + 1 and
+    reduce_scatter L + 1 and no all-reduce; one grad-norm all-reduce over the whole mesh;
+  - no collective inside the optimizer step;
+  - parameters, gradients and AdamW state held by this rank equal gpt_tp.parallel.sizes.state_bytes.
+Rank 0 prints the figures (and writes them with --json); the command exits 1, naming what differs, when one does
+not hold.
 """
 
+import json
+import os
 from collections import Counter
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from gpt_tp.perf.bench import CollectiveRecorder
+from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
+from gpt_tp.errors import UserError
+from gpt_tp.model import GPT, SIZES, GPTConfig
+from gpt_tp.parallel import clip_grad_norm, parallelize, sizes
 from gpt_tp.parallel.loss import cross_entropy
-from gpt_tp.parallel import clip_grad_norm
+from gpt_tp.perf.collectives import CollectiveRecorder, groups_of
+from gpt_tp.train.optim import make_adamw
 
 
-def minimum_collectives(n_layer: int, dp: int = 1, tp: int = 2) -> dict[str, dict[str, int]]:
-    """Collectives in one training step on a dp x tp mesh by group ("tensor_parallel", "data_parallel", "world")
-    and kind (see the module docstring for the derivation)."""
-    L, out = n_layer, {}
-    if tp > 1:
-        out["tensor_parallel"] = {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 3}
-    if dp > 1:
-        out["data_parallel"] = {"all_gather": 2 * L + 1, "reduce_scatter": L + 1}
-    if dp * tp > 1:  # the grad norm
-        group = out.setdefault("world" if dp > 1 and tp > 1 else "data_parallel" if dp > 1 else "tensor_parallel", {})
-        group["all_reduce"] = group.get("all_reduce", 0) + 1
-    return out
-
-
-def megatron_sp_minimum(n_layer: int) -> dict[str, int]:
-    """Collectives in one training step at TP > 1, DP = 1 (see the module docstring for the derivation)."""
-    return minimum_collectives(n_layer, dp=1, tp=2)["tensor_parallel"]
-
-
-def step_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_norm: float = 1.0,
-                     groups: dict[str, tuple[str, int]] | None = None) -> dict[str, dict]:
+def measure_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, groups: dict[str, tuple[str, int]],
+                        max_norm: float = 1.0) -> tuple[dict[str, dict], list[dict]]:
     """Run one full training step (forward, vocab-parallel loss, backward, grad reduction, clip, optimizer step) and
-    return the collectives of each phase by kind, plus 'total'. With `groups` (gpt_tp.perf.bench.groups_of(mesh)),
-    also 'by_group': the whole step's collectives by group label and kind. Gradients are left in place (peak
-    memory)."""
-    phases, by_group = {}, {}
+    return the collectives it issued: ({phase or 'total' or 'by_group': {kind or group: ...}} counts, and the rows
+    of gpt_tp.parallel.sizes.step_collectives with their bytes). `groups`: gpt_tp.perf.collectives.groups_of(mesh).
+    Gradients are left in place."""
+    phases, records = {}, []
 
     def record(phase, fn):
-        rec = CollectiveRecorder(groups or {})
+        rec = CollectiveRecorder(groups)
         with rec:
             out = fn()
         phases[phase] = Counter(kind for _, kind, _, _ in rec.records)
-        for label, kind, _, _ in rec.records:
-            by_group.setdefault(label, Counter())[kind] += 1
+        records.extend(rec.records)
         return out
 
     loss = record("forward", lambda: cross_entropy(model(x), y))
@@ -76,14 +54,14 @@ def step_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_nor
     record("grad_sync_and_clip", lambda: clip_grad_norm(model, max_norm))
     record("optimizer", optimizer.step)
     phases["total"] = sum(phases.values(), Counter())
+    rows = sizes.merge([sizes.collective(label, kind, size, 1, nbytes) for label, kind, size, nbytes in records])
     out = {k: dict(v) for k, v in phases.items()}
-    if groups is not None:
-        out["by_group"] = {k: dict(v) for k, v in sorted(by_group.items())}
-    return out
+    out["by_group"] = dict(sorted(sizes.counts(rows).items()))
+    return out, rows
 
 
-def state_bytes(model, optimizer) -> dict[str, int]:
-    """Bytes this rank holds for parameters, gradients and optimizer state (local shards only)."""
+def measure_state_bytes(model, optimizer) -> dict[str, int]:
+    """Bytes this rank holds for parameters, gradients and optimizer state (local shards only), and their total."""
 
     def local(t):
         t = t.to_local() if isinstance(t, DTensor) else t
@@ -95,5 +73,79 @@ def state_bytes(model, optimizer) -> dict[str, int]:
         "grads": sum(local(p.grad) for p in params if p.grad is not None),
         "optimizer": sum(local(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0),
     }
-    out["total"] = sum(out.values())
+    return {**out, "total": sum(out.values())}
+
+
+def differences(report: dict) -> list[str]:
+    """What the measurement shows that the model does not: one line each."""
+    key = lambda rows: sorted((r["dim"], r["kind"], r["group_size"], r["count"], r["bytes"]) for r in rows)  # noqa: E731
+    out = []
+    if key(report["measured"]["collective_rows"]) != key(report["modeled"]["collective_rows"]):
+        out.append(f"collectives {report['measured']['collectives']['by_group']} (bytes "
+                   f"{key(report['measured']['collective_rows'])}) differ from the model's "
+                   f"{report['modeled']['by_group']} (bytes {key(report['modeled']['collective_rows'])})")
+    if report["measured"]["collectives"]["optimizer"]:
+        out.append(f"the optimizer step communicates: {report['measured']['collectives']['optimizer']}")
+    if report["measured"]["state_bytes"] != report["modeled"]["state_bytes"]:
+        out.append(f"state bytes per rank {report['measured']['state_bytes']} differ from the model's "
+                   f"{report['modeled']['state_bytes']}")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(prog="python -m gpt_tp.perf.audit", description=__doc__)
+    ap.add_argument("--model", default="gpt2", choices=list(SIZES), help="a named size (default gpt2)")
+    ap.add_argument("--layers", type=int, help="override the number of blocks")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel size; TP is the rest of the processes (default 1)")
+    ap.add_argument("--batch-size", type=int, default=1, help="rows per data-parallel rank (default 1)")
+    ap.add_argument("--seq-len", type=int, help="tokens per row (default 256, or the model's block_size if smaller; the "
+                    "counts do not depend on it)")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    if min(args.dp, args.batch_size, args.seq_len or 1, args.layers or 1) < 1:
+        raise UserError("--dp, --batch-size, --seq-len and --layers must be >= 1")
+    config = GPTConfig.from_name(args.model, **({"n_layer": args.layers} if args.layers else {}))
+    if args.seq_len is None:
+        args.seq_len = min(256, config.block_size)
+    if args.seq_len > config.block_size:
+        raise UserError(f"--seq-len={args.seq_len} exceeds the model's block_size={config.block_size}; lower --seq-len")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    dp, tp = args.dp, max(1, world // args.dp)
+    mesh, device = torchrun_mesh(dp, tp, "cpu")
+    torch.manual_seed(0)
+    model = parallelize(GPT(config), mesh)
+    opt = make_adamw(model, lr=1e-4, fused=True)
+    x = torch.randint(0, min(config.vocab_size, 50257), (args.batch_size, args.seq_len))
+    collectives, rows = measure_collectives(model, opt, x, torch.roll(x, -1, 1), groups_of(mesh))
+    modeled_rows = sizes.step_collectives(config, args.batch_size, args.seq_len, dp, tp)
+    report = {
+        "model": args.model, "n_layer": config.n_layer, "dp": dp, "tp": tp,
+        "measured": {"collectives": collectives, "collective_rows": rows, "state_bytes": measure_state_bytes(model, opt)},
+        "modeled": {"by_group": sizes.counts(modeled_rows), "collective_rows": modeled_rows,
+                    "state_bytes": sizes.state_bytes(config, dp, tp), "state_bytes_tp1": sizes.state_bytes(config, 1, 1)},
+    }
+    report["differences"] = differences(report)
+    if dist.get_rank() == 0:
+        print(format_report(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+    return 1 if report["differences"] else 0
+
+
+def format_report(r: dict) -> str:
+    gib, m = 2**30, r["measured"]
+    one, here = r["modeled"]["state_bytes_tp1"]["total"], m["state_bytes"]["total"]
+    lines = [f"{r['model']} ({r['n_layer']} blocks), DP={r['dp']} x TP={r['tp']}: params+grads+AdamW per rank "
+             f"{here / gib:.3f} GiB, {here / one:.4f} of one device's {one / gib:.3f} GiB"]
+    for phase in ("forward", "backward", "grad_sync_and_clip", "optimizer"):
+        lines.append(f"  {phase:<20} " + (", ".join(f"{k} {v}" for k, v in sorted(m["collectives"][phase].items())) or "-"))
+    for group, kinds in m["collectives"]["by_group"].items():
+        modeled = r["modeled"]["by_group"].get(group, {})
+        lines.append(f"  {group:<20} " + ", ".join(f"{k} {v} (model {modeled.get(k, 0)})" for k, v in sorted(kinds.items())))
+    lines += [f"DIFFERS: {d}" for d in r["differences"]] or ["audit: the step communicates and stores what the model says"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    run(main)

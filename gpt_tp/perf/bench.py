@@ -19,302 +19,20 @@ data-parallel rank, so every layout gives each TP group the same work.
 import argparse
 import json
 import os
-import resource
 import signal
-import statistics
 import subprocess
 import sys
-import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpt_tp.entry import ArgumentParser
+from gpt_tp.entry import run as run_command
 from gpt_tp.errors import UserError
+from gpt_tp.hardware import PEAK_FLOPS, resolve_peak_flops
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.hardware import PEAK_FLOPS
-from gpt_tp.parallel import enable_async_tp
 
 PRECISIONS = ("32-true", "bf16-mixed")
-
-# collectives by the op's name (functional and c10d in-place ops alike) -> kind
-KINDS = {
-    "all_gather_into_tensor": "all_gather",
-    "all_gather_into_tensor_coalesced": "all_gather",
-    "_allgather_base_": "all_gather",
-    "allgather_": "all_gather",
-    "allgather_into_tensor_coalesced_": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "_reduce_scatter_base_": "reduce_scatter",
-    "reduce_scatter_": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
-    "all_reduce": "all_reduce",
-    "all_reduce_coalesced": "all_reduce",
-    "allreduce_": "all_reduce",
-    "allreduce_coalesced_": "all_reduce",
-    "all_to_all_single": "all_to_all",
-    "alltoall_base_": "all_to_all",
-    "broadcast": "broadcast",
-    "broadcast_": "broadcast",
-}
-_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d")
-
-
-def wire_bytes(kind: str, nbytes: int, group_size: int) -> float:
-    """Bytes each rank sends for a collective over a tensor of nbytes (the full, unsharded size), with the ring
-    algorithm: all-gather and reduce-scatter (p-1)/p N, all-reduce twice that (reduce-scatter + all-gather)."""
-    p = group_size
-    if p <= 1:
-        return 0.0
-    factor = {"all_reduce": 2.0}.get(kind, 1.0)
-    return factor * (p - 1) / p * nbytes
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Recording collectives with their sizes
-
-
-def _tensors(x) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for item in x for t in _tensors(item)]
-    return []
-
-
-def _nbytes(x) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(x))
-
-
-class CollectiveRecorder(TorchDispatchMode):
-    """Records every collective issued inside it as (mesh dim, kind, bytes): functional collectives (what DTensor
-    emits) and c10d ops (torch.distributed.all_reduce, FSDP2's all-gathers and reduce-scatters).
-
-    bytes is the size of the full tensor a collective produces or consumes (all-gather: its output, reduce-scatter:
-    its input, all-reduce: the buffer); `groups` maps process-group names to (label, size), e.g. from
-    groups_of(mesh). Like CommDebugMode, DTensor ops are let through so their collectives are seen once desugared.
-    """
-
-    def __init__(self, groups: dict[str, tuple[str, int]]):
-        super().__init__()
-        self.groups = groups
-        self.records: list[tuple[str, str, int, int]] = []  # (label, kind, group_size, nbytes)
-
-    def _group(self, args) -> tuple[str, int]:
-        for a in args:
-            if isinstance(a, str) and a in self.groups:
-                return self.groups[a]
-            if isinstance(a, torch.ScriptObject):  # c10d ops carry the ProcessGroup boxed
-                try:
-                    pg = torch.distributed.ProcessGroup.unbox(a)
-                except Exception:  # noqa: BLE001 - a boxed ReduceOp or Work, not the group
-                    continue
-                return self.groups.get(pg.group_name, (pg.group_name, pg.size()))
-        return ("?", 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
-        kwargs = kwargs or {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            return func(*args, **kwargs)
-        if any(t is DTensor or (isinstance(t, type) and issubclass(t, DTensor)) for t in types):
-            return NotImplemented
-        out = func(*args, **kwargs)
-        ns, _, name = func.name().partition("::")
-        name = name.split(".")[0]
-        if ns in _NAMESPACES and name in KINDS:
-            kind = KINDS[name]
-            label, size = self._group(args)
-            if kind == "all_gather":
-                if ns == "c10d":  # (output(s), input(s), pg, ...)
-                    nbytes = _nbytes(args[0])
-                else:  # (input(s), group_size, group_name)
-                    nbytes = _nbytes(args[0]) * args[1]
-            elif kind == "reduce_scatter" and ns == "c10d":
-                nbytes = _nbytes(args[1])
-            else:
-                nbytes = _nbytes(args[0])
-            self.records.append((label, kind, size, nbytes))
-        return out
-
-    def summary(self) -> list[dict]:
-        """Per (mesh dim, kind): count, bytes (full tensors) and wire_bytes (sent per rank, ring algorithm)."""
-        out: dict[tuple[str, str], dict] = {}
-        for label, kind, size, nbytes in self.records:
-            row = out.setdefault((label, kind), {"dim": label, "kind": kind, "group_size": size, "count": 0, "bytes": 0, "wire_bytes": 0.0})
-            row["count"] += 1
-            row["bytes"] += nbytes
-            row["wire_bytes"] += wire_bytes(kind, nbytes, size)
-        return sorted(out.values(), key=lambda r: (r["dim"], r["kind"]))
-
-
-def groups_of(mesh) -> dict[str, tuple[str, int]]:
-    """Process-group name -> (mesh dim name, size) for every dim of a DeviceMesh, and the whole job as "world"
-    (where gpt_tp.parallel.clip_grad_norm all-reduces the norm on a 2-D mesh)."""
-    out = {torch.distributed.group.WORLD.group_name: ("world", torch.distributed.get_world_size())}
-    for dim in mesh.mesh_dim_names:
-        g = mesh[dim].get_group()
-        out[g.group_name] = (dim, g.size())
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Async TP (GPU + compile only)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# One training step
-
-
-def autocast_context(precision: str, device: torch.device):
-    if precision == "bf16-mixed":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def build(config: GPTConfig, mesh, device: torch.device, compile: bool, precision: str = "32-true"):
-    """A GPT built on the meta device, parallelized on the (data_parallel, tensor_parallel) mesh (TP -> compile ->
-    FSDP2) and initialised shard by shard, with its fused AdamW."""
-    from gpt_tp.model import GPT
-    from gpt_tp.train.optim import make_adamw
-    from gpt_tp.parallel import materialize, parallelize
-
-    with torch.device("meta"):
-        model = GPT(config)
-    parallelize(model, mesh, compile=compile, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None)
-    materialize(model, device)
-    model.train()
-    return model, make_adamw(model, lr=6e-4, fused=True)
-
-
-def train_step(model, opt, x, y, precision: str, max_norm: float = 1.0) -> torch.Tensor:
-    """The training step gpt_tp.train.module runs, without Lightning: returns the loss tensor (no host sync)."""
-    from gpt_tp.parallel.loss import cross_entropy
-    from gpt_tp.parallel import clip_grad_norm
-
-    with autocast_context(precision, x.device):
-        logits = model(x)
-    loss = cross_entropy(logits, y)
-    loss.backward()
-    clip_grad_norm(model, max_norm)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.detach()
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_memory(device: torch.device) -> int:
-    """Bytes: CUDA's max allocated on GPU; the process's max resident set size on CPU (Linux reports KiB)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def stats(xs: list[float]) -> dict[str, float]:
-    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
-
-
-def mfu(config: GPTConfig, seq_len: int, tokens_per_s: float, peak: float | None, world: int) -> float | None:
-    """Model FLOPs utilisation: flops_per_token (matmuls + attention, fwd + bwd) x tokens/s over world x peak."""
-    if not peak:
-        return None
-    return config.flops_per_token(seq_len) * tokens_per_s / (peak * world)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Worker: one run (under torchrun)
-
-
-def worker(spec: dict) -> None:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from gpt_tp.perf.synthetic import SyntheticTokens
-
-    cuda = spec["device"] == "cuda"
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls in "32-true", as build-nanogpt
-    else:
-        torch.set_num_threads(spec["threads"])
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dp, tp = spec["dp"], spec["tp"]
-    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    config = GPTConfig(**spec["config"])
-    torch.manual_seed(spec["seed"])
-    model, opt = build(config, mesh, device, spec["compile"], spec["precision"])
-    if spec.get("async_tp"):
-        enable_async_tp(mesh["tensor_parallel"])
-    dp_rank = mesh["data_parallel"].get_local_rank()
-    B, T = spec["batch_size"], spec["seq_len"]
-    data = SyntheticTokens(B, T, vocab=min(config.vocab_size, 50257), seed=spec["seed"], dp_rank=dp_rank, dp_size=dp)
-    batches = [tuple(t.to(device) for t in data.batch(i)) for i in range(4)]
-
-    times, losses = [], []
-    for i in range(spec["warmup"] + spec["steps"]):
-        x, y = batches[i % len(batches)]
-        sync(device)
-        t0 = time.perf_counter()
-        loss = train_step(model, opt, x, y, spec["precision"])
-        sync(device)
-        if i >= spec["warmup"]:
-            times.append(time.perf_counter() - t0)
-        losses.append(loss)
-    # the step ends when the slowest rank ends
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    times = t.tolist()
-    losses = [l.float().item() for l in (losses[0], losses[-1])]
-    mem = peak_memory(device)
-
-    rec = CollectiveRecorder(groups_of(mesh))
-    x, y = batches[0]
-    try:
-        with rec:
-            train_step(model, opt, x, y, spec["precision"])
-        collectives = rec.summary()
-    except Exception as e:  # noqa: BLE001 - e.g. a compiled region that cannot run under a dispatch mode
-        collectives = {"error": f"{type(e).__name__}: {e}"[:300]}
-
-    mems = [None] * world
-    dist.all_gather_object(mems, mem)
-    if rank == 0:
-        tokens = B * T * dp
-        median = statistics.median(times)
-        tok_s = tokens / median
-        result = {
-            **{k: spec[k] for k in ("name", "dp", "tp", "precision", "compile", "batch_size", "seq_len", "device", "threads")},
-            "async_tp": bool(spec.get("async_tp")),
-            "model": spec["model"],
-            "world_size": world,
-            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
-            "tokens_per_step": tokens,
-            "step_time_s": stats(times),
-            "step_times_s": times,
-            "tokens_per_s": tok_s,
-            "flops_per_token": config.flops_per_token(T),
-            "peak_flops": spec["peak_flops"],
-            "mfu": mfu(config, T, tok_s, spec["peak_flops"], world),
-            "peak_memory_bytes": mems,
-            "collectives": collectives,
-            "loss_first_last": losses,
-        }
-        Path(spec["result"]).write_text(json.dumps(result, indent=1))
-    dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Launcher
 
 
 class BenchError(UserError):
@@ -340,22 +58,6 @@ def parse_onoff(text: str, flag: str) -> list[bool]:
             raise BenchError(f"{flag}: {item!r} is not on/off (give e.g. 'off' or 'off,on')")
         out.append(vals[item.strip().lower()])
     return out
-
-
-def resolve_peak(args, device: str) -> float | None:
-    """--peak-flops wins; else --gpu names a PEAK_FLOPS entry; else the CUDA device name is matched; CPU: None."""
-    if args.peak_flops is not None:
-        if args.peak_flops <= 0:
-            raise BenchError(f"--peak-flops={args.peak_flops} must be > 0 (FLOP/s per device, e.g. 989e12 for an H100)")
-        return args.peak_flops
-    if args.gpu is not None:
-        if args.gpu not in PEAK_FLOPS:
-            raise BenchError(f"--gpu={args.gpu!r} is not known; choose one of {', '.join(PEAK_FLOPS)} or give --peak-flops")
-        return PEAK_FLOPS[args.gpu]
-    if device == "cuda":
-        name = torch.cuda.get_device_name(0)
-        return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-    return None
 
 
 def model_config(args) -> GPTConfig:
@@ -393,7 +95,7 @@ def specs_from_args(args) -> list[dict]:
                          "drop --async-tp on CPU")
     if args.steps < 1 or args.warmup < 0 or args.batch_size < 1 or args.seq_len < 1 or args.threads < 1:
         raise BenchError("--steps, --batch-size, --seq-len and --threads must be >= 1 and --warmup >= 0")
-    peak = resolve_peak(args, device)
+    peak = resolve_peak_flops(args.peak_flops, args.gpu, torch.device(device))
     for dp, tp in layouts:
         try:
             validate_layout(config, tp=tp, dp=dp, seq_len=args.seq_len)
@@ -420,7 +122,7 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
 
     The result file rank 0 writes is the result, whatever torchrun's exit status: a process that aborts while
     exiting after it was written (see gpt_tp.entry) loses no measurement; the status is kept in 'exit_note'.
-    Without a result, the error is the one each failed worker wrote (gpt_tp.perf.bench --worker), else torchrun's."""
+    Without a result, the error is the one each failed worker wrote (gpt_tp.perf.bench_worker), else torchrun's."""
     nproc = spec["dp"] * spec["tp"]
     safe = spec["name"].replace(" ", "_")
     spec = {**spec, "result": str(workdir / f"{safe}.json")}
@@ -430,7 +132,7 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
     spec_file = workdir / f"{safe}.spec.json"
     spec_file.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gpt_tp.perf.bench", "--worker", str(spec_file)]
+           "-m", "gpt_tp.perf.bench_worker", str(spec_file)]
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
@@ -456,7 +158,7 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
 
 
 def _error_files(result: Path) -> list[Path]:
-    """The error each failed worker wrote (gpt_tp.perf.bench --worker), by rank."""
+    """The error each failed worker wrote (gpt_tp.perf.bench_worker), by rank."""
     files = result.parent.glob(f"{result.name}.rank*.error")
     return sorted(files, key=lambda f: int(f.name.rsplit(".rank", 1)[1].split(".")[0]))
 
@@ -468,17 +170,6 @@ def _torchrun_reason(text: str) -> str:
     reasons = [l.split(":", 1)[1].strip() for l in lines if l.startswith(("traceback :", "exitcode  :"))]
     useful = [r for r in reasons if not r.startswith("To enable traceback")]
     return ", ".join(useful[:2]) if useful else (lines[-1] if lines else "no output")
-
-
-def run_worker(spec_file: str) -> None:
-    """One rank of a run; on failure its error is written next to the result for the launcher, then raised."""
-    spec = json.loads(Path(spec_file).read_text())
-    try:
-        worker(spec)
-    except BaseException as e:
-        rank = os.environ.get("RANK", "0")
-        Path(f"{spec['result']}.rank{rank}.error").write_text(f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())}")
-        raise
 
 
 def _mb(n: float) -> str:
@@ -536,7 +227,7 @@ def chart(results: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run(args) -> list[dict]:
+def run_all(args) -> list[dict]:
     specs = specs_from_args(args)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -564,8 +255,7 @@ def run(args) -> list[dict]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.perf.bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(prog="python -m gpt_tp.perf.bench", description=__doc__)
     ap.add_argument("--model", default="gpt2", help=f"model size: {', '.join(SIZES)} (default gpt2, 124M)")
     ap.add_argument("--layers", type=int, help="override the number of blocks (quick runs)")
     ap.add_argument("--block-size", type=int, help="override block_size")
@@ -585,22 +275,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is stopped (default 1800)")
     ap.add_argument("--out", default="bench_out", help="directory for bench.md, bench.json, bench.png")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.worker:
-        run_worker(args.worker)
-        return 0
     if args.precision is None:
         args.precision = "bf16-mixed" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "32-true"
-    results = run(args)
+    results = run_all(args)
     return 1 if any("error" in r for r in results) else 0
 
 
 if __name__ == "__main__":
-    from gpt_tp.entry import run as run_command
-
     run_command(main)

@@ -17,13 +17,13 @@ from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from gpt_tp.perf import planner
-from gpt_tp.perf.audit import state_bytes
-from gpt_tp.entry import run
+from gpt_tp.parallel import sizes
+from gpt_tp.perf import memory
+from gpt_tp.perf.audit import measure_state_bytes
+from gpt_tp.entry import run, torchrun_mesh
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.optim import make_adamw
@@ -89,7 +89,7 @@ def main():
     ap.add_argument("--n-embd", type=int, default=128)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    dist.init_process_group("gloo")
+    mesh, _ = torchrun_mesh(args.dp, args.tp, "cpu")
     torch.manual_seed(0)
     config = GPTConfig(n_layer=args.layers, n_head=4, n_embd=args.n_embd, block_size=128, vocab_size=2048)
     B, T = 4, 128
@@ -97,7 +97,6 @@ def main():
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
     x = torch.randint(0, config.vocab_size, (B, T))
     y = torch.randint(0, config.vocab_size, (B, T))
-    mesh = init_device_mesh("cpu", (args.dp, args.tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         # as GPTModule.configure_model builds it for training: FSDP2 gathers in bf16 under bf16-mixed
@@ -109,7 +108,7 @@ def main():
         loss.backward()
         reduce_partial_grads(model)
         opt.step()
-        states = state_bytes(model, opt)
+        states = measure_state_bytes(model, opt)
         opt.zero_grad(set_to_none=True)
         peaks = []
         for window in ("first", "peak1", "peak2", "peak3"):  # micro-batches of one accumulation: all but the first
@@ -123,9 +122,9 @@ def main():
     # the least of three micro-batches: a free on one of gloo's threads goes unrecorded and only ever adds
     peak = min(before + rise_in(prof, window) for before, window in peaks[1:])
 
-    planned_act = planner.activation_bytes(config, B, T, args.tp, args.precision, dp=args.dp, ac=args.ac)
-    planned_states = planner.state_bytes(config, args.dp, args.tp, args.precision)
-    planned = planner.estimate(config, args.dp, args.tp, B, T, args.precision, ac=args.ac, overhead_gib=0)
+    planned_act = memory.activation_bytes(config, B, T, args.tp, args.precision, dp=args.dp, ac=args.ac)
+    planned_states = sizes.state_bytes(config, args.dp, args.tp, 4)  # float32 parameters in both precisions
+    planned = memory.memory_per_device(config, args.dp, args.tp, B, T, args.precision, ac=args.ac, overhead_gib=0)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump({
@@ -134,8 +133,7 @@ def main():
                 "planned_terms": {**planned_act, "transient": planned.transient},
                 "n_saved_storages": len(saved.storages),
             }, f, indent=1)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    run(main)  # ends the process group before exit (gpt_tp.entry)
+    run(main)  # ends the process group before exit

@@ -1,0 +1,194 @@
+"""What a data-parallel x tensor-parallel layout puts on each rank and sends each step: the one source of TP-local
+parameter shapes, of parameter / gradient / AdamW bytes per rank and of the collectives of a training step with
+their bytes, used by the planner, the cost model, the benchmark and the audit. (FLOPs per token:
+GPTConfig.flops_per_token.)
+
+Shapes follow gpt_tp.parallel.TP_PLAN: column-parallel matmuls (c_attn, c_fc) split their output rows and biases
+over t, row-parallel ones (the two c_proj) split their input columns and keep their bias whole, the embedding is
+vocab-parallel (V / t rows; lm_head is the same tensor), LayerNorms and wpe stay whole. Every TP size must divide
+the heads, the widths and the vocabulary (gpt_tp.parallel.validate_layout); `padded_vocab` gives the vocabulary
+that a TP size divides. FSDP2 then splits dim 0 of every TP-local tensor over d ranks, padded to equal chunks.
+"""
+
+import math
+from math import gcd
+from typing import NamedTuple
+
+from gpt_tp.model import GPTConfig
+
+TP, DP = "tensor_parallel", "data_parallel"
+
+
+class LocalParam(NamedTuple):
+    name: str  # under transformer.h.<i> for a block's, transformer.<name> for the root's
+    shape: tuple[int, ...]  # on one TP rank
+    matmul: bool  # a matmul weight (autocast casts it to bf16)
+    sequence_partial: bool  # its gradient is a per-rank partial sum over TP (LayerNorms, wpe: SequenceReplicated)
+
+
+def padded_vocab(vocab_size: int, tp: int, multiple: int = 128) -> int:
+    """The smallest vocabulary >= vocab_size divisible by tp and by `multiple` (fast matmuls)."""
+    step = tp * multiple // gcd(tp, multiple)
+    return -(-vocab_size // step) * step
+
+
+def block_params(config: GPTConfig, tp: int) -> list[LocalParam]:
+    """One block's parameters on one TP rank, in the module's order."""
+    C, t = config.n_embd, tp
+    return [
+        LocalParam("ln_1.weight", (C,), False, True), LocalParam("ln_1.bias", (C,), False, True),
+        LocalParam("attn.c_attn.weight", (3 * C // t, C), True, False),  # colwise
+        LocalParam("attn.c_attn.bias", (3 * C // t,), False, False),
+        LocalParam("attn.c_proj.weight", (C, C // t), True, False),  # rowwise, bias whole
+        LocalParam("attn.c_proj.bias", (C,), False, False),
+        LocalParam("ln_2.weight", (C,), False, True), LocalParam("ln_2.bias", (C,), False, True),
+        LocalParam("mlp.c_fc.weight", (4 * C // t, C), True, False),  # colwise
+        LocalParam("mlp.c_fc.bias", (4 * C // t,), False, False),
+        LocalParam("mlp.c_proj.weight", (C, 4 * C // t), True, False),  # rowwise, bias whole
+        LocalParam("mlp.c_proj.bias", (C,), False, False),
+    ]
+
+
+def root_params(config: GPTConfig, tp: int) -> list[LocalParam]:
+    """The parameters outside the blocks (FSDP2's root unit) on one TP rank: wte once (lm_head is tied to it)."""
+    C = config.n_embd
+    return [
+        LocalParam("wte.weight", (config.vocab_size // tp, C), True, False),  # vocab-parallel; lm_head's matmul casts it
+        LocalParam("wpe.weight", (config.block_size, C), False, True),
+        LocalParam("ln_f.weight", (C,), False, True), LocalParam("ln_f.bias", (C,), False, True),
+    ]
+
+
+def local_params(config: GPTConfig, tp: int) -> list[LocalParam]:
+    """Every parameter on one TP rank: the blocks', then the root's."""
+    return block_params(config, tp) * config.n_layer + root_params(config, tp)
+
+
+def fsdp_numel(shape: tuple[int, ...], dp: int) -> int:
+    """Elements FSDP2 allocates per rank for one tensor: dim 0 split into dp chunks, padded to equal size."""
+    return math.ceil(shape[0] / dp) * math.prod(shape[1:])
+
+
+def numel(params: list[LocalParam], dp: int = 1) -> int:
+    """Elements one rank holds of these parameters under FSDP2 over dp ranks (dp=1: the TP-local tensors)."""
+    return sum(fsdp_numel(p.shape, dp) for p in params)
+
+
+def state_bytes(config: GPTConfig, dp: int, tp: int, param_bytes: int = 4) -> dict[str, int]:
+    """Parameters, gradients (in the parameter dtype) and AdamW's two moments per rank, in bytes, and their total
+    (compare gpt_tp.perf.audit.measure_state_bytes)."""
+    n = numel(local_params(config, tp), dp)
+    out = {"params": n * param_bytes, "grads": n * param_bytes, "optimizer": 2 * n * param_bytes}
+    return {**out, "total": sum(out.values())}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Collectives of one training step
+
+
+def wire_bytes(kind: str, nbytes: float, group_size: int) -> float:
+    """Bytes each rank sends for a collective over a tensor of nbytes (the full, unsharded size), with the ring
+    algorithm: all-gather and reduce-scatter (p-1)/p N, all-reduce twice that (reduce-scatter + all-gather)."""
+    if group_size <= 1:
+        return 0.0
+    return (2.0 if kind == "all_reduce" else 1.0) * (group_size - 1) / group_size * nbytes
+
+
+def collective(dim: str, kind: str, group_size: int, count: int, nbytes: float) -> dict:
+    """One row of a collectives list: `count` collectives of `kind` on mesh dim `dim` moving `nbytes` full-tensor
+    bytes in all, with the bytes each rank sends."""
+    return {"dim": dim, "kind": kind, "group_size": group_size, "count": count, "bytes": int(nbytes),
+            "wire_bytes": wire_bytes(kind, nbytes, group_size) if count else 0.0}
+
+
+def merge(rows: list[dict]) -> list[dict]:
+    """Rows summed per (dim, kind), sorted; rows of no collective left out."""
+    out: dict = {}
+    for r in rows:
+        if r["count"] == 0:
+            continue
+        m = out.setdefault((r["dim"], r["kind"]), {**r, "count": 0, "bytes": 0, "wire_bytes": 0.0})
+        m["count"] += r["count"]
+        m["bytes"] += r["bytes"]
+        m["wire_bytes"] += r["wire_bytes"]
+    return sorted(out.values(), key=lambda r: (r["dim"], r["kind"]))
+
+
+def counts(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """{dim: {kind: count}} of a collectives list."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        out.setdefault(r["dim"], {})[r["kind"]] = out.get(r["dim"], {}).get(r["kind"], 0) + r["count"]
+    return out
+
+
+def check_precision(precision: str) -> None:
+    if precision not in ("32-true", "bf16-mixed"):
+        raise ValueError(f"precision={precision!r}: choose one of 32-true, bf16-mixed")
+
+
+def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp: int, precision: str) -> list[dict]:
+    """The TP group's collectives of one step under TP_PLAN (Megatron sequence parallelism), for L blocks:
+    - per block, forward: all-gather of the LayerNorm output before attention and before the MLP, reduce-scatter
+      of c_proj's output after each; backward: the conjugates. Under bf16 autocast the plan casts the LayerNorm
+      output to bf16 before the gather (gpt_tp.parallel.GatherInput), so the forward all-gathers (and their
+      backward reduce-scatters) move 2-byte elements, as do the c_proj outputs.
+    - the token embedding reduce-scatters into the sequence-sharded stream (fwd) and all-gathers its gradient
+      (bwd): float32, 2 bytes when FSDP2 gathers bf16 weights (bf16-mixed, dp > 1); ln_f's output is all-gathered
+      for lm_head (fwd), reduce-scattered (bwd).
+    - the vocab-parallel cross-entropy (gpt_tp.parallel.loss): 2 float32 all-reduces, the max (B T values), then
+      the sum of exps and the target logit together (2 B T values); nothing in backward.
+    - the sequence-partial gradients (wpe, LayerNorms) summed in one flat float32 all-reduce
+      (gpt_tp.parallel.reduce_partial_grads; at dp > 1 after FSDP2's reduce-scatter, so each rank sends its shard).
+    In all: all_gather 4L + 2, reduce_scatter 4L + 2, all_reduce 3 (Korthikanti et al. 2022, section 4.2.2)."""
+    if tp <= 1:
+        return []
+    L, act = config.n_layer, batch_size * seq_len * config.n_embd
+    mm = 2 if precision == "bf16-mixed" else 4  # matmul outputs, and LayerNorm outputs cast before their gather
+    emb = mm if dp > 1 else 4
+    partial = numel([p for p in local_params(config, tp) if p.sequence_partial], dp)
+    return [
+        collective(TP, "all_gather", tp, 2 * L + 1, (2 * L + 1) * act * mm),  # fwd: ln_1, ln_2 per block, ln_f
+        collective(TP, "all_gather", tp, 2 * L + 1, 2 * L * act * mm + act * emb),  # bwd: of c_proj's RS, wte's RS
+        collective(TP, "reduce_scatter", tp, 2 * L + 1, 2 * L * act * mm + act * emb),  # fwd: c_proj x 2, wte
+        collective(TP, "reduce_scatter", tp, 2 * L + 1, (2 * L + 1) * act * mm),  # bwd: of the gathers
+        collective(TP, "all_reduce", tp, 1, partial * 4),
+        collective(TP, "all_reduce", tp, 2, batch_size * seq_len * 12),  # cross-entropy
+    ]
+
+
+def fsdp_unit_bytes(config: GPTConfig, dp: int, tp: int, dtype_bytes: int) -> tuple[int, int]:
+    """Bytes of one block's and of the root's parameters as FSDP2 gathers them (each tensor padded along dim 0 to
+    a multiple of dp)."""
+    return (dp * numel(block_params(config, tp), dp) * dtype_bytes, dp * numel(root_params(config, tp), dp) * dtype_bytes)
+
+
+def fsdp_collectives(config: GPTConfig, dp: int, tp: int, precision: str) -> list[dict]:
+    """The DP group's collectives of one step under FSDP2 (one unit per block, one root unit): each unit's
+    parameters all-gathered before its forward (L + 1), each block's again before its backward (L; the root stays
+    gathered), each unit's float32 gradients reduce-scattered (L + 1). Under bf16-mixed the parameters are gathered
+    in bf16 (MixedPrecisionPolicy). The sequence-partial gradients are reduce-scattered as they are: no all-reduce."""
+    if dp <= 1:
+        return []
+    L = config.n_layer
+    block, root = fsdp_unit_bytes(config, dp, tp, 4)
+    gblock, groot = fsdp_unit_bytes(config, dp, tp, 2 if precision == "bf16-mixed" else 4)
+    return [collective(DP, "all_gather", dp, 2 * L + 1, 2 * L * gblock + groot),
+            collective(DP, "reduce_scatter", dp, L + 1, L * block + root)]
+
+
+def norm_collective(dp: int, tp: int) -> list[dict]:
+    """The grad norm (gpt_tp.parallel.clip_grad_norm): one float32 all-reduced over the whole mesh (the default
+    group on a 2-D mesh)."""
+    if dp * tp <= 1:
+        return []
+    return [collective("world" if dp > 1 and tp > 1 else DP if dp > 1 else TP, "all_reduce", dp * tp, 1, 4)]
+
+
+def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int = 1, tp: int = 1,
+                     precision: str = "32-true") -> list[dict]:
+    """The collectives of one gpt_tp training step on a dp x tp mesh, per (mesh dim, kind): count, full-tensor bytes
+    and wire bytes per rank (see tp_collectives, fsdp_collectives, norm_collective). batch_size is per DP rank."""
+    check_precision(precision)
+    return merge(tp_collectives(config, batch_size, seq_len, dp, tp, precision)
+                 + fsdp_collectives(config, dp, tp, precision) + norm_collective(dp, tp))

@@ -1,0 +1,111 @@
+"""One benchmark run, one process of it: started by gpt_tp.perf.bench under torchrun with a spec file.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=<dp x tp> -m gpt_tp.perf.bench_worker <spec.json>
+
+`warmup` untimed steps, then `steps` timed ones on generated tokens; the step time is the slowest rank's. One
+more step runs under a CollectiveRecorder. Rank 0 writes the result to the spec's `result` file; a rank that fails
+writes its error next to it (<result>.rank<N>.error) for the launcher, then raises.
+"""
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
+from gpt_tp.hardware import mfu
+from gpt_tp.model import GPTConfig
+from gpt_tp.parallel import enable_async_tp
+from gpt_tp.perf.collectives import CollectiveRecorder, groups_of
+from gpt_tp.perf.step import build, peak_memory, stats, sync, train_step
+from gpt_tp.perf.synthetic import SyntheticTokens
+
+
+def measure(spec: dict) -> None:
+    cuda = spec["device"] == "cuda"
+    if cuda:
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls in "32-true", as build-nanogpt
+    else:
+        torch.set_num_threads(spec["threads"])
+    dp, tp = spec["dp"], spec["tp"]
+    mesh, device = torchrun_mesh(dp, tp, spec["device"])
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = GPTConfig(**spec["config"])
+    torch.manual_seed(spec["seed"])
+    model, opt = build(config, mesh, device, spec["compile"], spec["precision"])
+    if spec.get("async_tp"):
+        enable_async_tp(mesh["tensor_parallel"])
+    dp_rank = mesh["data_parallel"].get_local_rank()
+    B, T = spec["batch_size"], spec["seq_len"]
+    data = SyntheticTokens(B, T, vocab=min(config.vocab_size, 50257), seed=spec["seed"], dp_rank=dp_rank, dp_size=dp)
+    batches = [tuple(t.to(device) for t in data.batch(i)) for i in range(4)]
+
+    times, losses = [], []
+    for i in range(spec["warmup"] + spec["steps"]):
+        x, y = batches[i % len(batches)]
+        sync(device)
+        t0 = time.perf_counter()
+        loss = train_step(model, opt, x, y, spec["precision"])
+        sync(device)
+        if i >= spec["warmup"]:
+            times.append(time.perf_counter() - t0)
+        losses.append(loss)
+    # the step ends when the slowest rank ends
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    times = t.tolist()
+    losses = [l.float().item() for l in (losses[0], losses[-1])]
+    mem = peak_memory(device)
+
+    rec = CollectiveRecorder(groups_of(mesh))
+    x, y = batches[0]
+    try:
+        with rec:
+            train_step(model, opt, x, y, spec["precision"])
+        collectives = rec.summary()
+    except Exception as e:  # noqa: BLE001 - e.g. a compiled region that cannot run under a dispatch mode
+        collectives = {"error": f"{type(e).__name__}: {e}"[:300]}
+
+    mems = [None] * world
+    dist.all_gather_object(mems, mem)
+    if rank == 0:
+        tokens = B * T * dp
+        tok_s = tokens / statistics.median(times)
+        result = {
+            **{k: spec[k] for k in ("name", "dp", "tp", "precision", "compile", "batch_size", "seq_len", "device", "threads")},
+            "async_tp": bool(spec.get("async_tp")),
+            "model": spec["model"],
+            "world_size": world,
+            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "tokens_per_step": tokens,
+            "step_time_s": stats(times),
+            "step_times_s": times,
+            "tokens_per_s": tok_s,
+            "flops_per_token": config.flops_per_token(T),
+            "peak_flops": spec["peak_flops"],
+            "mfu": mfu(config.flops_per_token(T), tok_s, spec["peak_flops"], world),
+            "peak_memory_bytes": mems,
+            "collectives": collectives,
+            "loss_first_last": losses,
+        }
+        Path(spec["result"]).write_text(json.dumps(result, indent=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = ArgumentParser(prog="python -m gpt_tp.perf.bench_worker", description=__doc__)
+    ap.add_argument("spec", help="the run's spec file, written by python -m gpt_tp.perf.bench")
+    spec = json.loads(Path(ap.parse_args(argv).spec).read_text())
+    try:
+        measure(spec)
+    except BaseException as e:
+        rank = os.environ.get("RANK", "0")
+        Path(f"{spec['result']}.rank{rank}.error").write_text(f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())}")
+        raise
+
+
+if __name__ == "__main__":
+    run(main)
