@@ -148,3 +148,17 @@ def test_help_and_cpu_scaling_flags():
     proc = subprocess.run([sys.executable, "scripts/bench_cpu_scaling.py", "--seq-len", "255"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--seq-len=255 must be even" in proc.stderr
+
+
+def test_loader_command():
+    """python -m gpt_tp.perf.loader on the bundled sample: both figures printed; a bad value is one error line."""
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.loader", "--seconds", "0.2", "--check-tokens", "1e5",
+                           "--batch-size", "4", "--seq-len", "64"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert re.fullmatch(r"loader: [\d,.]+M tokens/s on one CPU core \(B=4, T=64, [\d,]+ batches\)", lines[0]), lines
+    assert lines[2].startswith("token-id check: ") and "(check_shard, 100,000 tokens)" in lines[2]
+    for args, msg in [(["--seconds", "0"], "--seconds=0.0 must be > 0"), (["--nope"], "unrecognized arguments: --nope")]:
+        proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.loader", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert msg in one_error_line(proc)
