@@ -1,4 +1,5 @@
-"""Tests of gpt_tp.data: shard format, batches, data-parallel sharding, resume, memory, bad input."""
+"""Tests of gpt_tp.data.shards and the data module's checks: shard format, token ids, bad input (bad shards and ids
+stop every rank before any step)."""
 
 import importlib.util
 import os
@@ -10,32 +11,17 @@ import types
 import warnings
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
 
 from gpt_tp.data import shards as data_mod
+from gpt_tp.data.shards import DataError, TokenStream, check_token_ids, find_shards, read_shard, shard_header, write_shard
 from gpt_tp.model import GPTConfig
-from gpt_tp.data.shards import DataError, TokenStream, check_token_ids, find_shards, read_shard, shard_header, shard_name, write_shard
-from gpt_tp.train.datamodule import GPTDataModule, TokenBatches
+from gpt_tp.train.datamodule import GPTDataModule
+from shard_files import fake_trainer, make_shards, put_id
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def make_shards(d: Path, sizes, prefix="tiny", start_value=0) -> np.ndarray:
-    """Write shards of the given sizes (first is val) holding consecutive token values; return all tokens."""
-    d.mkdir(parents=True, exist_ok=True)
-    tokens = (np.arange(sum(sizes)) + start_value) % 2**16
-    pos = 0
-    for i, n in enumerate(sizes):
-        write_shard(d / shard_name(prefix, "val" if i == 0 else "train", i), tokens[pos : pos + n])
-        pos += n
-    return tokens.astype(np.int64)
-
-
-def fake_trainer(rank, size):
-    return types.SimpleNamespace(strategy=types.SimpleNamespace(distributed_sampler_kwargs={"num_replicas": size, "rank": rank}))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,246 +60,6 @@ def test_stream_reads_across_shard_boundaries(tmp_path):
     assert len(s) == 26
     for a, b in [(0, 26), (5, 9), (6, 16), (12, 15), (25, 26), (4, 4)]:
         assert np.array_equal(s.read(a, b), tokens[a:b])
-
-
-# ----------------------------------------------------------------------------------------------
-# batches
-
-
-def test_batches_shape_dtype_shift_and_crossing(tmp_path):
-    make_shards(tmp_path, [100, 37, 50, 41])
-    train = np.concatenate([read_shard(p) for p in find_shards(tmp_path, "train")]).astype(np.int64)
-    ds = TokenBatches(find_shards(tmp_path, "train"), batch_size=2, seq_len=5, num_batches=None)
-    it = iter(ds)
-    for k in range(12):  # 12 batches of 10 tokens cross both shard boundaries (37, 87)
-        x, y = next(it)
-        assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (2, 5)
-        want = torch.from_numpy(train[10 * k : 10 * k + 11])
-        assert torch.equal(x.flatten(), want[:-1]) and torch.equal(y.flatten(), want[1:])
-
-
-def test_epochs_wrap_deterministically_by_seed(tmp_path):
-    make_shards(tmp_path, [50, 40, 40, 40])
-    paths = find_shards(tmp_path, "train")
-
-    def first(seed, n):
-        it = iter(TokenBatches(paths, 2, 8, seed=seed))
-        return [next(it)[0] for _ in range(n)]
-
-    per_epoch = (120 - 1) // 16  # 7 batches in epoch 0
-    a, b, c = first(1, 30), first(1, 30), first(2, 30)
-    assert all(torch.equal(u, v) for u, v in zip(a, b))  # same seed, same stream
-    assert not all(torch.equal(u, v) for u, v in zip(a[per_epoch:], c[per_epoch:]))  # seed changes later epochs
-    assert all(torch.equal(u, v) for u, v in zip(a[:per_epoch], c[:per_epoch]))  # epoch 0 is file order
-    ds = TokenBatches(paths, 2, 8, seed=1)
-    assert all(torch.equal(ds.batch_at(k)[0], a[k]) for k in range(30))  # random access agrees
-    # a later epoch reads every shard: its tokens are a permutation-of-shards window of the data
-    seen = torch.cat([x.flatten() for x in a[per_epoch : 2 * per_epoch]])
-    assert len(set(seen.tolist())) == len(seen)
-
-
-@pytest.mark.parametrize("dp_size", [2, 4])
-def test_identical_within_tp_group_disjoint_across_dp(tmp_path, dp_size):
-    make_shards(tmp_path, [200, 3000, 2000])  # all token values distinct
-    B, T, tp, steps = 2, 16, 2, 10
-    batches = {}  # (dp_rank, tp_rank) -> list of x
-    for dp_rank in range(dp_size):
-        for tp_rank in range(tp):  # every rank of a TP group has the same data-parallel rank
-            dm = GPTDataModule(tmp_path, batch_size=B, seq_len=T, val_batches=1)
-            dm.trainer = fake_trainer(dp_rank, dp_size)  # as ModelParallelStrategy reports it
-            dm.setup("fit")
-            it = iter(dm.train_dataloader())
-            batches[dp_rank, tp_rank] = [next(it) for _ in range(steps)]
-    for dp_rank in range(dp_size):
-        for (x0, y0), (x1, y1) in zip(batches[dp_rank, 0], batches[dp_rank, 1]):
-            assert torch.equal(x0, x1) and torch.equal(y0, y1)
-    single = TokenBatches(find_shards(tmp_path, "train"), B * dp_size, T)  # one device, B*dp rows
-    for step in range(steps):
-        xs = [batches[r, 0][step][0] for r in range(dp_size)]
-        ys = [batches[r, 0][step][1] for r in range(dp_size)]
-        vals = [set(x.flatten().tolist()) for x in xs]
-        assert all(not (vals[i] & vals[j]) for i in range(dp_size) for j in range(i + 1, dp_size))
-        x1, y1 = single.batch_at(step)
-        assert torch.equal(torch.cat(xs), x1) and torch.equal(torch.cat(ys), y1)
-    # without a trainer or overrides: rank 0 of 1; explicit dp_rank/dp_size override the trainer
-    assert GPTDataModule(tmp_path).data_parallel() == (0, 1)
-    dm = GPTDataModule(tmp_path, dp_rank=1, dp_size=dp_size)
-    dm.trainer = fake_trainer(0, 1)
-    assert dm.data_parallel() == (1, dp_size)
-
-
-def test_workers_give_the_same_stream(tmp_path):
-    make_shards(tmp_path, [200, 900, 700])
-    ref = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=3, num_workers=0)
-    par = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=3, num_workers=2)
-    for dm in (ref, par):
-        dm.setup("fit")
-    a, b = iter(ref.train_dataloader()), iter(par.train_dataloader())
-    for _ in range(20):
-        assert torch.equal(next(a)[0], next(b)[0])
-    va, vb = list(ref.val_dataloader()), list(par.val_dataloader())
-    assert len(va) == len(vb) == 3 and all(torch.equal(u[0], v[0]) for u, v in zip(va, vb))
-
-
-def test_validation_is_fixed_and_sharded(tmp_path):
-    tokens = make_shards(tmp_path, [1000, 500])
-    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=10, val_batches=5, dp_rank=1, dp_size=2)
-    dm.setup("fit")
-    v1, v2 = list(dm.val_dataloader()), list(dm.val_dataloader())
-    assert len(v1) == 5 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(v1, v2))
-    assert torch.equal(v1[0][0].flatten(), torch.from_numpy(tokens[20:40]))  # rank 1's half of batch 0
-    dm = GPTDataModule(tmp_path, batch_size=10, seq_len=10, val_batches=20)
-    with pytest.warns(UserWarning, match="holds only 9 batches"):
-        dm.setup("validate")
-    assert len(list(dm.val_dataloader())) == 9
-
-
-def test_bundled_sample_corpus():
-    dm = GPTDataModule("data/sample", batch_size=4, seq_len=64, val_batches=20)
-    dm.setup("fit")
-    assert len(dm.train_data.stream) > 1_000_000 and len(dm.val_data.stream) == 100_000
-    x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (4, 64) and int(x.max()) < 50257
-    assert int(next(iter(dm.val_dataloader()))[0][0, 0]) == 50256  # the val shard starts with a document
-    size = sum(p.stat().st_size for p in (REPO / "data" / "sample").iterdir())
-    assert size < 5_000_000
-
-
-# ----------------------------------------------------------------------------------------------
-# resume
-
-
-def test_resume_without_trainer_continues_exactly(tmp_path):
-    make_shards(tmp_path, [100, 700, 600])
-    ref = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
-    ref.setup("fit")
-    it = iter(ref.train_dataloader())
-    want = [next(it)[0] for _ in range(200)]  # several epochs
-    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
-    dm.setup("fit")
-    it = iter(dm.train_dataloader())
-    for _ in range(130):
-        next(it)
-    state = dm.state_dict()
-    assert state["train_batches"] == 130
-    dm2 = GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2)
-    dm2.load_state_dict(state)
-    dm2.setup("fit")
-    it = iter(dm2.train_dataloader())
-    assert all(torch.equal(next(it)[0], want[k]) for k in range(130, 200))
-
-
-class Recorder(L.LightningModule):
-    """Tiny model that records the first token of each row of every training batch it sees."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1))
-        self.seen = []
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        self.seen.append(x[:, 0].tolist())
-        return (self.w * x.float().mean()).sum()
-
-    def validation_step(self, batch, batch_idx):
-        pass
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.0)
-
-
-def fit(data_dir, max_steps, num_workers=0, ckpt_path=None, callbacks=(), root=None):
-    model = Recorder()
-    dm = GPTDataModule(data_dir, batch_size=2, seq_len=8, val_batches=2, num_workers=num_workers)
-    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=bool(callbacks), callbacks=list(callbacks),
-                        val_check_interval=4, check_val_every_n_epoch=None, num_sanity_val_steps=0,
-                        default_root_dir=root)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-    return model.seen, trainer
-
-
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_trainer_resume_continues_with_next_unseen_batch(tmp_path, num_workers):
-    data = tmp_path / "data"
-    make_shards(data, [100, 300, 200])  # 31 batches per epoch: the run crosses epochs
-    full, _ = fit(data, 40, num_workers)
-    assert len(full) == 40 and len({tuple(s) for s in full[:31]}) == 31
-    # checkpoints saved on_train_batch_end (ModelCheckpoint), while the loader has already run ahead
-    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=7, save_top_k=-1)
-    first, trainer = fit(data, 21, num_workers, callbacks=[ckpt], root=tmp_path)
-    assert first == full[:21]
-    for step in (7, 14, 21):
-        path = next((tmp_path / "ckpt").glob(f"*step={step}.ckpt"))
-        assert torch.load(path, weights_only=False)["GPTDataModule"]["train_batches"] == step
-        resumed, _ = fit(data, 40, num_workers, ckpt_path=path)
-        assert resumed == full[step:40]
-    # a checkpoint saved after fit() ends
-    trainer.save_checkpoint(tmp_path / "end.ckpt")
-    resumed, _ = fit(data, 40, num_workers, ckpt_path=tmp_path / "end.ckpt")
-    assert resumed == full[21:40]
-
-
-@pytest.mark.parametrize("rank", [0, 1])
-def test_data_warnings_print_on_rank_zero_only(tmp_path, monkeypatch, rank):
-    from lightning.pytorch.utilities import rank_zero_only
-
-    monkeypatch.setattr(rank_zero_only, "rank", rank)
-    make_shards(tmp_path, [1000, 700])
-    dm = GPTDataModule(tmp_path, batch_size=10, seq_len=10, val_batches=20, seed=1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        dm.load_state_dict({"train_batches": 10, "batch_size": 5, "seq_len": 10, "dp_size": 1, "seed": 7})
-        dm.setup("fit")  # the val split holds 9 batches of 100, not 20
-    assert dm.train_position() == 5  # every rank resumes at the same token position ...
-    messages = [str(w.message) for w in caught]
-    if rank == 0:  # ... and rank 0 alone says so
-        assert len(messages) == 3 and "50 tokens per global batch, now 100" in messages[0]
-        assert "seed 7 differs" in messages[1] and "holds only 9 batches" in messages[2]
-    else:
-        assert messages == []
-
-
-# ----------------------------------------------------------------------------------------------
-# memory
-
-
-def peak_rss_bytes(reset: bool = False) -> int:
-    """This process's peak resident memory (VmHWM), reset to the current RSS first if ``reset``."""
-    if reset:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
-def test_large_shard_is_not_read_into_memory(tmp_path):
-    n = 200_000_000  # two 400 MB shards (sparse on disk): reading one whole would show in RSS
-    for split, idx, size in (("val", 0, 10_000), ("train", 1, n), ("train", 2, n)):
-        arr = np.lib.format.open_memmap(tmp_path / shard_name("big", split, idx), mode="w+", dtype=np.uint16, shape=(size,))
-        arr[-5:] = 7
-        del arr
-    dm = GPTDataModule(tmp_path, batch_size=8, seq_len=1024, val_batches=1)
-    before = peak_rss_bytes(reset=True)
-    dm.setup("fit")  # checks every token id of both shards
-    assert len(dm.train_data.stream) == 2 * n
-    ds = dm.train_data
-    x, y = ds.batch_at(24_414)  # tokens [199_999_488, 200_007_680): crosses from shard 1 into shard 2
-    end = n - 199_999_488
-    assert x.flatten()[end - 5 : end].tolist() == [7] * 5 and int(x.flatten()[end]) == 0
-    for k in (0, 12_000, 48_827):  # start, middle, last batch of the epoch
-        ds.batch_at(k)
-    it = iter(dm.train_dataloader())
-    for _ in range(100):
-        next(it)
-    assert peak_rss_bytes() - before < 64 * 2**20
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,13 +119,6 @@ def test_error_mixed_prefixes(tmp_path):
 
 # ----------------------------------------------------------------------------------------------
 # token ids
-
-
-def put_id(path: Path, position: int, value: int) -> None:
-    """Rewrite shard ``path`` with ``value`` at ``position``."""
-    tokens = read_shard(path, mmap=False)
-    tokens[position] = value
-    write_shard(path, tokens)
 
 
 @pytest.mark.parametrize("value", [50257, 50303, 65535])
