@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, read_json, run_torchrun
+from conftest import ROOT, one_error_line, read_json, run_torchrun
 
 from gpt_tp.model import GPTConfig
 from gpt_tp.parallel import LayoutError, sizes, valid_tp_sizes
@@ -176,7 +176,7 @@ def test_config_comment_is_the_planner_output(name):
     cfg = yaml.safe_load(text)
     strat = cfg["trainer"]["strategy"]["init_args"]
     assert (strat["data_parallel_size"], strat["tensor_parallel_size"]) == (dp, tp)
-    s = planner._config_from_yaml(str(path))
+    s = planner.training_settings(["--config", str(path)])
     p = planner.plan(s.pop("config"), **s, device_memory_gib=mem)
     assert (p.choice.dp, p.choice.tp) == (dp, tp)
     assert p.choice.memory.total / GIB == pytest.approx(total, abs=0.05)
@@ -208,6 +208,11 @@ def test_command_line_mistakes_are_one_line_errors(capsys):
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: device memory 0.0 GiB must be > 0 (planner --memory-gib)"]
+    for args, msg in [(["--batch-size", "x"], "argument --batch-size: invalid int value: 'x'"),
+                      (["--nope"], "unrecognized arguments: --nope (see python cli.py fit --help)")]:
+        r = subprocess.run([sys.executable, "-m", "gpt_tp.perf.planner", "--devices-per-node", "2", *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert msg in one_error_line(r)
     for args, msg in [
         (["--memory-gib", "-5"], "must be > 0"),
         (["--overhead-gib", "-3", "--memory-gib", "24"], "overhead_gib=-3.0 must be >= 0"),
@@ -233,3 +238,30 @@ def test_activation_checkpointing_from_config_and_flag(capsys):
     full = planner.main([*cfg, "--ac", "full"])
     assert full.choice.memory.total < sel.choice.memory.total
     assert "activation checkpointing full" in capsys.readouterr().out
+
+
+def test_training_arguments_change_the_plan_as_they_change_the_trainers_config(tmp_path, capsys):
+    """A second --config file and command-line overrides, given to the planner as to `python cli.py fit`: the plan
+    is made for the model, batch, sequence, precision, devices and checkpointing that cli.py's parser prints
+    (--print_config), and they differ from the first file's."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("data:\n  batch_size: 4\n  seq_len: 512\nmodel:\n  activation_checkpointing: selective\n")
+    training = ["--config", "configs/tp2.yaml", "--config", str(extra), "--model.model.n_layer", "4", "--data.batch_size", "2"]
+    printed = subprocess.run([sys.executable, "cli.py", "fit", *training, "--print_config"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    cfg = yaml.safe_load(printed.stdout)
+    base = planner.main(["--config", "configs/tp2.yaml", "--memory-gib", "24"])
+    p = planner.main([*training, "--memory-gib", "24"])
+    capsys.readouterr()
+    assert p.config == GPTConfig.resolve(cfg["model"]["model"]) and p.config.n_layer == 4 != base.config.n_layer
+    assert (p.batch_size, p.seq_len, p.ac) == (cfg["data"]["batch_size"], cfg["data"]["seq_len"],
+                                               cfg["model"]["activation_checkpointing"]) == (2, 512, "selective")
+    assert (base.batch_size, base.seq_len, base.ac) == (16, 1024, "none")
+    assert (p.precision, p.devices_per_node, p.num_nodes) == (cfg["trainer"]["precision"], cfg["trainer"]["devices"],
+                                                              cfg["trainer"]["num_nodes"]) == ("bf16-mixed", 2, 1)
+    expected = memory.memory_per_device(p.config, p.choice.dp, p.choice.tp, 2, 512, "bf16-mixed", ac="selective")
+    assert p.choice.memory == expected and expected.total < base.choice.memory.total
+    # the planner's own flags win over the training arguments
+    assert planner.main([*training, "--batch-size", "8", "--memory-gib", "24"]).batch_size == 8
+    capsys.readouterr()

@@ -195,40 +195,25 @@ def resolve_layout(
     )
 
 
-def _config_from_yaml(path: str) -> dict:
-    """Model, batch and device settings from a `python cli.py fit --config` YAML file."""
-    import yaml
+def training_settings(args: list[str]) -> dict:
+    """Model, batch and device settings of `python cli.py fit *args` (every --config file, then the overrides), read
+    by the trainer's own parser (gpt_tp.train.config.read_training_config)."""
+    from gpt_tp.train.config import read_training_config  # imports Lightning: only when a training config is given
 
-    try:
-        with open(path) as f:
-            cfg = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise PlanError("no such file") from None
-    except yaml.YAMLError as e:
-        raise PlanError(f"not valid YAML ({' '.join(str(e).split())})") from None
-    trainer, model, data = cfg.get("trainer", {}), cfg.get("model", {}), cfg.get("data", {})
-    m = model.get("model", "gpt2")
-    out = {
-        "config": GPTConfig.from_name(m) if isinstance(m, str) else GPTConfig(**m),
-        "devices_per_node": trainer.get("devices") if isinstance(trainer.get("devices"), int) else None,
-        "num_nodes": trainer.get("num_nodes", 1),
-        "batch_size": data.get("batch_size", 16),
-        "seq_len": data.get("seq_len"),  # None: the model's block_size, at most 1024
-        "precision": str(trainer.get("precision", "32-true")),
-        "ac": model.get("activation_checkpointing", "none"),
-    }
-    if out["seq_len"] is None:
-        out["seq_len"] = min(1024, out["config"].block_size)
-    return out
+    t = read_training_config(args)
+    return {"config": t.model, "devices_per_node": t.devices, "num_nodes": t.num_nodes, "batch_size": t.batch_size,
+            "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing}
 
 
 def main(argv: list[str] | None = None) -> Plan:
     ap = ArgumentParser(
         prog="python -m gpt_tp.perf.planner",
         description="List the DP x TP layouts of a GPT-2 on a cluster, with estimated memory per device, and pick "
-        "the one with the smallest tensor-parallel size that fits.",
+        "the one with the smallest tensor-parallel size that fits.\n\nAny other arguments are those of `python cli.py "
+        "fit` (--config FILE, repeatable, and overrides such as --data.batch_size 8 or --model.model.n_layer 4): the "
+        "model, devices, nodes, batch size, seq_len, precision and activation checkpointing are read from them as the "
+        "trainer reads them; the flags below win over them.",
     )
-    ap.add_argument("--config", help="read model, devices, num_nodes, batch size, seq_len and precision from a cli.py YAML")
     ap.add_argument("--model", choices=list(SIZES), help="named model size (default gpt2)")
     ap.add_argument("--vocab-size", type=int, help="override the vocabulary (e.g. padded for a TP size)")
     ap.add_argument("--devices-per-node", type=int, help="GPUs per node (TP stays within a node)")
@@ -241,17 +226,16 @@ def main(argv: list[str] | None = None) -> Plan:
     ap.add_argument("--ac", choices=AC_MODES, help="activation checkpointing per block (model.activation_checkpointing; default none)")
     ap.add_argument("--overhead-gib", type=float, default=1.5, help="CUDA context + NCCL + allocator slack per device")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
-    args = ap.parse_args(argv)
+    args, training = ap.parse_known_args(argv)
+    if any(not a.startswith("-") for a in training[:1]):
+        ap.error(f"unrecognized arguments: {' '.join(training)}")
 
     settings = {
         "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
         "seq_len": None, "precision": "bf16-mixed", "ac": "none",
     }
-    if args.config:
-        try:
-            settings = _config_from_yaml(args.config)
-        except (ValueError, TypeError) as e:  # PlanError included
-            raise PlanError(f"--config {args.config}: {e}") from None
+    if training:
+        settings = training_settings(training)
     if args.model:
         settings["config"] = GPTConfig.from_name(args.model)
     if args.vocab_size is not None:
@@ -261,7 +245,7 @@ def main(argv: list[str] | None = None) -> Plan:
         if val is not None:
             settings[key] = val
     if settings["devices_per_node"] is None:
-        raise PlanError("give --devices-per-node (or --config with a number in trainer.devices)")
+        raise PlanError("give --devices-per-node (or a --config with a number in trainer.devices)")
     if settings["seq_len"] is None:
         settings["seq_len"] = min(1024, settings["config"].block_size)
     memory = args.memory_gib if args.memory_gib is not None else detect_device_memory_gib()
