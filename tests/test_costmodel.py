@@ -1,4 +1,4 @@
-"""The cost model against hand-derived numbers and the seed user's anchor figures (no timing, pure arithmetic)."""
+"""The cost model against hand-derived numbers and the measured anchor figures (no timing, pure arithmetic)."""
 
 import json
 import re

@@ -3,14 +3,15 @@ r"""Benchmark: what a training step costs per layout (DP x TP), precision and co
     python -m gpt_tp.perf.bench --model gpt2 --layouts 1x1,1x2,2x2 --precision bf16-mixed --compile off,on \
         --batch-size 16 --seq-len 1024 --out bench_out
 
-Every run is one torchrun job of dp x tp processes training on generated tokens: `--warmup` steps, then
-`--steps` timed ones. Each step is the real training step (forward, vocab-parallel cross-entropy, backward,
-the coalesced replicated-gradient all-reduce, grad-norm clipping at 1.0, fused AdamW) with no host sync inside;
-the step time is the slowest rank's. One more step runs under a TorchDispatchMode that records every collective
-with its size. Reported per run: tokens/s (global batch / median step time), step time min/median/max, MFU
-(GPTConfig.flops_per_token over the device's peak), peak memory per rank (CUDA max_memory_allocated on GPU,
-max RSS on CPU) and the collectives per step by mesh dim and kind with bytes. Written to <out>/bench.md,
-<out>/bench.json and <out>/bench.png.
+Every run is one torchrun job of dp x tp processes (gpt_tp.perf.bench_worker) training on generated tokens:
+`--warmup` steps, then `--steps` timed ones. Each step is the real training step (gpt_tp.perf.step: forward,
+vocab-parallel cross-entropy, backward, the flat sequence-partial gradient all-reduce, grad-norm clipping at 1.0,
+fused AdamW) with no host sync inside; the step time is the slowest rank's. One more step runs under a
+gpt_tp.perf.collectives.CollectiveRecorder, which records every collective with its size. Reported per run:
+tokens/s (global batch / median step time), step time min/median/max, MFU (GPTConfig.flops_per_token over the
+device's peak, gpt_tp.hardware), peak memory per rank (CUDA max_memory_allocated on GPU, max RSS on CPU) and the
+collectives per step by mesh dim and kind with bytes (the rows gpt_tp.parallel.sizes.step_collectives models).
+Written to <out>/bench.md, <out>/bench.json and <out>/bench.png.
 
 Layouts are DPxTP: "1x2" is TP=2, "2x1" is DP=2 (FSDP2), "2x2" both. --batch-size is the micro-batch per
 data-parallel rank, so every layout gives each TP group the same work.

@@ -34,7 +34,7 @@ class CostModelError(UserError):
     """A bad flag or bench file; the message says what to change."""
 
 
-# The seed user's figures: build-nanogpt GPT-2 124M, B=16, T=1024, bf16, NVLinked RTX 3090s.
+# Measured anchor: build-nanogpt's GPT-2 124M, B=16, T=1024, bf16, on NVLinked RTX 3090s.
 ANCHOR = dict(gpu="3090", link="nvlink-3090", batch_size=16, seq_len=1024,
               tokens_per_s={"1 GPU": 66.5e3, "DDP x2": 132e3, "TP x2 (naive)": 70.5e3})
 
@@ -174,7 +174,8 @@ def anchor_markdown(res: dict) -> str:
         m = res["measured"].get(name)
         out.append(f"| {name} | {_k(m) if m else '-'} | {_k(p['tokens_per_s'])} | {1e3 * p['compute_s']:.0f} | "
                    f"{1e3 * p['exposed_comm_s']:.0f} | {p['tp_wire_bytes'] / 1e6:.0f} |")
-    out.append(f"\nMFU calibrated on the 1-GPU figure: {100 * res['mfu_1gpu']:.0f}% of 71 TFLOP/s. The measured naive "
+    peak = PEAK_FLOPS[ANCHOR["gpu"]]
+    out.append(f"\nMFU calibrated on the 1-GPU figure: {100 * res['mfu_1gpu']:.0f}% of {peak / 1e12:g} TFLOP/s. The measured naive "
                f"TP x2 needs a TP compute efficiency of {res['implied_naive_tp_efficiency']:.2f} on top of its "
                f"communication to be as slow as it was.")
     return "\n".join(out) + "\n"

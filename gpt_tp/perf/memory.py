@@ -42,7 +42,6 @@ DP1/DP2 x TP1/TP2, fp32 and bf16-mixed, every checkpointing mode. The block-back
 blocks, the recomputed block) is below the loss moment there, so it is not measured.
 """
 
-import math
 from dataclasses import dataclass
 
 from gpt_tp.errors import UserError
