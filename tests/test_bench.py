@@ -78,7 +78,7 @@ def test_collectives_equal_cost_model(bench):
 
 def test_bad_flags(tmp_path):
     cases = [
-        (["--layouts", "1x3"], "tensor_parallel_size=3 must divide model.n_head=4"),
+        (["--layouts", "1x3"], "n_head=4 (every rank holds whole attention heads)"),
         (["--layouts", "2"], "'2' is not DPxTP"),
         (["--precision", "16-mixed"], "'16-mixed' is not one of 32-true, bf16-mixed"),
         (["--compile", "maybe"], "'maybe' is not on/off"),

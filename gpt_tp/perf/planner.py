@@ -3,13 +3,16 @@ memory each needs per device.
 
     python -m gpt_tp.perf.planner --model gpt2-xl --devices-per-node 8 --memory-gib 24 --batch-size 4 --seq-len 1024
     python -m gpt_tp.perf.planner --config configs/tp2.yaml --memory-gib 24
+    python -m gpt_tp.perf.planner --config configs/tp2.yaml --config my.yaml --model.model.n_layer 4 --memory-gib 24
+
+Arguments other than its own flags are those of `python cli.py fit`, read by the trainer's parser.
 
 Rules (the same as gpt_tp.parallel): TP stays inside a node (it talks every layer), so TP divides the devices per node
 and is a valid TP size of the model (it divides heads, widths, vocabulary and T); DP = world size / TP runs FSDP2, which
 shards parameters, gradients and AdamW state over DP as well. Among the layouts that fit, the smallest TP wins: TP costs
 four collectives per layer on the critical path, DP costs one reduce-scatter/all-gather per block that overlaps compute.
 
-Memory per device: gpt_tp.perf.memory (the model and its terms).
+Memory per device: gpt_tp.perf.memory (the model and its terms); shapes and state bytes: gpt_tp.parallel.sizes.
 """
 
 import json
