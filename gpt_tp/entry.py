@@ -40,6 +40,14 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} --help)")
 
 
+def torchrun_world() -> int:
+    """The number of processes torchrun started; outside torchrun a UserError says how to launch."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise UserError("run this command under torchrun, e.g. python -m torch.distributed.run --standalone "
+                        "--nproc_per_node=2 -m <command> ...")
+    return int(os.environ["WORLD_SIZE"])
+
+
 def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
     """Start a command launched by torchrun: the process group (NCCL on CUDA, else gloo) and its (data_parallel,
     tensor_parallel) DeviceMesh. device: "auto" (CUDA when present), "cuda" or "cpu". Returns (mesh, torch.device).
@@ -47,10 +55,7 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise UserError("run this command under torchrun, e.g. python -m torch.distributed.run --standalone "
-                        "--nproc_per_node=2 -m <command> ...")
-    world = int(os.environ["WORLD_SIZE"])
+    world = torchrun_world()
     if dp * tp != world:
         raise UserError(f"data-parallel {dp} x tensor-parallel {tp} = {dp * tp} processes, but torchrun started "
                         f"{world}: pass --nproc_per_node={dp * tp} or change the layout")

@@ -219,3 +219,16 @@ def test_a_callback_refusing_on_every_rank_prints_once():
                            "--trainer.callbacks", "gpt_tp.eval.sampling.TextSampleCallback", "--trainer.callbacks.max_length", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "TextSampleCallback max_length=2 must exceed the prompt's token count: raise max_length" in one_error_line(proc)
+
+
+# ---- each command's own flags: one error line naming the flag, exit 2 ----------------------------------------------
+@pytest.mark.parametrize("command,args,message", [
+    ("gpt_tp.train.export", ["ckpt", "--out", "x", "--format", "zip"],
+     "argument --format: invalid choice: 'zip' (choose from 'torch', 'hf', 'both') (see python -m gpt_tp.train.export --help)"),
+    ("gpt_tp.train.slurm", ["latest", "checkpoints", "--newest"],
+     "unrecognized arguments: --newest (see python -m gpt_tp.train.slurm --help)"),
+], ids=["export", "slurm"])
+def test_bad_command_line(user_run, command, args, message):
+    from importlib import import_module
+
+    assert message in user_run(lambda: import_module(command).main(args))

@@ -32,10 +32,13 @@ def test_print_config():
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--trainer.strategy.init_args.tensor_parallel_size", "3"], "data_parallel_size=1 x tensor_parallel_size=3 = 3, but the run has 2 devices"),
-        (["--trainer.devices", "3", "--trainer.strategy.init_args.tensor_parallel_size", "3"], "tensor_parallel_size=3 must divide model.n_head=4"),
+        (["--trainer.strategy.init_args.tensor_parallel_size", "3"], "trainer.strategy.init_args.data_parallel_size=1, trainer.strategy.init_args.tensor_parallel_size=3, "
+         "trainer.devices=2 x trainer.num_nodes=1: data-parallel size 1 x tensor-parallel size 3 = 3, but the run has 2 devices"),
+        (["--trainer.devices", "3", "--trainer.strategy.init_args.tensor_parallel_size", "3"], "trainer.strategy.init_args.tensor_parallel_size=3, model.model.n_head=4: "
+         "tensor-parallel size 3 must divide n_head=4"),
         (["--model.total_batch_size", "4096"], "set trainer.accumulate_grad_batches=4"),
-        (["--data.seq_len", "127", "--model.total_batch_size", "null"], "must divide the sequence length (data.seq_len)=127"),
+        (["--data.seq_len", "127", "--model.total_batch_size", "null"], "trainer.strategy.init_args.tensor_parallel_size=2, data.seq_len=127: "
+         "tensor-parallel size 2 must divide seq_len=127"),
         (["--data.seq_len", "256", "--model.total_batch_size", "null"], "data.seq_len=256 exceeds the model's block_size=128"),
         (["--data.data_dir", "no/such/dir"], "no/such/dir"),
         (["--model.model", "gpt5"], "unknown model size 'gpt5'"),

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT, WORKERS
-from gpt_tp.entry import run
+from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
 
 
@@ -31,6 +31,22 @@ def test_run_exit_codes_and_one_line(capsys):
     assert code == 2 and err.count("\n") == 1 and "No such file or directory: 'no/such/file'" in err
     code, err = exit_code(lambda: sys.exit("error: --foo must be positive"), capsys)
     assert code == 2 and err == "error: --foo must be positive\n"
+
+
+def test_bad_flag_and_launch_outside_torchrun_are_one_line(capsys, monkeypatch):
+    ap = ArgumentParser("python -m gpt_tp.x", "A command.")
+    ap.add_argument("--steps", type=int, default=1)
+    code, err = exit_code(lambda: ap.parse_args(["--steps", "two"]), capsys)
+    assert (code, err) == (2, "error: argument --steps: invalid int value: 'two' (see python -m gpt_tp.x --help)\n")
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    code, err = exit_code(lambda: torchrun_mesh(1, 2), capsys)
+    assert code == 2 and err.startswith("error: run this command under torchrun, e.g. python -m torch.distributed.run")
+    monkeypatch.setenv("RANK", "0")  # under torchrun run() leaves with os._exit: call the bootstrap directly
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(UserError, match=r"^data-parallel 1 x tensor-parallel 2 = 2 processes, but torchrun started 4: "
+                                        r"pass --nproc_per_node=2 or change the layout$"):
+        torchrun_mesh(1, 2)
 
 
 def test_a_bug_keeps_its_traceback():

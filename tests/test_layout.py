@@ -7,11 +7,21 @@ from gpt_tp.train.module import check_total_batch
 from gpt_tp.parallel import LayoutError, fitting_layouts, valid_tp_sizes, validate_layout
 
 
+def test_messages_name_no_flag():
+    """The layout check speaks of the model; each command names its own flags (cli.py: trainer.strategy...)."""
+    for kwargs in ({"tp": 8}, {"tp": 2, "world_size": 4}, {"tp": 2, "seq_len": 1023}, {"tp": 0}):
+        with pytest.raises(LayoutError) as e:
+            validate_layout(GPTConfig.from_name("gpt2"), **kwargs)
+        msg = str(e.value)
+        assert not any(flag in msg for flag in ("parallel_size", "trainer.", "model.", "data.", "--")), msg
+
+
 def test_twelve_heads_on_eight_gpus():
     with pytest.raises(LayoutError) as e:
         validate_layout(GPTConfig.from_name("gpt2"), tp=8, dp=1, world_size=8)
     msg = str(e.value)
-    assert "tensor_parallel_size=8 must divide model.n_head=12" in msg
+    assert e.value.quantities == ("tp", "n_head")
+    assert "tensor-parallel size 8 must divide n_head=12 (every rank holds whole attention heads)" in msg
     assert "1, 2, 3, 4, 6, 12" in msg
     assert "Layouts that fit 8 devices: DP=8 x TP=1, DP=4 x TP=2, DP=2 x TP=4." in msg
 
@@ -25,15 +35,17 @@ def test_valid_sizes_per_model():
 
 
 def test_world_size_mismatch():
-    with pytest.raises(LayoutError, match=r"data_parallel_size=1 x tensor_parallel_size=2 = 2, but the run has 4 devices.*DP=4 x TP=1, DP=2 x TP=2, DP=1 x TP=4"):
+    with pytest.raises(LayoutError, match=r"data-parallel size 1 x tensor-parallel size 2 = 2, but the run has 4 devices.*DP=4 x TP=1, DP=2 x TP=2, DP=1 x TP=4") as e:
         validate_layout(GPTConfig.from_name("gpt2"), tp=2, dp=1, world_size=4)
+    assert e.value.quantities == ("dp", "tp", "world_size")
 
 
 def test_unpadded_vocab_and_sequence_length():
-    with pytest.raises(LayoutError, match="must divide model.vocab_size=50257.*pad it"):
+    with pytest.raises(LayoutError, match="tensor-parallel size 2 must divide vocab_size=50257.*pad it"):
         validate_layout(GPTConfig.from_name("gpt2", vocab_size=50257), tp=2)
-    with pytest.raises(LayoutError, match=r"must divide the sequence length \(data.seq_len\)=1023"):
+    with pytest.raises(LayoutError, match=r"tensor-parallel size 2 must divide seq_len=1023 \(sequence parallelism") as e:
         validate_layout(GPTConfig.from_name("gpt2"), tp=2, seq_len=1023)
+    assert e.value.quantities == ("tp", "seq_len")
     validate_layout(GPTConfig.from_name("gpt2"), tp=4, dp=2, world_size=8, seq_len=1024)  # fine
 
 

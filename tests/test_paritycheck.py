@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, one_error_line
 from gpt_tp.model import GPTConfig
 from gpt_tp.perf.paritycheck import ParityInputError, load_plan, parser, settings
 
@@ -61,7 +61,7 @@ def test_bad_input():
     args = parser().parse_args(["--model", "tiny", "--tp", "4"])
     with pytest.raises(ParityInputError, match="--dp 1 x --tp 4 = 4 but torchrun started 2 processes"):
         settings(args, world=2)
-    with pytest.raises(ParityInputError, match="tensor_parallel_size=3 must divide model.n_head=4"):
+    with pytest.raises(ParityInputError, match=r"tensor-parallel size 3 must divide n_head=4 .* \(--tp, --dp, --seq-len\)"):
         settings(parser().parse_args(["--model", "tiny"]), world=3)
     with pytest.raises(ParityInputError, match="is not a dict of module path -> ParallelStyle"):
         load_plan("tests.workers.paritycheck_plans:not_a_plan", GPTConfig.from_name("tiny"))
@@ -74,7 +74,26 @@ def test_bad_input():
     with pytest.raises(ParityInputError, match="--dp 3 does not divide the 2 processes"):
         settings(parser().parse_args(["--model", "tiny", "--dp", "3"]), world=2)
     proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.paritycheck"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: run under torchrun")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: run this command under torchrun")
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.paritycheck", "--tpp", "2"], cwd=ROOT, capture_output=True, text=True)
+    assert "error: unrecognized arguments: --tpp 2" in one_error_line(proc)
+
+
+def test_config_reads_as_the_trainer_reads_it(tmp_path):
+    """Two --config files stack as in cli.py fit; the classes' defaults fill what they leave out; "auto" DP is derived."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("trainer:\n  devices: 4\n  strategy:\n    init_args: {data_parallel_size: auto}\n"
+                     "model:\n  model: {n_layer: 3}\ndata:\n  batch_size: 3\n")
+    s = settings(parser().parse_args(["--config", "configs/cpu.yaml", "--config", str(extra)]), world=4)
+    assert (s["dp"], s["tp"], s["batch_size"], s["seq_len"]) == (2, 2, 3, 128)
+    assert s["config"] == GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=128)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("model:\n  model: tiny\n")  # data.seq_len defaults to GPTDataModule's 1024 > block_size 128
+    with pytest.raises(ParityInputError, match="--seq-len=1024 in 1..block_size=128"):
+        settings(parser().parse_args(["--config", str(bare)]), world=2)
+    with pytest.raises(ParityInputError, match=r"--config .*bare.yaml: .*unknown model size 'gpt5'"):
+        bare.write_text("model:\n  model: gpt5\n")
+        settings(parser().parse_args(["--config", str(bare)]), world=2)
 
 
 def test_flags_replace_the_config_layout():

@@ -67,7 +67,7 @@ def test_init_from_reads_the_folders_config(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--data.batch_size", "x"], 'Parser key "data.batch_size"'),
     (["--model.n_layerx", "3"], "unrecognized arguments: --model.n_layerx 3"),
-    (["--config", "no/such.yaml"], "no/such.yaml"),
+    (["--config", "no/such.yaml"], "--config no/such.yaml: no such file"),
     (["--model.model", "gpt5"], "unknown model size 'gpt5'"),
     (["--model.init_from", "no/such/hf"], "model.init_from=no/such/hf: no/such/hf/config.json not found"),
     (["--config", "configs/cpu.yaml", "--trainer.precision", "16-mixed"], "trainer.precision=16-mixed: ModelParallelStrategy"),

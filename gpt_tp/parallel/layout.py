@@ -2,13 +2,17 @@
 
 from math import gcd
 
-
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
 
 
 class LayoutError(UserError):
-    """A model / device layout that cannot work; the message says what to change."""
+    """A model / device layout that cannot work, stated in the model's terms; ``quantities`` names what is at fault
+    ("tp", "dp", "world_size", "n_head", "n_embd", "vocab_size", "seq_len") for a command to name its own flags."""
+
+    def __init__(self, message: str, quantities: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.quantities = quantities
 
 
 def _divisors(n: int) -> list[int]:
@@ -37,27 +41,28 @@ def _layouts_text(config: GPTConfig, world_size: int, seq_len: int | None) -> st
 def validate_layout(
     config: GPTConfig, tp: int, dp: int = 1, world_size: int | None = None, seq_len: int | None = None
 ) -> None:
-    """Raise LayoutError naming the flag to change if this model cannot run as dp x tp on world_size devices."""
+    """Raise LayoutError, with the layouts that would fit, if this model cannot run as dp x tp on world_size devices."""
     world_size = dp * tp if world_size is None else world_size
     if tp < 1 or dp < 1:
-        raise LayoutError(f"tensor_parallel_size={tp} and data_parallel_size={dp} must be >= 1")
+        raise LayoutError(f"tensor-parallel size {tp} and data-parallel size {dp} must be >= 1", ("tp", "dp"))
     if dp * tp != world_size:
         raise LayoutError(
-            f"data_parallel_size={dp} x tensor_parallel_size={tp} = {dp * tp}, but the run has {world_size} devices "
-            f"(trainer.devices x trainer.num_nodes). {_layouts_text(config, world_size, seq_len)}"
+            f"data-parallel size {dp} x tensor-parallel size {tp} = {dp * tp}, but the run has {world_size} devices. "
+            f"{_layouts_text(config, world_size, seq_len)}", ("dp", "tp", "world_size")
         )
     checks = [
-        ("model.n_head", config.n_head, "every rank holds whole attention heads"),
-        ("model.n_embd", config.n_embd, "row-parallel projections split the width"),
-        ("4 * model.n_embd", 4 * config.n_embd, "the MLP's hidden units are split"),
-        ("model.vocab_size", config.vocab_size, "the embedding and lm_head are split over the vocabulary; pad it"),
+        ("n_head", config.n_head, "every rank holds whole attention heads"),
+        ("n_embd", config.n_embd, "row-parallel projections split the width"),
+        ("4 * n_embd", 4 * config.n_embd, "the MLP's hidden units are split"),
+        ("vocab_size", config.vocab_size, "the embedding and lm_head are split over the vocabulary; pad it"),
     ]
     if seq_len is not None:
-        checks.append(("the sequence length (data.seq_len)", seq_len, "sequence parallelism splits T"))
+        checks.append(("seq_len", seq_len, "sequence parallelism splits the sequence"))
     for name, value, why in checks:
         if value % tp:
             raise LayoutError(
-                f"tensor_parallel_size={tp} must divide {name}={value} ({why}); it divides by "
-                f"{', '.join(map(str, _divisors(value)[:12]))}. Valid TP sizes for this model: "
-                f"{', '.join(map(str, valid_tp_sizes(config, seq_len)))}. {_layouts_text(config, world_size, seq_len)}"
+                f"tensor-parallel size {tp} must divide {name}={value} ({why}); it divides by "
+                f"{', '.join(map(str, _divisors(value)[:12]))}. Valid tensor-parallel sizes for this model: "
+                f"{', '.join(map(str, valid_tp_sizes(config, seq_len)))}. {_layouts_text(config, world_size, seq_len)}",
+                ("tp", name.removeprefix("4 * ")),
             )

@@ -12,17 +12,19 @@ copy's largest value. Exit code 0 within --tol, 1 beyond it (or if the sharded m
 Runs in float32; a correct plan agrees to ~1e-6, a wrong one typically by O(1).
 """
 
-import argparse
 import copy
 import json
 import sys
+from dataclasses import replace
 from importlib import import_module
 from pathlib import Path
 
 import torch
 
+from gpt_tp.entry import ArgumentParser, run, torchrun_mesh, torchrun_world
 from gpt_tp.errors import UserError
-from gpt_tp.model import SIZES, GPTConfig, config_fields
+from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.parallel import LayoutError, validate_layout
 
 
 class ParityInputError(UserError):
@@ -54,7 +56,7 @@ def apply_plan(model, mesh, plan: dict | None):
     """gpt_tp.parallel.parallelize for the default plan; for a custom one the same steps with that plan."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from gpt_tp.parallel import parallelize, validate_layout
+    from gpt_tp.parallel import parallelize
 
     if plan is None:
         return parallelize(model, mesh)
@@ -146,99 +148,74 @@ def report(res: dict, tol: float, top: int) -> tuple[str, bool]:
     return "\n".join(lines), ok
 
 
-def config_from_yaml(path: str) -> dict:
-    """Pick model, layout and batch shape out of a `python cli.py fit --config` YAML."""
-    import yaml
+def config_settings(files: list[str]) -> dict:
+    """Model, layout and batch shape of `python cli.py fit --config FILE ...` (gpt_tp.train.config): class defaults
+    apply; a layout size left to the planner ("auto") is derived from the process count here."""
+    from gpt_tp.train.config import read_training_config
 
-    p = Path(path)
-    if not p.is_file():
-        raise ParityInputError(f"--config {path}: no such file")
     try:
-        cfg = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ParityInputError(f"--config {path} is not valid YAML: {e}") from None
-    out = {}
-    model = (cfg.get("model") or {}).get("model")
-    if isinstance(model, str):
-        out["model"] = model
-    elif isinstance(model, dict):
-        unknown = set(model) - set(config_fields())
-        if unknown:
-            raise ParityInputError(f"--config {path}: model.model has unknown fields {sorted(unknown)}; "
-                                   f"known: {', '.join(config_fields())}")
-        out["model_fields"] = model
-    strategy = (cfg.get("trainer") or {}).get("strategy")
-    if isinstance(strategy, dict):
-        args = strategy.get("init_args") or {}
-        if "tensor_parallel_size" in args:
-            out["tp"] = args["tensor_parallel_size"]
-        if "data_parallel_size" in args:
-            out["dp"] = args["data_parallel_size"]
-    data = cfg.get("data") or {}
-    for k in ("batch_size", "seq_len"):
-        if k in data:
-            out[k] = data[k]
-    return out
+        c = read_training_config([a for f in files for a in ("--config", f)])
+    except UserError as e:
+        raise ParityInputError(f"--config {' '.join(files)}: {e}") from None
+    sizes = [None if v == "auto" else v for v in (c.data_parallel_size, c.tensor_parallel_size)]
+    return {"config": c.model, "dp": sizes[0], "tp": sizes[1], "batch_size": c.batch_size, "seq_len": c.seq_len}
 
 
 def settings(args, world: int) -> dict:
-    """Flags over the YAML over defaults; validated against the world size. --dp or --tp on the command line
-    replaces the YAML's layout as a whole: the missing size is then derived (dp 1, tp = processes / dp)."""
-    s = {"model": "tiny", "model_fields": None, "tp": None, "dp": 1, "batch_size": 2, "seq_len": 64}
+    """Flags over the --config files over defaults; validated against the world size. --dp or --tp on the command
+    line replaces the config's layout as a whole: a size not given is then derived (dp 1, tp = processes / dp)."""
+    s = {"config": None, "dp": 1, "tp": None, "batch_size": 2, "seq_len": 64}
     if args.config:
-        s.update(config_from_yaml(args.config))
+        s.update(config_settings(args.config))
     if args.dp is not None or args.tp is not None:
         s["dp"], s["tp"] = (1 if args.dp is None else args.dp), args.tp
-    for k in ("model", "batch_size", "seq_len"):
+    for k in ("batch_size", "seq_len"):
         if getattr(args, k) is not None:
             s[k] = getattr(args, k)
-            if k == "model":
-                s["model_fields"] = None
     for k in ("dp", "tp"):
-        if s[k] is not None and (not isinstance(s[k], int) or s[k] < 1):
-            raise ParityInputError(f"--{k}={s[k]!r} must be a positive integer")
+        if s[k] is not None and s[k] < 1:
+            raise ParityInputError(f"--{k}={s[k]} must be a positive integer")
     if args.layers is not None and args.layers < 1:
         raise ParityInputError(f"--layers={args.layers} must be >= 1: with no block there is nothing to check")
-    if s["model_fields"] is not None:
-        config = GPTConfig(**s["model_fields"])
-    else:
-        if s["model"] not in SIZES:
-            raise ParityInputError(f"--model={s['model']!r} is unknown; choose one of {', '.join(SIZES)}")
-        config = GPTConfig.from_name(s["model"])
-    if args.layers is not None:
-        config.n_layer = args.layers
-    if s["tp"] is None:
-        if world % s["dp"]:
-            raise ParityInputError(f"--dp {s['dp']} does not divide the {world} processes torchrun started; set "
-                                   f"--nproc_per_node to a multiple of {s['dp']} or change --dp")
-        s["tp"] = world // s["dp"]
+    if args.model is not None or s["config"] is None:
+        name = args.model or "tiny"
+        if name not in SIZES:
+            raise ParityInputError(f"--model={name!r} is unknown; choose one of {', '.join(SIZES)}")
+        s["config"] = GPTConfig.from_name(name)
+    config = s["config"] if args.layers is None else replace(s["config"], n_layer=args.layers)
+    if s["tp"] is None and s["dp"] is None:
+        s["dp"] = 1
+    for known, other in (("dp", "tp"), ("tp", "dp")):
+        if s[other] is None:
+            if world % s[known]:
+                raise ParityInputError(f"--{known} {s[known]} does not divide the {world} processes torchrun started; "
+                                       f"set --nproc_per_node to a multiple of {s[known]} or change --{known}")
+            s[other] = world // s[known]
     if s["dp"] * s["tp"] != world:
         raise ParityInputError(f"--dp {s['dp']} x --tp {s['tp']} = {s['dp'] * s['tp']} but torchrun started {world} "
                                f"processes; set --nproc_per_node={s['dp'] * s['tp']} or change --dp/--tp")
     if s["batch_size"] < 1 or s["seq_len"] < 1 or s["seq_len"] > config.block_size:
         raise ParityInputError(f"--batch-size={s['batch_size']} must be >= 1 and --seq-len={s['seq_len']} in "
                                f"1..block_size={config.block_size}")
-    from gpt_tp.parallel import LayoutError, validate_layout
-
     try:
         validate_layout(config, tp=s["tp"], dp=s["dp"], seq_len=s["seq_len"])
     except LayoutError as e:
-        raise ParityInputError(str(e)) from None
+        raise ParityInputError(f"{e} (--tp, --dp, --seq-len)") from None
     s["config"] = config
     return s
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="torchrun --nproc_per_node=N -m gpt_tp.perf.paritycheck", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", help="a training YAML (python cli.py fit --config ...): model, layout, batch shape")
-    ap.add_argument("--model", help=f"a named size: {', '.join(SIZES)} (default tiny)")
+def parser() -> ArgumentParser:
+    ap = ArgumentParser("torchrun --nproc_per_node=N -m gpt_tp.perf.paritycheck", __doc__)
+    ap.add_argument("--config", action="append", help="a training YAML (python cli.py fit --config ...): model, layout, "
+                    "batch shape, read as the trainer reads it; repeat it to stack files as cli.py does")
+    ap.add_argument("--model", help=f"a named size: {', '.join(SIZES)} (default tiny); replaces the --config's model")
     ap.add_argument("--layers", type=int, help="override the number of blocks, >= 1 (a quicker check of a big model)")
     ap.add_argument("--tp", type=int, help="tensor-parallel size (default: the --config's, else processes / dp); "
                     "--tp or --dp replaces the --config's layout")
     ap.add_argument("--dp", type=int, help="data-parallel size (default: the --config's, else 1)")
-    ap.add_argument("--batch-size", type=int, help="rows per data-parallel rank (default 2)")
-    ap.add_argument("--seq-len", type=int, help="tokens per row (default 64)")
+    ap.add_argument("--batch-size", type=int, help="rows per data-parallel rank (default: the --config's, else 2)")
+    ap.add_argument("--seq-len", type=int, help="tokens per row (default: the --config's, else 64)")
     ap.add_argument("--plan", help="module:attribute of a custom TP plan (dict, or function of the GPTConfig)")
     ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance for loss, weights and gradients (1e-4)")
     ap.add_argument("--top", type=int, default=10, help="parameters to list, worst first (default 10)")
@@ -249,30 +226,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
     args = parser().parse_args(argv)
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise ParityInputError("run under torchrun, e.g. python -m torch.distributed.run --standalone "
-                               "--nproc_per_node=2 -m gpt_tp.perf.paritycheck --config configs/cpu.yaml")
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    s = settings(args, world)
+    s = settings(args, torchrun_world())
     plan = load_plan(args.plan, s["config"]) if args.plan else None
     if not args.tol > 0:
         raise ParityInputError(f"--tol={args.tol} must be > 0")
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
+    mesh, device = torchrun_mesh(s["dp"], s["tp"], args.device)
+    if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # compare in true float32
         torch.backends.cudnn.allow_tf32 = False
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo")
-    mesh = init_device_mesh(device.type, (s["dp"], s["tp"]), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    rank = mesh.get_rank()
     try:
         res = compare(s["config"], mesh, s["batch_size"], s["seq_len"], args.seed, plan, device)
     except Exception as e:  # noqa: BLE001 - a broken plan fails in many ways; say so and exit 1
@@ -291,6 +254,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from gpt_tp.entry import run
-
     run(main)

@@ -87,7 +87,10 @@ class GPTCLI(TrainingCLI):
         seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
         if seq_len is not None and seq_len > config.block_size:
             raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
-        validate_layout(config, tp=tp, dp=dp, world_size=world, seq_len=seq_len)
+        try:
+            validate_layout(config, tp=tp, dp=dp, world_size=world, seq_len=seq_len)
+        except LayoutError as e:
+            raise LayoutError(f"{', '.join(self._layout_flags(e.quantities, dp, tp, seq_len))}: {e}", e.quantities) from None
         if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
             raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
         ckpt = cfg.get("ckpt_path")
@@ -98,6 +101,22 @@ class GPTCLI(TrainingCLI):
             raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
         self._check_log_folders()
         return dp
+
+    def _layout_flags(self, quantities: tuple[str, ...], dp: int, tp: int, seq_len: int | None) -> list[str]:
+        """The settings behind a LayoutError's quantities, as flag=value."""
+        cfg, config = self.config[self.subcommand], self.model.config
+        init = "trainer.strategy.init_args"
+        flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
+                 "world_size": f"trainer.devices={self.trainer.num_devices} x trainer.num_nodes={self.trainer.num_nodes}",
+                 "seq_len": f"data.seq_len={seq_len}"}
+        for q in ("n_head", "n_embd", "vocab_size"):
+            if cfg.model.init_from is not None:
+                flags[q] = f"model.init_from={cfg.model.init_from} ({q}={getattr(config, q)})"
+            elif isinstance(cfg.model.model, str):
+                flags[q] = f"model.model={cfg.model.model} ({q}={getattr(config, q)})"
+            else:
+                flags[q] = f"model.model.{q}={getattr(config, q)}"
+        return [flags[q] for q in quantities if q in flags]
 
     def _check_log_folders(self) -> None:
         """Create each logger's folder here, in the launching process: a folder that cannot be made or written is

@@ -206,6 +206,9 @@ def read_training_config(args: list[str]) -> TrainingConfig:
     """The settings of `python cli.py fit *args` (e.g. ["--config", "configs/tp2.yaml", "--data.seq_len", "512"]):
     the same parser, defaults, checks and model resolution as the trainer; no Trainer, model weights or process
     group. A bad flag, value or file is a UserError naming it."""
+    for flag, value in zip(args, args[1:]):
+        if flag in ("--config", "-c") and not Path(value).is_file():
+            raise UserError(f"--config {value}: no such file (give a training YAML such as configs/cpu.yaml)")
     try:
         _ParseOnly(args=["fit", *args])
     except _Parsed as parsed:

@@ -12,7 +12,6 @@ included: its hyper-parameters hold the model it built). The output folder is wr
 temporary name and renamed when complete; an existing non-empty OUT_DIR is never overwritten.
 """
 
-import argparse
 import dataclasses
 import json
 import shutil
@@ -20,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from gpt_tp.train.checkpoint import load_consolidated
-from gpt_tp.entry import run
+from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
 from gpt_tp.model import hf_config_dict, to_hf_state_dict
+from gpt_tp.train.checkpoint import load_consolidated
 
 
 class ExportError(UserError):
@@ -31,6 +30,7 @@ class ExportError(UserError):
 
 
 def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
+    """Write `checkpoint`'s model to the new folder `out` in `fmt` ("torch", "hf" or "both"); returns the folder."""
     out_dir = Path(out)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ExportError(f"--out {out_dir} exists and is not an empty folder; choose a new --out (nothing is overwritten)")
@@ -53,8 +53,8 @@ def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
     return out_dir
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser("python -m gpt_tp.train.export", __doc__)
     ap.add_argument("checkpoint", help="a distributed checkpoint folder (e.g. checkpoints/tp2/last.ckpt)")
     ap.add_argument("--out", required=True, help="new output folder")
     ap.add_argument("--format", choices=("torch", "hf", "both"), default="both")

@@ -32,7 +32,6 @@ process: TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the default). `FailFast` adds a stal
 line and an immediate exit, so the job ends instead of holding its nodes.
 """
 
-import argparse
 import os
 import signal
 import socket
@@ -47,6 +46,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
 
 # distributed-checkpoint folders written by Lightning's ModelParallelStrategy end with this file (rank 0, last)
@@ -301,7 +301,7 @@ def latest_checkpoint(*dirs: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpt_tp.train.slurm", description="Cluster helpers for gpt_tp.")
+    ap = ArgumentParser("python -m gpt_tp.train.slurm", "Cluster helpers for gpt_tp.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     lat = sub.add_parser("latest", help="print the newest complete checkpoint in the folders (nothing if none)")
     lat.add_argument("dirs", nargs="+")
@@ -314,6 +314,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from gpt_tp.entry import run
-
     run(main)

@@ -1,10 +1,9 @@
 """Stress the end of a run: repeat the 2-process TP=2 Lightning fit job of tests/test_tp_parity.py and count
 non-zero exits and aborts at process exit ("terminate called ...", SIGABRT). A benchmark, not a CI test.
 
-    python scripts/stress_exit.py --runs 30            # about 25 s a run on 2 CPU cores
+    python tests/tools/stress_exit.py --runs 30            # about 25 s a run on 2 CPU cores
 """
 
-import argparse
 import collections
 import os
 import subprocess
@@ -13,12 +12,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from gpt_tp.entry import ArgumentParser, run  # noqa: E402 (the checkout's package, run as a script)
+
 JOB = ["tests/workers/lightning_fit.py", "--tp", "2", "--init-module", "--precision", "bf16-mixed"]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser("python tests/tools/stress_exit.py", __doc__)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--root", default=str(ROOT), help="the checkout whose worker to run (default: this one)")
     ap.add_argument("--keep", default=None, help="write each failed run's full output to this folder")
@@ -50,4 +52,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)
