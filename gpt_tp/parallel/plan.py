@@ -163,14 +163,19 @@ PLANS = {
 }
 
 
-def make_plan(name: str = "gpt_tp", overlap_chunks: int = 1) -> dict[str, ParallelStyle]:
-    """A plan by name (PLANS); overlap_chunks applies to the gpt_tp plans only."""
+def check_plan(name: str, overlap_chunks: int = 1) -> None:
+    """model.tp_plan names one of PLANS; model.tp_overlap_chunks >= 1, above 1 only with a gpt_tp plan."""
     if name not in PLANS:
         raise UserError(f"model.tp_plan={name!r}: use one of {', '.join(PLANS)}")
     if overlap_chunks < 1:
         raise UserError(f"model.tp_overlap_chunks={overlap_chunks} must be >= 1 (1: no overlap)")
     if overlap_chunks > 1 and not name.startswith("gpt_tp"):
         raise UserError(f"model.tp_overlap_chunks={overlap_chunks} needs model.tp_plan gpt_tp or gpt_tp_ordered, not {name!r}")
+
+
+def make_plan(name: str = "gpt_tp", overlap_chunks: int = 1) -> dict[str, ParallelStyle]:
+    """A plan by name (PLANS); overlap_chunks applies to the gpt_tp plans only."""
+    check_plan(name, overlap_chunks)
     return PLANS[name](overlap_chunks)
 
 

@@ -9,7 +9,9 @@ from contextlib import nullcontext
 import lightning as L
 import numpy as np
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
+from torch.distributed.tensor.parallel import loss_parallel
 
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import cross_entropy
@@ -17,7 +19,7 @@ from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import check_schedule, get_lr, make_adamw
 from gpt_tp.hardware import detect_peak_flops
 from gpt_tp.parallel import (
-    check_ac_mode, clip_grad_norm, enable_async_tp, materialize, parallelize, validate_layout,
+    check_ac_mode, check_plan, clip_grad_norm, enable_async_tp, materialize, parallelize, validate_layout,
 )
 from gpt_tp.train.ranks import data_parallel_rank_size
 
@@ -59,6 +61,8 @@ class GPTModule(L.LightningModule):
         init_from: str | None = None,
         peak_flops: float | None = None,
         activation_checkpointing: str = "none",
+        tp_plan: str = "gpt_tp",
+        tp_overlap_chunks: int = 1,
     ):
         """
         Args:
@@ -80,9 +84,17 @@ class GPTModule(L.LightningModule):
             activation_checkpointing: per block, "none", "full" (keep the block input, recompute the block in
                 backward) or "selective" (keep matmul and attention outputs, recompute the rest); applied after TP,
                 before compile and FSDP2 (gpt_tp.parallel.apply_ac). The same losses and gradients in every mode.
+            tp_plan: the tensor-parallel plan: "gpt_tp" (gpt_tp.parallel.TP_PLAN); "gpt_tp_ordered", "dtensor" and
+                "torch" (torch's styles and loss_parallel) are the references gpt_tp.perf.scaling measures it against.
+            tp_overlap_chunks: k > 1 runs each MLP in k chunks whose all-gathers and reduce-scatters overlap the
+                matmuls (gpt_tp.parallel.overlap; eager, gpt_tp plans); 1 runs it in one piece.
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
+        check_plan(tp_plan, tp_overlap_chunks)
+        if tp_overlap_chunks > 1 and compile:
+            raise UserError(f"model.tp_overlap_chunks={tp_overlap_chunks} runs eager blocks: set model.compile=false "
+                            "or model.tp_overlap_chunks=1")
         check_schedule(max_lr, min_lr, warmup_steps)
         self.save_hyperparameters()
         config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
@@ -114,7 +126,8 @@ class GPTModule(L.LightningModule):
             enable_async_tp(self.device_mesh["tensor_parallel"])
         param_dtype = torch.bfloat16 if str(self.trainer.precision) == "bf16-mixed" else None  # FSDP2's gathers
         parallelize(self.model, self.device_mesh, compile=self.hparams.compile, param_dtype=param_dtype,
-                    activation_checkpointing=self.hparams.activation_checkpointing)
+                    activation_checkpointing=self.hparams.activation_checkpointing,
+                    tp_plan=self.hparams.tp_plan, overlap_chunks=self.hparams.tp_overlap_chunks)
         materialize(self.model, self.device)
 
     def _lr(self, step: int) -> float:
@@ -178,11 +191,25 @@ class GPTModule(L.LightningModule):
         if self._t_last is None:
             self._t_last = time.perf_counter()
         self._seq_len = x.shape[1]
-        loss = cross_entropy(self.model(x), y)
+        loss = self._loss(self.model(x), y)
         detached = loss.detach()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         self._tokens += x.numel()
         return loss
+
+    def _torch_loss(self) -> bool:
+        """The "torch" reference plan trains with torch's loss_parallel (forward and backward inside it)."""
+        return self.hparams.tp_plan == "torch" and self.device_mesh is not None and self.device_mesh["tensor_parallel"].size() > 1
+
+    def _loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self._torch_loss():
+            with loss_parallel():
+                return F.cross_entropy(logits.flatten(0, 1), y.flatten()).full_tensor()  # (B T, V) vocab-sharded, (B T,)
+        return cross_entropy(logits, y)
+
+    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        with loss_parallel() if self._torch_loss() else nullcontext():
+            super().backward(loss, *args, **kwargs)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Runs once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware),

@@ -1,0 +1,181 @@
+"""CPU scaling through the real training command: `python cli.py fit` at TP=2 against TP=1, side by side.
+
+    python -m gpt_tp.perf.scaling --batch-size 4 --seq-len 256 --pairs 3 --variant gpt_tp --variant torch
+    python -m gpt_tp.perf.scaling --batch-size 2 --seq-len 1024 --compile --pairs 2
+
+GPT-2 124M shapes, fp32, one thread per process (OMP_NUM_THREADS=1), the bundled data sample, `--steps` optimizer
+steps per run (no validation, no checkpoints). Each pair runs TP=1 (one process) and every TP=2 variant (two
+processes, ModelParallel strategy) one after the other, the order reversed every other pair, so every side sees
+the same machine load. A run's step time is the median over steps >= 2 of B x T / the logged
+train/tokens_per_sec; its peak RSS is each process's high-water mark (VmHWM, polled from /proc), the largest
+over its processes. Reported per variant: the TP=2 / TP=1 ratios of step time and of peak RSS, one per pair,
+as min / median / max, and the TP=2 step time and peak RSS themselves. Goal (GPT-2 124M, 4 x 256, eager): step
+ratio <= 0.60, peak-RSS ratio <= 0.60. A variant is model.tp_plan[:model.tp_overlap_chunks], e.g. gpt_tp:2.
+"""
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpt_tp.entry import ArgumentParser, run
+from gpt_tp.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parse_variant(text: str) -> tuple[str, int]:
+    """"plan" or "plan:chunks" -> (model.tp_plan, model.tp_overlap_chunks), checked like the model checks them."""
+    from gpt_tp.parallel.plan import check_plan
+
+    name, _, chunks = text.partition(":")
+    try:
+        k = int(chunks) if chunks else 1
+    except ValueError:
+        raise UserError(f"--variant {text!r}: give a plan name with an optional ':chunks', e.g. gpt_tp:2") from None
+    check_plan(name, k)
+    return name, k
+
+
+def fit_config(args, tp: int, plan: str, chunks: int, run_dir: Path) -> dict:
+    """The cli.py fit config of one run (JSON is YAML: cli.py --config reads it)."""
+    strategy = "auto" if tp == 1 else {"class_path": "gpt_tp.train.checkpoint.ModelParallel",
+                                       "init_args": {"data_parallel_size": 1, "tensor_parallel_size": tp}}
+    return {
+        "seed_everything": 1337,
+        "trainer": {
+            "accelerator": "cpu", "devices": tp, "strategy": strategy, "precision": "32-true",
+            "max_steps": args.steps, "log_every_n_steps": 1, "limit_val_batches": 0, "num_sanity_val_steps": 0,
+            "enable_checkpointing": False, "enable_progress_bar": False, "inference_mode": False,
+            "gradient_clip_val": 1.0, "callbacks": [],
+            "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger",
+                        "init_args": {"save_dir": str(run_dir), "name": "fit", "version": 0}}],
+        },
+        "model": {"model": "gpt2", "total_batch_size": None, "compile": args.compile, "max_steps": args.steps,
+                  "warmup_steps": 2, "tp_plan": plan, "tp_overlap_chunks": chunks},
+        "data": {"data_dir": args.data_dir, "batch_size": args.batch_size, "seq_len": args.seq_len, "val_batches": 0},
+    }
+
+
+def _children(pid: int) -> list[int]:
+    """pid and its descendants, from /proc."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [c for c, p in parents.items() if p in frontier]
+        tree += frontier
+    return tree
+
+
+def _hwm_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def fit_once(args, tp: int, plan: str, chunks: int, run_dir: Path) -> dict:
+    """One cli.py fit run: its step times and its processes' peak RSS."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = run_dir / "config.yaml"
+    config.write_text(json.dumps(fit_config(args, tp, plan, chunks, run_dir), indent=1))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    log = (run_dir / "output.txt").open("w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(config)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    hwm: dict[int, float] = {}
+    while proc.poll() is None:
+        for pid in _children(proc.pid)[1:] + [proc.pid]:
+            if (mib := _hwm_mib(pid)) is not None and pid != os.getpid():
+                hwm[pid] = max(hwm.get(pid, 0.0), mib)
+        time.sleep(0.25)
+    log.close()
+    if proc.returncode != 0:
+        tail = (run_dir / "output.txt").read_text()[-3000:]
+        raise RuntimeError(f"cli.py fit (TP={tp}, {plan}) exited {proc.returncode}; its output ends:\n{tail}")
+    rows = list(csv.DictReader((run_dir / "fit" / "version_0" / "metrics.csv").open()))
+    tok_s = [float(r["train/tokens_per_sec"]) for r in rows if r.get("train/tokens_per_sec") and int(r["step"]) >= 2]
+    step_s = [args.batch_size * args.seq_len / t for t in tok_s]
+    return {"step_s": statistics.median(step_s), "steps_s": step_s, "peak_rss_mib": max(hwm.values())}
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def measure(args) -> dict:
+    variants = [parse_variant(v) for v in (args.variant or ["gpt_tp"])]
+    sides = [("tp1", 1, "gpt_tp", 1)] + [(f"{p}:{k}" if k > 1 else p, 2, p, k) for p, k in variants]
+    out = Path(args.out)
+    runs = {name: [] for name, *_ in sides}
+    for i in range(args.pairs):
+        for name, tp, plan, k in (sides if i % 2 == 0 else sides[::-1]):
+            r = fit_once(args, tp, plan, k, out / f"pair{i}" / name.replace(":", "_"))
+            runs[name].append(r)
+            print(f"pair {i}  {name:<16} step {r['step_s']:.3f} s  peak RSS {r['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
+    res = {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "pairs": args.pairs,
+           "compile": args.compile, "tp1": {"step_s": stats([r["step_s"] for r in runs["tp1"]]),
+                                            "peak_rss_mib": stats([r["peak_rss_mib"] for r in runs["tp1"]])},
+           "variants": {}, "runs": runs}
+    for name, *_ in sides[1:]:
+        pairs = list(zip(runs["tp1"], runs[name]))
+        res["variants"][name] = {
+            "step_ratio": stats([b["step_s"] / a["step_s"] for a, b in pairs]),
+            "rss_ratio": stats([b["peak_rss_mib"] / a["peak_rss_mib"] for a, b in pairs]),
+            "step_s": stats([b["step_s"] for _, b in pairs]),
+            "peak_rss_mib": stats([b["peak_rss_mib"] for _, b in pairs]),
+        }
+    return res
+
+
+def markdown(res: dict) -> str:
+    f = lambda s, d=3: "/".join(f"{s[k]:.{d}f}" for k in ("min", "median", "max"))  # noqa: E731
+    head = (f"GPT-2 124M, micro-batch {res['batch_size']} x {res['seq_len']}, fp32, "
+            f"{'compiled blocks' if res['compile'] else 'eager'}, 1 thread per process, {res['steps']} steps per run, "
+            f"{res['pairs']} interleaved pairs; TP=1: step {f(res['tp1']['step_s'], 2)} s, "
+            f"peak RSS {f(res['tp1']['peak_rss_mib'], 0)} MiB (min/median/max)\n\n")
+    lines = ["| TP=2 variant | step ratio TP=2/TP=1 | TP=2 step s | peak-RSS ratio | TP=2 peak RSS MiB |", "|---|---|---|---|---|"]
+    for name, v in res["variants"].items():
+        lines.append(f"| {name} | {f(v['step_ratio'])} | {f(v['step_s'], 2)} | {f(v['rss_ratio'])} | {f(v['peak_rss_mib'], 0)} |")
+    return head + "\n".join(lines) + "\n(min/median/max over pairs)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser("python -m gpt_tp.perf.scaling", __doc__)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=256, help="even (sequence parallelism splits it), <= 1024")
+    ap.add_argument("--steps", type=int, default=7, help="optimizer steps per run; steps >= 2 are timed")
+    ap.add_argument("--pairs", type=int, default=3, help="interleaved rounds of TP=1 and every TP=2 variant")
+    ap.add_argument("--variant", action="append", help="TP=2 plan[:chunks], repeatable (default: gpt_tp)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each block (both sides)")
+    ap.add_argument("--data-dir", default="data/sample")
+    ap.add_argument("--out", default="scaling_out", help="folder for the runs' configs and logs, and scaling.json")
+    args = ap.parse_args(argv)
+    if args.seq_len % 2 or not 0 < args.seq_len <= 1024:
+        raise UserError(f"--seq-len={args.seq_len} must be even and in 2..1024")
+    if args.batch_size < 1 or args.pairs < 1 or args.steps < 3:
+        raise UserError(f"--batch-size={args.batch_size}, --pairs={args.pairs}: need >= 1; --steps={args.steps}: need >= 3")
+    for v in args.variant or []:
+        parse_variant(v)
+    res = measure(args)
+    (Path(args.out) / "scaling.json").write_text(json.dumps(res, indent=1))
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)
