@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_tp.train import cli  # imported here, not under capsys: Lightning's log handlers keep the stream they first see
+import cli  # imported here, not under capsys: Lightning's log handlers keep the stream they first see
 from conftest import ROOT, one_error_line
 
 CPU = str(ROOT / "configs" / "cpu.yaml")

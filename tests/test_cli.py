@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gpt_tp.train import cli as cli_module  # imported before any capsys: Lightning's log handlers keep the stream they first see
+import cli as cli_module  # imported before any capsys: Lightning's log handlers keep the stream they first see
 from conftest import ROOT, one_error_line
 
 

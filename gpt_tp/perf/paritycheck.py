@@ -156,7 +156,7 @@ def config_settings(files: list[str]) -> dict:
     try:
         c = read_training_config([a for f in files for a in ("--config", f)])
     except UserError as e:
-        raise ParityInputError(f"--config {' '.join(files)}: {e}") from None
+        raise ParityInputError(str(e) if str(e).startswith("--config") else f"--config {' '.join(files)}: {e}") from None
     sizes = [None if v == "auto" else v for v in (c.data_parallel_size, c.tensor_parallel_size)]
     return {"config": c.model, "dp": sizes[0], "tp": sizes[1], "batch_size": c.batch_size, "seq_len": c.seq_len}
 

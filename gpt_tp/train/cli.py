@@ -1,12 +1,14 @@
 """gpt_tp's command line, `python cli.py fit --config configs/tp2.yaml` (see README): GPTCLI runs TrainingCLI
 (gpt_tp.train.config) with the checks that need no process group done first, in the launching process, so a
-mistake prints once; `auto` layouts are planned before launch.
+mistake prints once. `auto` layouts are planned before launch by the planner cli.py hands in (gpt_tp.perf sits
+above this room).
 
 Subcommands: fit, validate (val loss, and HellaSwag where its callback is configured), predict (continue prompts).
 A user's mistake prints one line, `error: ...`, and exits with code 2 (gpt_tp.entry)."""
 
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 from lightning.pytorch import Trainer
@@ -18,8 +20,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
+from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.parallel import LayoutError, validate_layout
-from gpt_tp.perf.planner import detect_device_memory_gib, resolve_layout
 from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count
 from gpt_tp.train.module import check_total_batch
@@ -29,7 +31,12 @@ CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightni
 
 
 class GPTCLI(TrainingCLI):
-    """TrainingCLI with gpt_tp's checks before launch and its 'auto' layout planning."""
+    """TrainingCLI with gpt_tp's checks before launch. plan_layout: the planner that turns 'auto' data/tensor-parallel
+    sizes into numbers (gpt_tp.perf.planner.resolve_layout's signature); without one an 'auto' size is refused."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, plan_layout: Callable | None = None, **kwargs):
+        self.plan_layout = plan_layout  # before LightningCLI's __init__, which runs the hooks below
+        super().__init__(args=args, run=run, **kwargs)
 
     def before_instantiate_classes(self) -> None:
         """The config's own checks (check_config); `auto` data/tensor-parallel sizes: the planner picks the smallest
@@ -39,11 +46,14 @@ class GPTCLI(TrainingCLI):
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             return
+        if self.plan_layout is None:
+            raise LayoutError("trainer.strategy.init_args: an 'auto' data_parallel_size or tensor_parallel_size needs "
+                              "the planner; run python cli.py, or give both sizes")
         devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
         if devices is None:
             raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to plan an "
                               "'auto' layout")
-        dp, tp = resolve_layout(
+        dp, tp = self.plan_layout(
             config, devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
             detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
             ac=cfg.model.activation_checkpointing,
@@ -157,10 +167,10 @@ class GPTCLI(TrainingCLI):
         self._check_layout()
 
 
-def main(args: list[str] | None = None) -> GPTCLI:
-    """Run `cli.py` with args (default: the command line): fit, validate or predict."""
+def main(args: list[str] | None = None, plan_layout: Callable | None = None) -> GPTCLI:
+    """Run `cli.py` with args (default: the command line): fit, validate or predict; plan_layout as GPTCLI's."""
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] == "test":
         raise UserError("`test` is not a gpt_tp subcommand: the data has a train and a val split; "
                         "use `python cli.py validate --config ... --ckpt_path ...` for val loss and HellaSwag")
-    return GPTCLI(args=args)
+    return GPTCLI(args=args, plan_layout=plan_layout)

@@ -67,8 +67,8 @@ class PromptBatches:
 
 def continue_prompt(pl_module, batch: dict) -> list[dict]:
     """predict_step's work: `num_samples` top-k continuations of batch["prompt"], `max_new_tokens` tokens each."""
-    from gpt_tp.eval.hellaswag import block_size_of, parallel_layout
     from gpt_tp.data.tokenizer import get_encoding
+    from gpt_tp.train.ranks import block_size_of, parallel_layout
 
     enc = get_encoding()
     trainer = pl_module.trainer
