@@ -44,11 +44,45 @@ def test_tp_matches_single_device(tmp_path, dp, nproc):
     results = [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
     for res in results:
         check_parity(res)
+        assert res["tp_collectives_forward"] == tp_collectives(TINY_LAYERS)["forward"]
+        assert res["tp_collectives_backward"] == tp_collectives(TINY_LAYERS)["backward"]
         for expected, got in zip(NAIVE_ERRORS[dp], res["naive_errors"]):
             assert expected is None or (got is not None and expected in got), got
     # every rank reports the same (global) loss and norm
     assert len({tuple(r["losses"]) for r in results}) == 1
     assert len({tuple(r["norms"]) for r in results}) == 1
+
+
+def tp_collectives(n_layer: int, chunks: int = 1) -> dict[str, dict[str, int]]:
+    """Step 0's collectives on the TP group at TP=2: per block an all-gather and a reduce-scatter around attention
+    and around the MLP (k of each there with the MLP in k chunks), the embedding's reduce-scatter and lm_head's
+    all-gather, the loss's 2 all-reduces; backward the conjugates."""
+    n = 2 * n_layer + 1 + n_layer * (chunks - 1)
+    return {"forward": {"all_gather": n, "reduce_scatter": n, "all_reduce": 2},
+            "backward": {"all_gather": n, "reduce_scatter": n}}
+
+
+@pytest.mark.parametrize("plan,chunks,dp,nproc", [
+    ("gpt_tp", 3, 1, 2),  # 64 tokens per rank in 3 chunks of 22, 21, 21
+    ("gpt_tp", 2, 2, 4),
+    ("gpt_tp_ordered", 1, 1, 2),
+    ("dtensor", 1, 1, 2),
+    ("torch", 1, 1, 2),
+], ids=["overlap3-tp2", "overlap2-dp2xtp2", "ordered", "dtensor", "torch"])
+def test_plan_variants_match_single_device(tmp_path, plan, chunks, dp, nproc):
+    """The MLP in k chunks with its collectives overlapped (model.tp_overlap_chunks) and the reference plans
+    gpt_tp.perf.scaling measures against: the same tolerances against the single device as the default path.
+    The chunked MLP really splits its collectives: k all-gathers and k reduce-scatters per MLP each way."""
+    run_torchrun("parity.py", nproc, "--dp", str(dp), "--plan", plan, "--chunks", str(chunks), "--skip-naive",
+                 "--out", str(tmp_path / "r"))
+    results = [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
+    for res in results:
+        check_parity(res)
+        if plan.startswith("gpt_tp"):
+            expected = tp_collectives(TINY_LAYERS, chunks)
+            assert res["tp_collectives_forward"] == expected["forward"]
+            assert res["tp_collectives_backward"] == expected["backward"]
+    assert len({tuple(r["losses"]) for r in results}) == 1
 
 
 def test_lightning_tp_runs_match_single_device(tmp_path):

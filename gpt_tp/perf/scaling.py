@@ -10,7 +10,8 @@ the same machine load. A run's step time is the median over steps >= 2 of B x T 
 train/tokens_per_sec; its peak RSS is each process's high-water mark (VmHWM, polled from /proc), the largest
 over its processes. Reported per variant: the TP=2 / TP=1 ratios of step time and of peak RSS, one per pair,
 as min / median / max, and the TP=2 step time and peak RSS themselves. Goal (GPT-2 124M, 4 x 256, eager): step
-ratio <= 0.60, peak-RSS ratio <= 0.60. A variant is model.tp_plan[:model.tp_overlap_chunks], e.g. gpt_tp:2.
+ratio <= 0.60, peak-RSS ratio <= 0.60. A variant is model.tp_plan[:model.tp_overlap_chunks][@heap], e.g.
+gpt_tp:2; @heap runs both sides with glibc's default allocator behaviour (model.malloc_mmap_threshold_kib=null).
 """
 
 import csv
@@ -28,20 +29,27 @@ from gpt_tp.errors import UserError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def parse_variant(text: str) -> tuple[str, int]:
-    """"plan" or "plan:chunks" -> (model.tp_plan, model.tp_overlap_chunks), checked like the model checks them."""
+def parse_variant(text: str) -> tuple[str, int, bool]:
+    """"plan[:chunks][@heap]" -> (model.tp_plan, model.tp_overlap_chunks, heap), checked like the model checks
+    them. @heap: glibc's default allocator behaviour (model.malloc_mmap_threshold_kib=null), on both sides."""
     from gpt_tp.parallel.plan import check_plan
 
-    name, _, chunks = text.partition(":")
+    spec, at, heap = text.partition("@")
+    if at and heap != "heap":
+        raise UserError(f"--variant {text!r}: the only suffix is @heap (glibc's default allocator behaviour)")
+    name, _, chunks = spec.partition(":")
     try:
         k = int(chunks) if chunks else 1
     except ValueError:
         raise UserError(f"--variant {text!r}: give a plan name with an optional ':chunks', e.g. gpt_tp:2") from None
-    check_plan(name, k)
-    return name, k
+    try:
+        check_plan(name, k)
+    except UserError as e:
+        raise UserError(f"--variant {text!r}: {e}") from None
+    return name, k, bool(at)
 
 
-def fit_config(args, tp: int, plan: str, chunks: int, run_dir: Path) -> dict:
+def fit_config(args, tp: int, plan: str, chunks: int, heap: bool, run_dir: Path) -> dict:
     """The cli.py fit config of one run (JSON is YAML: cli.py --config reads it)."""
     strategy = "auto" if tp == 1 else {"class_path": "gpt_tp.train.checkpoint.ModelParallel",
                                        "init_args": {"data_parallel_size": 1, "tensor_parallel_size": tp}}
@@ -56,7 +64,8 @@ def fit_config(args, tp: int, plan: str, chunks: int, run_dir: Path) -> dict:
                         "init_args": {"save_dir": str(run_dir), "name": "fit", "version": 0}}],
         },
         "model": {"model": "gpt2", "total_batch_size": None, "compile": args.compile, "max_steps": args.steps,
-                  "warmup_steps": 2, "tp_plan": plan, "tp_overlap_chunks": chunks},
+                  "warmup_steps": 2, "tp_plan": plan, "tp_overlap_chunks": chunks,
+                  "malloc_mmap_threshold_kib": None if heap else 128},
         "data": {"data_dir": args.data_dir, "batch_size": args.batch_size, "seq_len": args.seq_len, "val_batches": 0},
     }
 
@@ -88,11 +97,11 @@ def _hwm_mib(pid: int) -> float | None:
     return None
 
 
-def fit_once(args, tp: int, plan: str, chunks: int, run_dir: Path) -> dict:
+def fit_once(args, tp: int, plan: str, chunks: int, heap: bool, run_dir: Path) -> dict:
     """One cli.py fit run: its step times and its processes' peak RSS."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / "config.yaml"
-    config.write_text(json.dumps(fit_config(args, tp, plan, chunks, run_dir), indent=1))
+    config.write_text(json.dumps(fit_config(args, tp, plan, chunks, heap, run_dir), indent=1))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     log = (run_dir / "output.txt").open("w")
     proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(config)], cwd=ROOT, env=env,
@@ -118,21 +127,25 @@ def stats(xs: list[float]) -> dict[str, float]:
 
 
 def measure(args) -> dict:
-    variants = [parse_variant(v) for v in (args.variant or ["gpt_tp"])]
-    sides = [("tp1", 1, "gpt_tp", 1)] + [(f"{p}:{k}" if k > 1 else p, 2, p, k) for p, k in variants]
+    variants = [(v, *parse_variant(v)) for v in (args.variant or ["gpt_tp"])]
+    # one TP=1 side per allocator setting in use; each TP=2 variant is paired with the TP=1 run of its setting
+    sides = [("tp1@heap" if heap else "tp1", 1, "gpt_tp", 1, heap) for heap in sorted({v[3] for v in variants})]
+    sides += [(name, 2, p, k, heap) for name, p, k, heap in variants]
     out = Path(args.out)
     runs = {name: [] for name, *_ in sides}
     for i in range(args.pairs):
-        for name, tp, plan, k in (sides if i % 2 == 0 else sides[::-1]):
-            r = fit_once(args, tp, plan, k, out / f"pair{i}" / name.replace(":", "_"))
+        for name, tp, plan, k, heap in (sides if i % 2 == 0 else sides[::-1]):
+            r = fit_once(args, tp, plan, k, heap, out / f"pair{i}" / name.replace(":", "_").replace("@", "_"))
             runs[name].append(r)
             print(f"pair {i}  {name:<16} step {r['step_s']:.3f} s  peak RSS {r['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
+    tp1 = {name: {"step_s": stats([r["step_s"] for r in runs[name]]),
+                  "peak_rss_mib": stats([r["peak_rss_mib"] for r in runs[name]])} for name, tp, *_ in sides if tp == 1}
     res = {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "pairs": args.pairs,
-           "compile": args.compile, "tp1": {"step_s": stats([r["step_s"] for r in runs["tp1"]]),
-                                            "peak_rss_mib": stats([r["peak_rss_mib"] for r in runs["tp1"]])},
-           "variants": {}, "runs": runs}
-    for name, *_ in sides[1:]:
-        pairs = list(zip(runs["tp1"], runs[name]))
+           "compile": args.compile, "tp1": tp1, "variants": {}, "runs": runs}
+    for name, tp, _, _, heap in sides:
+        if tp == 1:
+            continue
+        pairs = list(zip(runs["tp1@heap" if heap else "tp1"], runs[name]))
         res["variants"][name] = {
             "step_ratio": stats([b["step_s"] / a["step_s"] for a, b in pairs]),
             "rss_ratio": stats([b["peak_rss_mib"] / a["peak_rss_mib"] for a, b in pairs]),
@@ -146,12 +159,13 @@ def markdown(res: dict) -> str:
     f = lambda s, d=3: "/".join(f"{s[k]:.{d}f}" for k in ("min", "median", "max"))  # noqa: E731
     head = (f"GPT-2 124M, micro-batch {res['batch_size']} x {res['seq_len']}, fp32, "
             f"{'compiled blocks' if res['compile'] else 'eager'}, 1 thread per process, {res['steps']} steps per run, "
-            f"{res['pairs']} interleaved pairs; TP=1: step {f(res['tp1']['step_s'], 2)} s, "
-            f"peak RSS {f(res['tp1']['peak_rss_mib'], 0)} MiB (min/median/max)\n\n")
+            f"{res['pairs']} interleaved pairs (min/median/max over pairs)\n\n")
+    for name, t in res["tp1"].items():
+        head += f"{name}: step {f(t['step_s'], 2)} s, peak RSS {f(t['peak_rss_mib'], 0)} MiB\n"
     lines = ["| TP=2 variant | step ratio TP=2/TP=1 | TP=2 step s | peak-RSS ratio | TP=2 peak RSS MiB |", "|---|---|---|---|---|"]
     for name, v in res["variants"].items():
         lines.append(f"| {name} | {f(v['step_ratio'])} | {f(v['step_s'], 2)} | {f(v['rss_ratio'])} | {f(v['peak_rss_mib'], 0)} |")
-    return head + "\n".join(lines) + "\n(min/median/max over pairs)"
+    return head + "\n" + "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

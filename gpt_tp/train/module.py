@@ -1,5 +1,6 @@
 """The LightningModule: GPT-2 trained the build-nanogpt way, tensor-parallel under ModelParallelStrategy."""
 
+import ctypes
 import dataclasses
 import math
 import random
@@ -42,6 +43,18 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
     )
 
 
+def fix_mmap_threshold(kib: int) -> bool:
+    """glibc's malloc: serve every allocation of `kib` KiB and more from its own mapping, unmapped when freed
+    (mallopt M_MMAP_THRESHOLD, which also stops glibc raising the threshold by itself). By default glibc raises it
+    as such buffers are freed, up to 32 MiB, and activation-sized tensors then come from the heap, which keeps
+    what each step frees: a CPU process's resident memory grows to a fragmented heap's high-water mark, by
+    about the size of the activations. Returns whether it was set (False off glibc)."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, kib * 1024))  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 class GPTModule(L.LightningModule):
     def __init__(
         self,
@@ -63,6 +76,7 @@ class GPTModule(L.LightningModule):
         activation_checkpointing: str = "none",
         tp_plan: str = "gpt_tp",
         tp_overlap_chunks: int = 1,
+        malloc_mmap_threshold_kib: int | None = 128,
     ):
         """
         Args:
@@ -88,10 +102,18 @@ class GPTModule(L.LightningModule):
                 "torch" (torch's styles and loss_parallel) are the references gpt_tp.perf.scaling measures it against.
             tp_overlap_chunks: k > 1 runs each MLP in k chunks whose all-gathers and reduce-scatters overlap the
                 matmuls (gpt_tp.parallel.overlap; eager, gpt_tp plans); 1 runs it in one piece.
+            malloc_mmap_threshold_kib: on a machine without CUDA, CPU buffers of this size and more get their own
+                memory mapping, returned to the system when freed (see fix_mmap_threshold); None keeps glibc's
+                default.
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
         check_plan(tp_plan, tp_overlap_chunks)
+        if malloc_mmap_threshold_kib is not None and malloc_mmap_threshold_kib < 1:
+            raise UserError(f"model.malloc_mmap_threshold_kib={malloc_mmap_threshold_kib} must be >= 1, or null for "
+                            "glibc's default")
+        if malloc_mmap_threshold_kib is not None and not torch.cuda.is_available():
+            fix_mmap_threshold(malloc_mmap_threshold_kib)
         if tp_overlap_chunks > 1 and compile:
             raise UserError(f"model.tp_overlap_chunks={tp_overlap_chunks} runs eager blocks: set model.compile=false "
                             "or model.tp_overlap_chunks=1")

@@ -9,6 +9,7 @@ optimizer steps (clip 1.0, fused AdamW, the LR schedule), tie and placement fact
 import argparse
 import copy
 import json
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,7 @@ from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import get_lr, make_adamw
 from gpt_tp.parallel import clip_grad_norm, parallelize
+from gpt_tp.perf.collectives import CollectiveRecorder, groups_of
 from gpt_tp.perf.synthetic import SyntheticTokens
 
 
@@ -104,9 +106,14 @@ def main():
         x, y = data.batch(step)
         rows = slice(dp_rank * B // dp, (dp_rank + 1) * B // dp)
         loss_ref = F.cross_entropy(ref(x).flatten(0, 1), y.flatten())  # torch's loss on the unsharded model
-        loss = cross_entropy(model(x[rows]), y[rows])  # gpt_tp's vocab-parallel loss
+        with CollectiveRecorder(groups_of(mesh)) as fwd:
+            loss = cross_entropy(model(x[rows]), y[rows])  # gpt_tp's vocab-parallel loss
         loss_ref.backward()
-        loss.backward()
+        with CollectiveRecorder(groups_of(mesh)) as bwd:
+            loss.backward()
+        if step == 0:  # the TP group's collectives by kind, forward and backward
+            for phase, rec in (("forward", fwd), ("backward", bwd)):
+                res[f"tp_collectives_{phase}"] = dict(Counter(k for g, k, _, _ in rec.records if g == "tensor_parallel"))
         loss = loss.detach()
         if dp > 1:
             dist.all_reduce(loss, group=mesh["data_parallel"].get_group())
