@@ -12,15 +12,18 @@ Memory per device (bytes; t = TP, d = DP, B = micro-batch per DP rank, T = seque
                2 r / t:  the LayerNorm inputs (residual stream, sequence-sharded; r = residual bytes)
                2 m:      the inputs of c_attn and c_fc, all-gathered to the full sequence (torch's TP saves the gathered
                          tensor; Megatron saves the shard and gathers again in backward, hence its smaller 34/t term)
-               12 m / t: qkv (3C), the attention output that c_proj reads (C, the same storage), the MLP hidden (4C)
-                         before and after GELU (m = matmul activation bytes)
+               12 m / t: qkv (3C), the attention output (C), the MLP hidden (4C) before and after GELU (m = matmul
+                         activation bytes); at t = 1 c_proj reads the attention output's own storage, at t > 1 gpt_tp's
+                         plan hands c_proj a token-major copy of it (gpt_tp.parallel.sp.RowwiseLinear): + m / t
                LayerNorm mean/rstd (fp32), and the attention logsumexp (fp32) of flash / memory-efficient SDPA. The
                math SDPA kernel (sdpa="math") keeps the (a/t) T x T attention probabilities as well.
              Compare Korthikanti et al. 2022 (Reducing Activation Recomputation), s b h (34 + 5 a s / h) / t bytes with
              2-byte activations, dropout masks and the a s^2 scores; GPT-2 here trains without dropout and SDPA keeps no
              score matrix, so those terms vanish.
              Plus the head: ln_f input B T C r / t, lm_head input B T C m (gathered), the vocab-parallel log-softmax
-             B T (V / t) x 4 (cross-entropy runs in fp32 under autocast) and the token ids / targets (int64).
+             B T (V / t) x 4 (cross-entropy runs in fp32 under autocast), the token ids and targets (int64), the
+             position ids (T, int64) and, at t > 1, the vocab-parallel loss's per-token sums (2 B T x 4) and the
+             embedding's and the loss's masks of the ids this rank holds (2 B T bools).
              Under bf16-mixed at d = 1 autocast also keeps a bf16 copy of every TP-local matmul weight (2 bytes x
              TP-local matmul parameters, in every checkpointing mode). At d > 1 FSDP2 gathers the weights in bf16
              (param_dtype): no copies, and the residual stream, the block inputs included, is bf16 (r = 2).
@@ -110,6 +113,8 @@ def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: i
     if sdpa == "math":
         lse += 2 * B * (config.n_head // t) * T * T * m  # softmax probabilities and their dropout/cast copy
     per_layer = 2 * B * T * C * r // t + 2 * B * T * C * m + 12 * B * T * C * m // t
+    if t > 1:  # c_proj's token-major copy of the attention output
+        per_layer += B * T * C * m // t
     return per_layer + 2 * 2 * (B * T // t) * 4 + lse  # + LayerNorm mean and rstd, fp32, on the sequence slice
 
 
@@ -134,7 +139,9 @@ def activation_bytes(
     head = B * T * C * r // t + 2 * (B * T // t) * 4  # ln_f input + stats
     head += B * T * C * m  # lm_head input, gathered
     head += B * T * (config.vocab_size // t) * lsm  # log-softmax output
-    head += 2 * B * T * 8 + 2 * (T // t) * 8  # token ids, targets (int64), position ids
+    head += 2 * B * T * 8 + T * 8  # token ids, targets (int64), position ids (each rank saves a slice of all T)
+    if t > 1:  # the vocab-parallel loss's per-token sums (fp32); the ids this rank holds (bools, embedding and loss)
+        head += 2 * B * T * 4 + 2 * B * T
     weights = sizes.numel([p for p in sizes.local_params(config, tp) if p.matmul]) * wcopy  # in every AC mode (measured)
     return {"layers": config.n_layer * _layer_bytes(config, B, T, t, r, m, sdpa, ac), "head": head, "weight_copies": weights}
 
