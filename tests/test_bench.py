@@ -145,7 +145,7 @@ def test_async_tp_refused_on_cpu():
 def test_help_and_cpu_scaling_flags():
     proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.bench", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "--layouts" in proc.stdout and "--peak-flops" in proc.stdout
-    proc = subprocess.run([sys.executable, "scripts/bench_cpu_scaling.py", "--seq-len", "255"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.scaling", "--seq-len", "255"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--seq-len=255 must be even" in proc.stderr
 

@@ -10,7 +10,7 @@ from lightning.pytorch.plugins import MixedPrecision
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
-from gpt_tp.train.module import GPTModule
+from gpt_tp.train.module import GPTModule, fix_mmap_threshold
 from gpt_tp.train.optim import get_lr
 from synthetic_data import SyntheticDataModule
 
@@ -130,3 +130,31 @@ def test_fp16_refuses_fused_adamw():
     plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]
     with pytest.raises(UserError, match=r"model.fused=true cannot train with trainer.precision=16-mixed.*bf16-mixed"):
         trainer(2, plugins=plugins).fit(GPTModule("tiny", fused=True, total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"tp_plan": "megatron"}, r"model.tp_plan='megatron': use one of gpt_tp, gpt_tp_ordered, dtensor, torch"),
+    ({"tp_overlap_chunks": 0}, r"model.tp_overlap_chunks=0 must be >= 1"),
+    ({"tp_overlap_chunks": 2, "tp_plan": "torch"}, r"model.tp_overlap_chunks=2 needs model.tp_plan gpt_tp"),
+    ({"tp_overlap_chunks": 2, "compile": True}, r"model.tp_overlap_chunks=2 runs eager blocks: set model.compile=false"),
+    ({"malloc_mmap_threshold_kib": 0}, r"model.malloc_mmap_threshold_kib=0 must be >= 1, or null"),
+])
+def test_bad_speed_options_are_user_errors(kwargs, match):
+    with pytest.raises(UserError, match=match):
+        GPTModule("tiny", total_batch_size=None, **kwargs)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_fixed_mmap_threshold_returns_freed_buffers_to_the_system():
+    """With the threshold fixed (GPTModule does it on CPU machines), activation-sized buffers are unmapped when
+    freed: the resident memory falls back instead of staying in the heap."""
+    assert fix_mmap_threshold(128)
+    base = _rss_mib()
+    xs = [torch.ones(1 << 20) for _ in range(64)]  # 64 buffers of 4 MiB
+    assert _rss_mib() > base + 200
+    del xs
+    assert _rss_mib() < base + 30

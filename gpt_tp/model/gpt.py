@@ -160,10 +160,6 @@ class Block(nn.Module):
         return checkpoint(self._forward, x, use_reentrant=False, context_fn=self.checkpoint_context)
 
 
-def copy_full(param: torch.Tensor, full: torch.Tensor) -> None:
-    param.copy_(full)
-
-
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -217,7 +213,7 @@ class GPT(nn.Module):
         return mask
 
     @torch.no_grad()
-    def init_weights(self, fill=copy_full) -> None:
+    def init_weights(self, fill=torch.Tensor.copy_) -> None:
         """Initialise every parameter from a generator seeded with init_seed. Each value is drawn at the full
         (unsharded) shape, one parameter at a time on the CPU, and handed to fill(param, full): the same numbers
         whatever the device or the sharding (gpt_tp.parallel passes a fill that keeps the local shard)."""

@@ -3,7 +3,7 @@
     python -m gpt_tp.perf.scaling --batch-size 4 --seq-len 256 --pairs 3 --variant gpt_tp --variant torch
     python -m gpt_tp.perf.scaling --batch-size 2 --seq-len 1024 --compile --pairs 2
 
-GPT-2 124M shapes, fp32, one thread per process (OMP_NUM_THREADS=1), the bundled data sample, `--steps` optimizer
+GPT-2 124M shapes (--model), fp32, one thread per process (OMP_NUM_THREADS=1), the bundled data sample, `--steps` optimizer
 steps per run (no validation, no checkpoints). Each pair runs TP=1 (one process) and every TP=2 variant (two
 processes, ModelParallel strategy) one after the other, the order reversed every other pair, so every side sees
 the same machine load. A run's step time is the median over steps >= 2 of B x T / the logged
@@ -63,7 +63,7 @@ def fit_config(args, tp: int, plan: str, chunks: int, heap: bool, run_dir: Path)
             "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger",
                         "init_args": {"save_dir": str(run_dir), "name": "fit", "version": 0}}],
         },
-        "model": {"model": "gpt2", "total_batch_size": None, "compile": args.compile, "max_steps": args.steps,
+        "model": {"model": args.model, "total_batch_size": None, "compile": args.compile, "max_steps": args.steps,
                   "warmup_steps": 2, "tp_plan": plan, "tp_overlap_chunks": chunks,
                   "malloc_mmap_threshold_kib": None if heap else 128},
         "data": {"data_dir": args.data_dir, "batch_size": args.batch_size, "seq_len": args.seq_len, "val_batches": 0},
@@ -140,7 +140,7 @@ def measure(args) -> dict:
             print(f"pair {i}  {name:<16} step {r['step_s']:.3f} s  peak RSS {r['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
     tp1 = {name: {"step_s": stats([r["step_s"] for r in runs[name]]),
                   "peak_rss_mib": stats([r["peak_rss_mib"] for r in runs[name]])} for name, tp, *_ in sides if tp == 1}
-    res = {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "pairs": args.pairs,
+    res = {"model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "pairs": args.pairs,
            "compile": args.compile, "tp1": tp1, "variants": {}, "runs": runs}
     for name, tp, _, _, heap in sides:
         if tp == 1:
@@ -157,7 +157,7 @@ def measure(args) -> dict:
 
 def markdown(res: dict) -> str:
     f = lambda s, d=3: "/".join(f"{s[k]:.{d}f}" for k in ("min", "median", "max"))  # noqa: E731
-    head = (f"GPT-2 124M, micro-batch {res['batch_size']} x {res['seq_len']}, fp32, "
+    head = (f"{res['model']}, micro-batch {res['batch_size']} x {res['seq_len']}, fp32, "
             f"{'compiled blocks' if res['compile'] else 'eager'}, 1 thread per process, {res['steps']} steps per run, "
             f"{res['pairs']} interleaved pairs (min/median/max over pairs)\n\n")
     for name, t in res["tp1"].items():
@@ -170,6 +170,7 @@ def markdown(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser("python -m gpt_tp.perf.scaling", __doc__)
+    ap.add_argument("--model", default="gpt2", help="a named size (gpt_tp.model.SIZES)")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=256, help="even (sequence parallelism splits it), <= 1024")
     ap.add_argument("--steps", type=int, default=7, help="optimizer steps per run; steps >= 2 are timed")
@@ -183,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--seq-len={args.seq_len} must be even and in 2..1024")
     if args.batch_size < 1 or args.pairs < 1 or args.steps < 3:
         raise UserError(f"--batch-size={args.batch_size}, --pairs={args.pairs}: need >= 1; --steps={args.steps}: need >= 3")
+    from gpt_tp.model import SIZES
+
+    if args.model not in SIZES:
+        raise UserError(f"--model={args.model!r}: use one of {', '.join(SIZES)}")
     for v in args.variant or []:
         parse_variant(v)
     res = measure(args)
