@@ -56,6 +56,14 @@ def test_bad_flags_fail_before_training_with_one_line(user_run, flags, message):
     assert message in user_run(lambda: cli_module.main(["fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", *flags]))
 
 
+def test_auto_layout_needs_the_planner_cli_py_hands_in(user_run):
+    """gpt_tp.train.cli sits below the planner (gpt_tp.perf): cli.py passes it; without it 'auto' is refused."""
+    from gpt_tp.train.cli import main
+
+    auto = ["fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.strategy.init_args.tensor_parallel_size", "auto"]
+    assert "an 'auto' data_parallel_size or tensor_parallel_size needs the planner" in user_run(lambda: main(auto))
+
+
 def test_test_subcommand_is_not_offered():
     assert "use `python cli.py validate" in one_error_line(cli("test", "--config", "configs/cpu.yaml"))
     help_text = cli("--help").stdout

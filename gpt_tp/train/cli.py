@@ -23,7 +23,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.parallel import LayoutError, validate_layout
 from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
-from gpt_tp.train.config import TrainingCLI, check_config, device_count
+from gpt_tp.train.config import TrainingCLI, check_config, device_count, model_config
 from gpt_tp.train.module import check_total_batch
 from gpt_tp.train.progress import StepProgressBar
 
@@ -42,7 +42,7 @@ class GPTCLI(TrainingCLI):
         """The config's own checks (check_config); `auto` data/tensor-parallel sizes: the planner picks the smallest
         TP that fits the device memory."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
-        config = check_config(cfg)
+        check_config(cfg)
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             return
@@ -54,7 +54,7 @@ class GPTCLI(TrainingCLI):
             raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to plan an "
                               "'auto' layout")
         dp, tp = self.plan_layout(
-            config, devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
+            model_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
             detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
             ac=cfg.model.activation_checkpointing,
         )
