@@ -79,18 +79,22 @@ def _local(p: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class _PartialBias(torch.autograd.Function):
-    """Row-parallel bias on the partial sums before their reduce-scatter: added on the group's first rank only, so
-    the sum holds it once. Its gradient is the sum of the output gradient over all tokens on every rank (that
-    gradient is the all-gathered one, the same on every rank), a true Replicate gradient: no extra collective."""
+    """Row-parallel bias on the (n B, T/n, C) partial sums before their reduce-scatter: rank r adds it, in place, to
+    row block r only, the block the reduce-scatter hands to rank r, so every output row holds it once and each
+    rank adds 1/n of it. Its gradient is the sum of the output gradient over all tokens on every rank (that
+    gradient is the all-gathered one, the same on every rank): a true Replicate gradient, no extra collective."""
 
     @staticmethod
-    def forward(ctx, y: torch.Tensor, b: torch.Tensor, add: bool) -> torch.Tensor:
+    def forward(ctx, y: torch.Tensor, b: torch.Tensor, n: int, rank: int) -> torch.Tensor:
         ctx.b_dtype = b.dtype
-        return y + b.to(y.dtype) if add else y.clone()
+        rows = y.shape[0] // n
+        y[rank * rows : (rank + 1) * rows] += b.to(y.dtype)  # (B, T/n, C) block r
+        ctx.mark_dirty(y)
+        return y
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        return g, g.sum(dim=tuple(range(g.ndim - 1))).to(ctx.b_dtype), None
+        return g, g.sum(dim=tuple(range(g.ndim - 1))).to(ctx.b_dtype), None, None
 
 
 class ColwiseLinear(nn.Linear):
@@ -117,7 +121,7 @@ class RowwiseLinear(nn.Linear):
         if self.reorder == "output":
             y = to_token_major(y, n)  # (B, T, C) -> (n B, T/n, C)
         if self.bias is not None:
-            y = _PartialBias.apply(y, self.bias.to_local(), self.tp.rank == 0)
+            y = _PartialBias.apply(y, self.bias.to_local(), n, self.tp.rank)
         return reduce_scatter_rows(y, n, self.tp.group)  # (B, T/n, C)
 
 
