@@ -34,11 +34,11 @@ def _reduce_scatter_async(x: torch.Tensor, group) -> tuple[torch.Tensor, dist.Wo
 
 class _ChunkedMLP(torch.autograd.Function):
     """x (M, C), this rank's tokens -> (M, C): reduce_scatter(c_proj(gelu(c_fc(all_gather(x))))) in k chunks.
-    w1 (H, C), b1 (H,): c_fc's local rows; w2 (C, H): c_proj's local columns; b2 (C,) replicated, added once
-    (on the group's first rank) before the reduce-scatter; its gradient is summed over all tokens on every rank."""
+    w1 (H, C), b1 (H,): c_fc's local rows; w2 (C, H): c_proj's local columns; b2 (C,) replicated, added to the
+    reduce-scattered output; its gradient is the gathered output gradient summed over all tokens, on every rank."""
 
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, chunks: int, group, first: bool):
+    def forward(ctx, x, w1, b1, w2, b2, chunks: int, group):
         xs = x.contiguous().chunk(chunks)  # rows: (m, C) each
         gathers = [_gather_async(xc, group) for xc in xs]  # all in flight at once
         outs, pending, saved = [], [], []
@@ -47,8 +47,6 @@ class _ChunkedMLP(torch.autograd.Function):
             a = torch.addmm(b1, xg, w1.t())  # (n m, H)
             h = F.gelu(a, approximate="tanh")
             p = h @ w2.t()  # (n m, C) partial sums
-            if first and b2 is not None:
-                p += b2
             out, work = _reduce_scatter_async(p, group)
             outs.append(out)
             pending.append((work, p))  # p stays alive until its reduce-scatter is done
@@ -57,7 +55,8 @@ class _ChunkedMLP(torch.autograd.Function):
             work.wait()
         ctx.save_for_backward(w1, w2, *saved)
         ctx.chunks, ctx.group, ctx.has_b2 = chunks, group, b2 is not None
-        return torch.cat(outs)  # (M, C)
+        y = torch.cat(outs)  # (M, C)
+        return y if b2 is None else y + b2
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -81,7 +80,7 @@ class _ChunkedMLP(torch.autograd.Function):
             pending.append((work, da))
         for work, _ in pending:
             work.wait()
-        return torch.cat(dxs), dw1, db1, dw2, db2 if ctx.has_b2 else None, None, None, None
+        return torch.cat(dxs), dw1, db1, dw2, db2 if ctx.has_b2 else None, None, None
 
 
 class ChunkedMLPForward(MLP):
@@ -90,7 +89,6 @@ class ChunkedMLPForward(MLP):
 
     chunks: int
     group: object
-    first: bool
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, t, C = x.shape
@@ -100,7 +98,7 @@ class ChunkedMLPForward(MLP):
         if dtype is not None:  # run the chunks in the autocast dtype, as the matmuls would
             x, params = x.to(dtype), [p.to(dtype) for p in params]
         with torch.autocast(x.device.type, enabled=False):
-            y = _ChunkedMLP.apply(x.reshape(B * t, C), *params, self.chunks, self.group, self.first)  # (B t, C)
+            y = _ChunkedMLP.apply(x.reshape(B * t, C), *params, self.chunks, self.group)  # (B t, C)
         return self.dropout(y.view(B, t, C))  # (B, T/n, C)
 
 
@@ -113,5 +111,5 @@ class OverlappedMLP(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         module.__class__ = ChunkedMLPForward
-        module.chunks, module.group, module.first = self.chunks, device_mesh.get_group(), device_mesh.get_local_rank() == 0
+        module.chunks, module.group = self.chunks, device_mesh.get_group()
         return module

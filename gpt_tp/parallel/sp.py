@@ -78,23 +78,20 @@ def _local(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.to_local()
 
 
-class _PartialBias(torch.autograd.Function):
-    """Row-parallel bias on the (n B, T/n, C) partial sums before their reduce-scatter: rank r adds it, in place, to
-    row block r only, the block the reduce-scatter hands to rank r, so every output row holds it once and each
-    rank adds 1/n of it. Its gradient is the sum of the output gradient over all tokens on every rank (that
-    gradient is the all-gathered one, the same on every rank): a true Replicate gradient, no extra collective."""
+class _ReduceScatterBias(torch.autograd.Function):
+    """reduce_scatter_rows(y) + b for a row-parallel layer's replicated bias, added once, to the (B, T/n, C) slice.
+    Backward: the output gradient all-gathered (the reduce-scatter's conjugate) is y's gradient, and its sum over
+    all tokens is b's, the same on every rank: a true Replicate gradient, with no collective of its own."""
 
     @staticmethod
-    def forward(ctx, y: torch.Tensor, b: torch.Tensor, n: int, rank: int) -> torch.Tensor:
-        ctx.b_dtype = b.dtype
-        rows = y.shape[0] // n
-        y[rank * rows : (rank + 1) * rows] += b.to(y.dtype)  # (B, T/n, C) block r
-        ctx.mark_dirty(y)
-        return y
+    def forward(ctx, y: torch.Tensor, b: torch.Tensor, n: int, group: str) -> torch.Tensor:
+        ctx.n, ctx.group, ctx.b_dtype = n, group, b.dtype
+        return reduce_scatter_rows(y, n, group) + b.to(y.dtype)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        return g, g.sum(dim=tuple(range(g.ndim - 1))).to(ctx.b_dtype), None, None
+        g_all = all_gather_rows(g, ctx.n, ctx.group)  # (n B, T/n, C)
+        return g_all, g_all.sum(dim=tuple(range(g_all.ndim - 1))).to(ctx.b_dtype), None, None
 
 
 class ColwiseLinear(nn.Linear):
@@ -121,7 +118,7 @@ class RowwiseLinear(nn.Linear):
         if self.reorder == "output":
             y = to_token_major(y, n)  # (B, T, C) -> (n B, T/n, C)
         if self.bias is not None:
-            y = _PartialBias.apply(y, self.bias.to_local(), n, self.tp.rank)
+            return _ReduceScatterBias.apply(y, self.bias.to_local(), n, self.tp.group)  # (B, T/n, C)
         return reduce_scatter_rows(y, n, self.tp.group)  # (B, T/n, C)
 
 
