@@ -6,7 +6,8 @@ import torch
 from conftest import read_json, run_torchrun
 from gpt_tp.data.shards import DataError
 from gpt_tp.data.tokenizer import get_encoding
-from gpt_tp.eval.sampling import PROMPT, TextSampleCallback, generate, last_logits, sample_texts
+from gpt_tp.eval.sampling import TextSampleCallback
+from gpt_tp.train.generate import PROMPT, generate, last_logits, sample_texts
 from gpt_tp.model import GPT, GPTConfig
 
 

@@ -29,7 +29,7 @@ from torchmetrics import Metric
 from gpt_tp.data.shards import check_token_ids
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.eval.hellaswag_data import HellaSwagError, render_example
-from gpt_tp.eval.vocab import mask_padded_vocab, vocab_shard_offset
+from gpt_tp.parallel.vocab import mask_padded_vocab, vocab_shard_offset
 from gpt_tp.train.ranks import model_vocab
 
 
@@ -64,7 +64,7 @@ def ending_losses(
     logits (R, T, V) may be a plain tensor or a DTensor sharded on the vocabulary (Shard(-1)); position t predicts
     token t + 1. Targets outside the ending are ignore_index, and under loss_parallel() each rank all-reduces only
     (R * T)-sized max / sum-exp / target-logit values, never the vocabulary. Ids >= vocab_limit are left out of the
-    softmax (gpt_tp.eval.vocab.mask_padded_vocab; a DTensor shard by shard, without communication).
+    softmax (gpt_tp.parallel.vocab.mask_padded_vocab; a DTensor shard by shard, without communication).
     Returns (sum_loss (R,), mean_loss (R,)) as plain float tensors.
     """
     target = torch.full_like(tokens, -100)  # (R, T): -100 = ignored

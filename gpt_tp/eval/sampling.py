@@ -1,92 +1,15 @@
-"""Text samples during training, as build-nanogpt prints them: top-k 50 continuations of a prompt.
+"""Text samples during training, as build-nanogpt prints them: top-k 50 continuations of a prompt
+(generation: gpt_tp.train.generate)."""
 
-Under tensor parallelism every rank of a TP group runs the same forwards (they share the collectives), so every
-rank samples, from the same seeded torch.Generator, on the same numbers: only the last position's logits are
-gathered over the vocabulary shards, (B, vocab) rather than (B, T, vocab), and all ranks then draw identical
-tokens. Sequences are right-padded to a multiple of the TP degree (sequence parallelism); a causal model's
-logits at the last real position do not see the padding. torch.compile is bypassed while sampling (every new
-length would be a new shape to compile).
-"""
-
-import math
-from contextlib import nullcontext
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
-from torch.distributed.tensor import DTensor, Shard
 
 from gpt_tp.collective import one_does
-from gpt_tp.data.shards import check_token_ids
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.errors import UserError
-from gpt_tp.eval.vocab import mask_padded_vocab
-from gpt_tp.train.ranks import block_size_of, model_vocab, parallel_layout
-
-PROMPT = "Hello, I'm a language model,"
-
-
-def last_logits(logits: torch.Tensor, pos: int) -> torch.Tensor:
-    """Full-vocabulary logits at position `pos`, (B, V), from (B, T, V) logits; a vocab-sharded DTensor has only
-    that slice gathered."""
-    if not isinstance(logits, DTensor):
-        return logits[:, pos, :]
-    local = logits.to_local()[:, pos, :]  # (B, V / tp)
-    placements = [Shard(1) if p.is_shard() else p for p in logits.placements]
-    return DTensor.from_local(local, logits.device_mesh, placements, run_check=False).full_tensor()
-
-
-@torch.no_grad()
-def generate(
-    model,
-    prompt: list[int],
-    *,
-    num_samples: int = 4,
-    max_length: int = 32,
-    top_k: int = 50,
-    seed: int = 42,
-    block_size: int = 1024,
-    tp: int = 1,
-    vocab_limit: int | None = None,
-    device: torch.device | str = "cpu",
-    forward_context=nullcontext,
-) -> torch.Tensor:
-    """Extend `prompt` (token ids) to max_length tokens, num_samples times: softmax, top-k, multinomial with a
-    generator seeded with `seed` (build-nanogpt's loop). Token ids >= vocab_limit (the padded vocabulary rows)
-    are never drawn. Every prompt id must be below the model's vocabulary (where it has a config) and vocab_limit
-    (gpt_tp.data.shards.check_token_ids). Returns (num_samples, max_length) token ids. Call on every rank of the job."""
-    if not prompt:
-        raise UserError("the prompt encodes to no tokens: give a non-empty prompt")
-    limits = [v for v in (model_vocab(model), vocab_limit) if v is not None]
-    if limits:
-        check_token_ids(torch.tensor(prompt), min(limits), "the sampling prompt")
-    if max_length <= len(prompt):
-        raise UserError(f"max_length={max_length} must exceed the prompt's {len(prompt)} tokens")
-    device = torch.device(device)
-    max_ctx = block_size - block_size % tp  # longest window the model (and sequence parallelism) takes
-    gen = torch.Generator(device=device).manual_seed(seed)  # the same stream on every rank
-    x = torch.tensor(prompt, dtype=torch.long, device=device).unsqueeze(0).repeat(num_samples, 1)
-    with torch.compiler.set_stance("force_eager"):
-        while x.size(1) < max_length:
-            ctx = x[:, -max_ctx:]
-            T = ctx.size(1)
-            padded = F.pad(ctx, (0, math.ceil(T / tp) * tp - T))  # right-pad with token 0
-            with forward_context():
-                logits = model(padded)
-            logits = mask_padded_vocab(last_logits(logits, T - 1).float(), vocab_limit)  # (B, V): never the padding
-            probs = F.softmax(logits, dim=-1)
-            topk_probs, topk_idx = torch.topk(probs, min(top_k, probs.size(-1)), dim=-1)  # (B, k)
-            ix = torch.multinomial(topk_probs, 1, generator=gen)  # (B, 1)
-            x = torch.cat([x, torch.gather(topk_idx, -1, ix)], dim=1)
-    return x
-
-
-def sample_texts(model, enc, prompt: str = PROMPT, **kwargs) -> list[str]:
-    """generate() decoded with `enc` (tiktoken); vocab_limit defaults to the tokenizer's size."""
-    kwargs.setdefault("vocab_limit", enc.n_vocab)
-    rows = generate(model, enc.encode(prompt), **kwargs)
-    return [enc.decode(r) for r in rows.tolist()]
+from gpt_tp.train.generate import PROMPT, sample_texts
+from gpt_tp.train.ranks import block_size_of, parallel_layout
 
 
 class TextSampleCallback(Callback):

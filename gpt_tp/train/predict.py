@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer
 
 from gpt_tp.collective import one_does
 from gpt_tp.errors import UserError
-from gpt_tp.eval.sampling import PROMPT, sample_texts
+from gpt_tp.train.generate import PROMPT, sample_texts
 
 
 def read_prompts(prompt: list[str] | None = None, prompts_file: str | None = None) -> list[str]:
