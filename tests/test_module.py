@@ -150,8 +150,8 @@ def _rss_mib() -> float:
 
 
 def test_fixed_mmap_threshold_returns_freed_buffers_to_the_system():
-    """With the threshold fixed (GPTModule does it on CPU machines), activation-sized buffers are unmapped when
-    freed: the resident memory falls back instead of staying in the heap."""
+    """With the threshold fixed (model.malloc_mmap_threshold_kib, on machines without CUDA), activation-sized
+    buffers are unmapped when freed: the resident memory falls back instead of staying in the heap."""
     assert fix_mmap_threshold(128)
     base = _rss_mib()
     xs = [torch.ones(1 << 20) for _ in range(64)]  # 64 buffers of 4 MiB

@@ -76,7 +76,7 @@ class GPTModule(L.LightningModule):
         activation_checkpointing: str = "none",
         tp_plan: str = "gpt_tp",
         tp_overlap_chunks: int = 1,
-        malloc_mmap_threshold_kib: int | None = 128,
+        malloc_mmap_threshold_kib: int | None = None,
     ):
         """
         Args:
@@ -103,8 +103,9 @@ class GPTModule(L.LightningModule):
             tp_overlap_chunks: k > 1 runs each MLP in k chunks whose all-gathers and reduce-scatters overlap the
                 matmuls (gpt_tp.parallel.overlap; eager, gpt_tp plans); 1 runs it in one piece.
             malloc_mmap_threshold_kib: on a machine without CUDA, CPU buffers of this size and more get their own
-                memory mapping, returned to the system when freed (see fix_mmap_threshold); None keeps glibc's
-                default.
+                memory mapping, returned to the system when freed (see fix_mmap_threshold): a lower peak RSS (128:
+                -22% at TP=2, GPT-2 124M, 4 x 256) for slower steps (+9% at TP=1, +14% at TP=2: every buffer is
+                page-faulted afresh). None keeps glibc's default.
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
