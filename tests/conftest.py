@@ -10,6 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from gpt_tp.data.tokenizer import get_encoding
+from gpt_tp.model import GPT, GPTConfig
+
 # test-only helpers shared by tests and their worker scripts (e.g. synthetic_data) live in tests/workers
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
 
@@ -67,6 +70,19 @@ def one_error_line(proc) -> str:
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, out[-3000:]
     return errors[0]
+
+
+@pytest.fixture(scope="module")
+def enc():
+    """GPT-2's tokenizer (the shipped r50k_base ranks)."""
+    return get_encoding()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny GPT with fixed random weights, in eval mode."""
+    torch.manual_seed(1234)
+    return GPT(GPTConfig.from_name("tiny")).eval()
 
 
 @pytest.fixture

@@ -12,24 +12,12 @@ import torch
 
 from conftest import ROOT, one_error_line, read_json, run_torchrun
 from gpt_tp.data.shards import DataError
-from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.eval import hellaswag as hs
 from gpt_tp.eval import hellaswag_data as hd
 from gpt_tp.eval import hellaswag_score as score
 from gpt_tp.model import GPT, GPTConfig, hf_config_dict, to_hf_state_dict
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"
-
-
-@pytest.fixture(scope="module")
-def enc():
-    return get_encoding()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(1234)
-    return GPT(GPTConfig.from_name("tiny")).eval()
 
 
 # ---- the file ------------------------------------------------------------------------------------------------

@@ -7,24 +7,11 @@ import pytest
 import torch
 
 from conftest import ROOT, read_json, run_torchrun
-from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.eval import hellaswag_data as hd
 from gpt_tp.eval import hellaswag_score as score
 from gpt_tp.parallel.vocab import mask_padded_vocab
-from gpt_tp.model import GPT, GPTConfig
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"
-
-
-@pytest.fixture(scope="module")
-def enc():
-    return get_encoding()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(1234)
-    return GPT(GPTConfig.from_name("tiny")).eval()
 
 
 # ---- rendering and scoring -----------------------------------------------------------------------------------

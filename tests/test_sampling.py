@@ -5,21 +5,8 @@ import torch
 
 from conftest import read_json, run_torchrun
 from gpt_tp.data.shards import DataError
-from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.eval.sampling import TextSampleCallback
 from gpt_tp.train.generate import PROMPT, generate, last_logits, sample_texts
-from gpt_tp.model import GPT, GPTConfig
-
-
-@pytest.fixture(scope="module")
-def enc():
-    return get_encoding()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(1234)
-    return GPT(GPTConfig.from_name("tiny")).eval()
 
 
 def test_same_seed_same_text_and_prompt_kept(tiny, enc):
