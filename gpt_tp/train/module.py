@@ -104,7 +104,7 @@ class GPTModule(L.LightningModule):
                 matmuls (gpt_tp.parallel.overlap; eager, gpt_tp plans); 1 runs it in one piece.
             malloc_mmap_threshold_kib: on a machine without CUDA, CPU buffers of this size and more get their own
                 memory mapping, returned to the system when freed (see fix_mmap_threshold): a lower peak RSS (128:
-                -22% at TP=2, GPT-2 124M, 4 x 256) for slower steps (+9% at TP=1, +14% at TP=2: every buffer is
+                -20% at TP=2, GPT-2 124M, 4 x 256) for slower steps (+9% at TP=1, +17% at TP=2: every buffer is
                 page-faulted afresh). None keeps glibc's default.
         """
         super().__init__()
