@@ -1,5 +1,5 @@
 """GPT-2's BPE: tiktoken's ``r50k_base`` (the same ranks and ``<|endoftext|>`` = 50256 as tiktoken's ``gpt2``),
-built from the ranks file shipped in ``gpt_tp/assets``, so it never needs the network or a tiktoken cache."""
+built from the ranks file shipped in ``gpt_tp/data/assets``, so it never needs the network or a tiktoken cache."""
 
 import base64
 import hashlib
