@@ -131,7 +131,7 @@ def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp
     """The TP group's collectives of one step under TP_PLAN (Megatron sequence parallelism), for L blocks:
     - per block, forward: all-gather of the LayerNorm output before attention and before the MLP, reduce-scatter
       of c_proj's output after each; backward: the conjugates. Under bf16 autocast the plan casts the LayerNorm
-      output to bf16 before the gather (gpt_tp.parallel.GatherInput), so the forward all-gathers (and their
+      output to bf16 before the gather (gpt_tp.parallel.sp.cast_for_matmul), so the forward all-gathers (and their
       backward reduce-scatters) move 2-byte elements, as do the c_proj outputs.
     - the token embedding reduce-scatters into the sequence-sharded stream (fwd) and all-gathers its gradient
       (bwd): float32, 2 bytes when FSDP2 gathers bf16 weights (bf16-mixed, dp > 1); ln_f's output is all-gathered
