@@ -141,13 +141,13 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
-        self.checkpoint_context = None  # activation checkpointing: see checkpoint_activations
+        self.checkpoint_kwargs = None  # activation checkpointing (None: off): see checkpoint_activations
 
-    def checkpoint_activations(self, context_fn) -> None:
+    def checkpoint_activations(self, context_fn=None) -> None:
         """Recompute this block's forward in backward (torch.utils.checkpoint, non-reentrant) instead of keeping its
-        activations; `context_fn` picks what is kept anyway (noop_context_fn: only the input). Parameter names do
-        not change."""
-        self.checkpoint_context = context_fn
+        activations; `context_fn` picks what is kept anyway (None: only the input; then no context_fn is passed at
+        all, which torch.compile needs). Parameter names do not change."""
+        self.checkpoint_kwargs = {} if context_fn is None else {"context_fn": context_fn}
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -155,9 +155,9 @@ class Block(nn.Module):
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.checkpoint_context is None:
+        if self.checkpoint_kwargs is None:
             return self._forward(x)
-        return checkpoint(self._forward, x, use_reentrant=False, context_fn=self.checkpoint_context)
+        return checkpoint(self._forward, x, use_reentrant=False, **self.checkpoint_kwargs)
 
 
 class GPT(nn.Module):

@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts, noop_context_fn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT
@@ -45,6 +45,14 @@ def check_ac_mode(mode: str) -> None:
         raise UserError(f"model.activation_checkpointing={mode!r}: use one of {', '.join(AC_MODES)}")
 
 
+def check_compiled_ac(mode: str, compile: bool, tp: int) -> None:
+    """Full checkpointing of compiled blocks fails inside torch 2.13 at TP > 1 (its compiled checkpoint keeps the
+    DTensor parameters' DeviceMesh among the saved tensors): refused with the alternatives."""
+    if compile and mode == "full" and tp > 1:
+        raise UserError("model.activation_checkpointing=full does not compile at tensor-parallel size > 1: use "
+                        "model.activation_checkpointing=selective, or model.compile=false")
+
+
 def apply_ac(model: GPT, mode: str) -> None:
     """Activation checkpointing per block (torch.utils.checkpoint, non-reentrant). "full": a block keeps only its
     input and reruns its whole forward in backward; "selective": a block keeps its matmul and attention outputs
@@ -53,7 +61,7 @@ def apply_ac(model: GPT, mode: str) -> None:
     check_ac_mode(mode)
     if mode == "none":
         return
-    context_fn = partial(create_selective_checkpoint_contexts, _selective_policy) if mode == "selective" else noop_context_fn
+    context_fn = partial(create_selective_checkpoint_contexts, _selective_policy) if mode == "selective" else None
     for block in model.transformer.h:
         block.checkpoint_activations(context_fn)
 
@@ -80,6 +88,7 @@ def parallelize(
     dp_size = mesh["data_parallel"].size() if mesh is not None else 1
     validate_layout(model.config, tp=tp_size, dp=dp_size)
     plan = make_plan(tp_plan, overlap_chunks)
+    check_compiled_ac(activation_checkpointing, compile, tp_size)
     if overlap_chunks > 1 and compile:
         raise UserError(f"model.tp_overlap_chunks={overlap_chunks} runs eager blocks: set model.compile=false or "
                         "model.tp_overlap_chunks=1")

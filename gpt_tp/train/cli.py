@@ -22,6 +22,7 @@ from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.parallel import LayoutError, validate_layout
+from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count, model_config
 from gpt_tp.train.module import check_total_batch
@@ -101,6 +102,7 @@ class GPTCLI(TrainingCLI):
             validate_layout(config, tp=tp, dp=dp, world_size=world, seq_len=seq_len)
         except LayoutError as e:
             raise LayoutError(f"{', '.join(self._layout_flags(e.quantities, dp, tp, seq_len))}: {e}", e.quantities) from None
+        check_compiled_ac(cfg.model.activation_checkpointing, cfg.model.compile, tp)
         if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
             raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
         ckpt = cfg.get("ckpt_path")
