@@ -18,7 +18,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import check_schedule, get_lr, make_adamw
-from gpt_tp.hardware import detect_peak_flops
+from gpt_tp.hardware import detect_peak_flops, mfu as hardware_mfu
 from gpt_tp.parallel import (
     check_ac_mode, check_plan, clip_grad_norm, enable_async_tp, materialize, parallelize, validate_layout,
 )
@@ -264,8 +264,8 @@ class GPTModule(L.LightningModule):
         tokens = self._tokens * dp
         tok_s = tokens / (now - self._t_last) if self._t_last is not None else float("nan")
         peak = self.hparams.peak_flops or detect_peak_flops(self.device)
-        flops = self.config.flops_per_token(self._seq_len) * tok_s
-        mfu = flops / (peak * self.trainer.world_size) if peak else float("nan")
+        mfu = hardware_mfu(self.config.flops_per_token(self._seq_len), tok_s, peak, self.trainer.world_size)
+        mfu = float("nan") if mfu is None else mfu
         self.log_dict(
             {
                 "train/loss": loss,
