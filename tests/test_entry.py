@@ -3,6 +3,7 @@ distributed process leaves with os._exit after ending its process group, never t
 (where gloo threads kept alive by DTensor's caches abort the process: see gpt_tp/entry.py)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -68,8 +69,9 @@ def test_distributed_exit_skips_the_interpreter_shutdown():
     assert proc.returncode == 0, out[-3000:]
     for rank in (0, 1):
         # the cause: after destroy_process_group the mesh's gloo threads still run (DTensor's plan cache holds the mesh)
-        line = next(l for l in proc.stdout.splitlines() if l.startswith(f"rank {rank}: sum 28;"))
-        assert "pt_gloo_runloop" in line, line
+        m = re.search(rf"rank {rank}: sum 28; gloo threads after destroy_process_group: (\[[^\]]*\])", proc.stdout)
+        assert m is not None, out[-3000:]
+        assert "pt_gloo_runloop" in m.group(1), m.group(0)
     assert "interpreter shutdown" not in out  # left with os._exit: no finalization for those threads to abort in
     assert "terminate called" not in out
 
