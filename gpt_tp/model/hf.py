@@ -1,5 +1,7 @@
 """Hugging Face GPT-2 files in and out: state-dict conversion, config.json, and loading a folder."""
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -110,12 +112,19 @@ def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
     )
 
 
+def read_hf_config(cfg_file: Path, vocab_size: int = 50304) -> GPTConfig:
+    """GPTConfig from a Hugging Face GPT-2 config.json file; a file that is not one is a UserError naming it."""
+    try:
+        return config_from_hf(json.loads(Path(cfg_file).read_text()), vocab_size)
+    except UserError as e:
+        raise UserError(f"{cfg_file}: {e}") from e
+    except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type
+        raise UserError(f"{cfg_file}: not a GPT-2 config.json ({type(e).__name__}: {e})") from e
+
+
 def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     """Read a local Hugging Face GPT-2 directory (config.json + model.safetensors) into our layout; a config.json
     that is not GPT-2's, or weights that are unreadable or do not fit it, raise UserError naming the file."""
-    import json
-    from pathlib import Path
-
     from safetensors.torch import load_file
 
     p = Path(path)
@@ -123,12 +132,7 @@ def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str
     for f in (cfg_file, weights):
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors")
-    try:
-        config = config_from_hf(json.loads(cfg_file.read_text()), vocab_size)
-    except UserError as e:
-        raise UserError(f"{cfg_file}: {e}") from e
-    except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type
-        raise UserError(f"{cfg_file}: not a GPT-2 config.json ({type(e).__name__}: {e})") from e
+    config = read_hf_config(cfg_file, vocab_size)
     try:
         hf_state = load_file(str(weights))
     except Exception as e:  # noqa: BLE001 - safetensors' own error type: any unreadable file is the same mistake

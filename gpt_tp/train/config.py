@@ -9,7 +9,6 @@ building a Trainer, a model or a process group.
 
 import importlib
 import importlib.util
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from gpt_tp.errors import UserError
-from gpt_tp.model import GPTConfig, config_from_hf
+from gpt_tp.model import GPTConfig
+from gpt_tp.model.hf import read_hf_config
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.train.module import GPTModule
 from gpt_tp.train.predict import GPTTrainer
@@ -115,9 +115,9 @@ def model_config(model, init_from: str | None) -> GPTConfig:
         raise UserError(f"model.init_from={init_from}: {cfg_file} not found (a Hugging Face GPT-2 folder holds "
                         "config.json and model.safetensors)")
     try:
-        return config_from_hf(json.loads(cfg_file.read_text()), vocab_size=config.vocab_size)
+        return read_hf_config(cfg_file, vocab_size=config.vocab_size)
     except UserError as e:
-        raise UserError(f"model.init_from={init_from}: {cfg_file}: {e}") from None
+        raise UserError(f"model.init_from={init_from}: {e}") from None
     except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type
         raise UserError(f"model.init_from={init_from}: {cfg_file} is not a GPT-2 config.json ({e})") from None
 
