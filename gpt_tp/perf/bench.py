@@ -61,7 +61,7 @@ def parse_onoff(text: str, flag: str) -> list[bool]:
     return out
 
 
-def model_config(args) -> GPTConfig:
+def config_from_args(args) -> GPTConfig:
     if args.model not in SIZES:
         raise BenchError(f"--model={args.model!r} is unknown; choose one of {', '.join(SIZES)}")
     overrides = {k: v for k, v in (("n_layer", args.layers), ("block_size", args.block_size)) if v is not None}
@@ -84,7 +84,7 @@ def specs_from_args(args) -> list[dict]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device=cuda but torch sees no CUDA GPU; use --device cpu")
-    config = model_config(args)
+    config = config_from_args(args)
     layouts = parse_layouts(args.layouts)
     precisions = [p.strip() for p in args.precision.split(",")]
     for p in precisions:

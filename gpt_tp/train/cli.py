@@ -24,7 +24,7 @@ from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.parallel import LayoutError, validate_layout
 from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
-from gpt_tp.train.config import TrainingCLI, check_config, device_count, model_config
+from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
 from gpt_tp.train.module import check_total_batch
 from gpt_tp.train.progress import StepProgressBar
 
@@ -55,7 +55,7 @@ class GPTCLI(TrainingCLI):
             raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to plan an "
                               "'auto' layout")
         dp, tp = self.plan_layout(
-            model_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
+            built_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
             detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
             ac=cfg.model.activation_checkpointing,
         )

@@ -105,7 +105,7 @@ def check_config(cfg) -> GPTConfig:
     return config
 
 
-def model_config(model, init_from: str | None) -> GPTConfig:
+def built_config(model, init_from: str | None) -> GPTConfig:
     """The GPTConfig GPTModule builds from model.model and model.init_from, reading init_from's config.json only."""
     config = GPTConfig.resolve(model)
     if init_from is None:
@@ -214,7 +214,7 @@ def read_training_config(args: list[str]) -> TrainingConfig:
     except _Parsed as parsed:
         cfg = parsed.config.fit
     check_config(cfg)
-    model = model_config(cfg.model.model, cfg.model.init_from)
+    model = built_config(cfg.model.model, cfg.model.init_from)
     strategy = cfg.trainer.strategy
     cls = strategy_class(strategy)
     per_node, nodes = device_count(cfg.trainer.devices), int(cfg.trainer.num_nodes)
