@@ -10,8 +10,8 @@ the same machine load. A run's step time is the median over steps >= 2 of B x T 
 train/tokens_per_sec; its peak RSS is each process's high-water mark (VmHWM, polled from /proc), the largest
 over its processes. Reported per variant: the TP=2 / TP=1 ratios of step time and of peak RSS, one per pair,
 as min / median / max, and the TP=2 step time and peak RSS themselves. Goal (GPT-2 124M, 4 x 256, eager): step
-ratio <= 0.60, peak-RSS ratio <= 0.60. A variant is model.tp_plan[:model.tp_overlap_chunks][@mmap], e.g.
-gpt_tp:2; @mmap runs both sides with model.malloc_mmap_threshold_kib=128 (freed buffers returned to the system).
+ratio <= 0.60, peak-RSS ratio <= 0.60. A variant is model.tp_plan[:model.tp_overlap_chunks][@model.malloc], e.g.
+gpt_tp:2 or gpt_tp@glibc; its TP=1 side runs with the same model.malloc (default split, gpt_tp.train.malloc).
 """
 
 import csv
@@ -29,14 +29,16 @@ from gpt_tp.errors import UserError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def parse_variant(text: str) -> tuple[str, int, bool]:
-    """"plan[:chunks][@mmap]" -> (model.tp_plan, model.tp_overlap_chunks, mmap), checked like the model checks
-    them. @mmap: model.malloc_mmap_threshold_kib=128 (freed buffers returned to the system), on both sides."""
+def parse_variant(text: str) -> tuple[str, int, str]:
+    """"plan[:chunks][@malloc]" -> (model.tp_plan, model.tp_overlap_chunks, model.malloc), checked like the model
+    checks them."""
     from gpt_tp.parallel.plan import check_plan
+    from gpt_tp.train.malloc import POLICIES
 
-    spec, at, mmap = text.partition("@")
-    if at and mmap != "mmap":
-        raise UserError(f"--variant {text!r}: the only suffix is @mmap (model.malloc_mmap_threshold_kib=128)")
+    spec, at, malloc = text.partition("@")
+    malloc = malloc if at else "split"
+    if malloc not in POLICIES:
+        raise UserError(f"--variant {text!r}: the suffix is @model.malloc, one of {', '.join('@' + p for p in POLICIES)}")
     name, _, chunks = spec.partition(":")
     try:
         k = int(chunks) if chunks else 1
@@ -46,10 +48,15 @@ def parse_variant(text: str) -> tuple[str, int, bool]:
         check_plan(name, k)
     except UserError as e:
         raise UserError(f"--variant {text!r}: {e}") from None
-    return name, k, bool(at)
+    return name, k, malloc
 
 
-def fit_config(args, tp: int, plan: str, chunks: int, mmap: bool, run_dir: Path) -> dict:
+def tp1_side(malloc: str) -> str:
+    """The name of the TP=1 side that runs with this model.malloc."""
+    return "tp1" if malloc == "split" else f"tp1@{malloc}"
+
+
+def fit_config(args, tp: int, plan: str, chunks: int, malloc: str, run_dir: Path) -> dict:
     """The cli.py fit config of one run (JSON is YAML: cli.py --config reads it)."""
     strategy = "auto" if tp == 1 else {"class_path": "gpt_tp.train.checkpoint.ModelParallel",
                                        "init_args": {"data_parallel_size": 1, "tensor_parallel_size": tp}}
@@ -65,7 +72,7 @@ def fit_config(args, tp: int, plan: str, chunks: int, mmap: bool, run_dir: Path)
         },
         "model": {"model": args.model, "total_batch_size": None, "compile": args.compile, "max_steps": args.steps,
                   "warmup_steps": 2, "tp_plan": plan, "tp_overlap_chunks": chunks,
-                  "malloc_mmap_threshold_kib": 128 if mmap else None},
+                  "malloc": malloc},
         "data": {"data_dir": args.data_dir, "batch_size": args.batch_size, "seq_len": args.seq_len, "val_batches": 0},
     }
 
@@ -97,11 +104,11 @@ def _hwm_mib(pid: int) -> float | None:
     return None
 
 
-def fit_once(args, tp: int, plan: str, chunks: int, mmap: bool, run_dir: Path) -> dict:
+def fit_once(args, tp: int, plan: str, chunks: int, malloc: str, run_dir: Path) -> dict:
     """One cli.py fit run: its step times and its processes' peak RSS."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / "config.yaml"
-    config.write_text(json.dumps(fit_config(args, tp, plan, chunks, mmap, run_dir), indent=1))
+    config.write_text(json.dumps(fit_config(args, tp, plan, chunks, malloc, run_dir), indent=1))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     log = (run_dir / "output.txt").open("w")
     proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(config)], cwd=ROOT, env=env,
@@ -128,24 +135,24 @@ def stats(xs: list[float]) -> dict[str, float]:
 
 def measure(args) -> dict:
     variants = [(v, *parse_variant(v)) for v in (args.variant or ["gpt_tp"])]
-    # one TP=1 side per allocator setting in use; each TP=2 variant is paired with the TP=1 run of its setting
-    sides = [("tp1@mmap" if mmap else "tp1", 1, "gpt_tp", 1, mmap) for mmap in sorted({v[3] for v in variants})]
-    sides += [(name, 2, p, k, mmap) for name, p, k, mmap in variants]
+    # one TP=1 side per model.malloc in use; each TP=2 variant is paired with the TP=1 run of its setting
+    sides = [(tp1_side(m), 1, "gpt_tp", 1, m) for m in sorted({v[3] for v in variants})]
+    sides += [(name, 2, p, k, m) for name, p, k, m in variants]
     out = Path(args.out)
     runs = {name: [] for name, *_ in sides}
     for i in range(args.pairs):
-        for name, tp, plan, k, mmap in (sides if i % 2 == 0 else sides[::-1]):
-            r = fit_once(args, tp, plan, k, mmap, out / f"pair{i}" / name.replace(":", "_").replace("@", "_"))
+        for name, tp, plan, k, malloc in (sides if i % 2 == 0 else sides[::-1]):
+            r = fit_once(args, tp, plan, k, malloc, out / f"pair{i}" / name.replace(":", "_").replace("@", "_"))
             runs[name].append(r)
             print(f"pair {i}  {name:<16} step {r['step_s']:.3f} s  peak RSS {r['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
     tp1 = {name: {"step_s": stats([r["step_s"] for r in runs[name]]),
                   "peak_rss_mib": stats([r["peak_rss_mib"] for r in runs[name]])} for name, tp, *_ in sides if tp == 1}
     res = {"model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "pairs": args.pairs,
            "compile": args.compile, "tp1": tp1, "variants": {}, "runs": runs}
-    for name, tp, _, _, mmap in sides:
+    for name, tp, _, _, malloc in sides:
         if tp == 1:
             continue
-        pairs = list(zip(runs["tp1@mmap" if mmap else "tp1"], runs[name]))
+        pairs = list(zip(runs[tp1_side(malloc)], runs[name]))
         res["variants"][name] = {
             "step_ratio": stats([b["step_s"] / a["step_s"] for a, b in pairs]),
             "rss_ratio": stats([b["peak_rss_mib"] / a["peak_rss_mib"] for a, b in pairs]),

@@ -1,6 +1,5 @@
 """The LightningModule: GPT-2 trained the build-nanogpt way, tensor-parallel under ModelParallelStrategy."""
 
-import ctypes
 import dataclasses
 import math
 import random
@@ -17,6 +16,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
+from gpt_tp.train.malloc import MallocPolicy
 from gpt_tp.train.optim import check_schedule, get_lr, make_adamw
 from gpt_tp.hardware import detect_peak_flops, mfu as hardware_mfu
 from gpt_tp.parallel import (
@@ -43,18 +43,6 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
     )
 
 
-def fix_mmap_threshold(kib: int) -> bool:
-    """glibc's malloc: serve every allocation of `kib` KiB and more from its own mapping, unmapped when freed
-    (mallopt M_MMAP_THRESHOLD, which also stops glibc raising the threshold by itself). By default glibc raises it
-    as such buffers are freed, up to 32 MiB, and activation-sized tensors then come from the heap, which keeps
-    what each step frees: a CPU process's resident memory grows to a fragmented heap's high-water mark, by
-    about the size of the activations. Returns whether it was set (False off glibc)."""
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, kib * 1024))  # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-
-
 class GPTModule(L.LightningModule):
     def __init__(
         self,
@@ -76,7 +64,7 @@ class GPTModule(L.LightningModule):
         activation_checkpointing: str = "none",
         tp_plan: str = "gpt_tp",
         tp_overlap_chunks: int = 1,
-        malloc_mmap_threshold_kib: int | None = None,
+        malloc: str = "split",
     ):
         """
         Args:
@@ -102,19 +90,15 @@ class GPTModule(L.LightningModule):
                 "torch" (torch's styles and loss_parallel) are the references gpt_tp.perf.scaling measures it against.
             tp_overlap_chunks: k > 1 runs each MLP in k chunks whose all-gathers and reduce-scatters overlap the
                 matmuls (gpt_tp.parallel.overlap; eager, gpt_tp plans); 1 runs it in one piece.
-            malloc_mmap_threshold_kib: on a machine without CUDA, CPU buffers of this size and more get their own
-                memory mapping, returned to the system when freed (see fix_mmap_threshold): a lower peak RSS (128:
-                -20% at TP=2, GPT-2 124M, 4 x 256) for slower steps (+9% at TP=1, +17% at TP=2: every buffer is
-                page-faulted afresh). None keeps glibc's default.
+            malloc: on a machine without CUDA, where glibc places CPU buffers (gpt_tp.train.malloc): "split" (weights,
+                gradients and optimizer state in mappings of their own, per-step buffers in the heap), "mmap" (every
+                buffer from 128 KiB up in its own mapping: lower peak RSS, slower steps) or "glibc" (its defaults).
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
         check_plan(tp_plan, tp_overlap_chunks)
-        if malloc_mmap_threshold_kib is not None and malloc_mmap_threshold_kib < 1:
-            raise UserError(f"model.malloc_mmap_threshold_kib={malloc_mmap_threshold_kib} must be >= 1, or null for "
-                            "glibc's default")
-        if malloc_mmap_threshold_kib is not None and not torch.cuda.is_available():
-            fix_mmap_threshold(malloc_mmap_threshold_kib)
+        self._malloc = MallocPolicy(malloc)
+        self._malloc.start()  # before the weights exist
         if tp_overlap_chunks > 1 and compile:
             raise UserError(f"model.tp_overlap_chunks={tp_overlap_chunks} runs eager blocks: set model.compile=false "
                             "or model.tp_overlap_chunks=1")
@@ -233,6 +217,13 @@ class GPTModule(L.LightningModule):
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         with loss_parallel() if self._torch_loss() else nullcontext():
             super().backward(loss, *args, **kwargs)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
+        optimizer.zero_grad(set_to_none=not self._malloc.keep_grads)
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        self._malloc.first_step_done()  # the optimizer state exists now
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Runs once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware),

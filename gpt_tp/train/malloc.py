@@ -1,0 +1,66 @@
+"""Where a CPU training process's buffers live: glibc malloc's heap or mappings of their own (model.malloc).
+
+glibc serves a buffer from its heap, or, from M_MMAP_THRESHOLD bytes up and when no freed heap chunk fits it,
+from a mapping of its own that is unmapped when freed. By default the threshold starts at 128 KiB and rises, up to 32 MiB, each time such a
+buffer is freed, so activation-sized tensors soon come from the heap. The heap then interleaves buffers that
+live the whole run (weights, gradients, optimizer state) with buffers one step frees; it can only shrink from
+its top, and a process's resident memory grows to the high-water mark of that fragmented heap.
+
+    "split"  (default) everything allocated until the first optimizer step has returned, weights, gradients and
+             optimizer state, gets mappings of its own (threshold fixed at 128 KiB); from then on the threshold is
+             fixed at 64 MiB, so the per-step buffers reuse a heap that holds nothing else, and gradients are
+             zeroed in place (not freed), so they stay where they are. Steps cost the same as under "glibc".
+    "mmap"   every buffer from 128 KiB up gets its own mapping, for the whole run: the lowest peak RSS, and
+             slower steps, since each step's buffers are page-faulted afresh.
+    "glibc"  glibc's defaults.
+
+Only processes on a machine without CUDA change anything (GPU memory has its own allocator).
+"""
+
+import ctypes
+
+import torch
+
+from gpt_tp.errors import UserError
+
+POLICIES = ("split", "mmap", "glibc")
+STATE_THRESHOLD = 128 * 1024  # glibc's initial threshold: every tensor worth its own mapping gets one
+STEP_THRESHOLD = 64 * 1024 * 1024  # above glibc's 32 MiB ceiling: only the largest per-step buffers (logits) are mapped
+
+
+def set_mmap_threshold(nbytes: int) -> bool:
+    """mallopt(M_MMAP_THRESHOLD, nbytes): buffers of nbytes and more get their own mapping, unmapped when freed, and
+    glibc stops moving the threshold by itself. Returns whether it was set (False off glibc)."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, nbytes))  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+def check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise UserError(f"model.malloc={policy!r}: choose one of {', '.join(POLICIES)}")
+
+
+class MallocPolicy:
+    """One process's policy: `start()` before the model is built, `first_step_done()` after each optimizer step
+    (only the first changes anything), `keep_grads` for zero_grad."""
+
+    def __init__(self, policy: str):
+        check_policy(policy)
+        self.active = policy if not torch.cuda.is_available() else "glibc"
+        self._pending = self.active == "split"
+
+    @property
+    def keep_grads(self) -> bool:
+        """Zero gradients in place rather than freeing them (they stay in the mappings of the first step)."""
+        return self.active == "split"
+
+    def start(self) -> None:
+        if self.active in ("split", "mmap"):
+            set_mmap_threshold(STATE_THRESHOLD)
+
+    def first_step_done(self) -> None:
+        if self._pending:
+            self._pending = False
+            set_mmap_threshold(STEP_THRESHOLD)

@@ -1,0 +1,45 @@
+"""model.malloc (gpt_tp.train.malloc): where a CPU run's buffers live, read from /proc/self/maps in a fresh process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc")
+
+
+def where(policy: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "workers")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "malloc_fit.py"), policy],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_split_keeps_the_run_long_state_out_of_the_heap():
+    """split: the weights, gradients and AdamW state of 128 KiB and more have mappings of their own (glibc still
+    serves a request from a freed heap chunk that fits it: here 1 of the 36 tensors), gradients keep their buffers
+    from step to step, and once the first optimizer step has returned, per-step buffers come from the heap (before
+    it, a 1 MiB buffer had its own mapping too)."""
+    r = where("split")
+    assert r["n_state"] == 36  # (wte + 4 matrices x 2 blocks) x (weight, gradient, exp_avg, exp_avg_sq)
+    assert r["state_in_heap"] < 0.1
+    assert r["grads_kept"]
+    assert not r["before_first_step"] and r["after_first_step"]
+
+
+def test_glibc_defaults_mix_run_long_state_into_the_heap():
+    """glibc's own rising threshold puts part of the same state in the heap, among the per-step buffers, and a
+    new gradient buffer is allocated every step: the layout split avoids."""
+    r = where("glibc")
+    assert r["state_in_heap"] > 0.5
+    assert not r["grads_kept"]
+
+
+def test_mmap_maps_every_buffer_for_the_whole_run():
+    r = where("mmap")
+    assert r["state_in_heap"] < 0.1 and not r["before_first_step"] and not r["after_first_step"]

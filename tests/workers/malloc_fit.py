@@ -1,0 +1,57 @@
+"""Train a small GPTModule on one CPU process under a model.malloc policy and report, as JSON, where glibc put
+its buffers: the share of the run-long tensors (weights, gradients, AdamW state; those of 128 KiB and more) that
+lie in the main heap, whether each gradient kept its buffer from step to step, and whether a 1 MiB buffer
+allocated before / after the first optimizer step came from the heap. Usage: malloc_fit.py POLICY"""
+
+import json
+import sys
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from gpt_tp.train.module import GPTModule
+from synthetic_data import SyntheticDataModule
+
+
+def heap_range() -> tuple[int, int]:
+    with open("/proc/self/maps") as f:
+        line = next(line for line in f if line.rstrip().endswith("[heap]"))
+    lo, hi = line.split()[0].split("-")
+    return int(lo, 16), int(hi, 16)
+
+
+def in_heap(t: torch.Tensor) -> bool:
+    lo, hi = heap_range()
+    return lo <= t.data_ptr() < hi
+
+
+class Where(Callback):
+    def __init__(self):
+        self.grad_ptrs, self.probe = [], {}
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.probe.setdefault("before_first_step", in_heap(torch.ones(1 << 18)))  # 1 MiB
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.probe.setdefault("after_first_step", in_heap(torch.ones(1 << 18)))
+        self.grad_ptrs.append([p.grad.data_ptr() for p in module.parameters()])
+
+
+def main(policy: str) -> None:
+    torch.manual_seed(0)
+    module = GPTModule({"n_layer": 2, "n_head": 4, "n_embd": 256, "block_size": 64}, malloc=policy,
+                       total_batch_size=None, warmup_steps=1, max_steps=4)
+    where = Where()
+    L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, inference_mode=False,
+              callbacks=[where]).fit(module, SyntheticDataModule(batch_size=2, seq_len=64))
+    opt = module.optimizers().optimizer
+    state = [t for p in module.parameters() for t in (p, p.grad, *opt.state[p].values())
+             if t.dim() and t.numel() * t.element_size() >= 128 * 1024]
+    print(json.dumps({"state_in_heap": sum(map(in_heap, state)) / len(state), "n_state": len(state),
+                      "grads_kept": all(ptrs == where.grad_ptrs[0] for ptrs in where.grad_ptrs), **where.probe}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
