@@ -8,8 +8,8 @@ its top, and a process's resident memory grows to the high-water mark of that fr
 
     "split"  (default) everything allocated until the first optimizer step has returned, weights, gradients and
              optimizer state, gets mappings of its own (threshold fixed at 128 KiB); from then on the threshold is
-             fixed at 64 MiB, so the per-step buffers reuse a heap that holds nothing else, and gradients are
-             zeroed in place (not freed), so they stay where they are. Steps cost the same as under "glibc".
+             fixed at 64 MiB, so the per-step buffers reuse a heap that holds nothing else, and gradients
+             under 64 MiB are zeroed in place (not freed), so they stay where they are. Steps cost the same as under "glibc".
     "mmap"   every buffer from 128 KiB up gets its own mapping, for the whole run: the lowest peak RSS, and
              slower steps, since each step's buffers are page-faulted afresh.
     "glibc"  glibc's defaults.
@@ -20,6 +20,7 @@ Only processes on a machine without CUDA change anything (GPU memory has its own
 import ctypes
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from gpt_tp.errors import UserError
 
@@ -44,17 +45,29 @@ def check_policy(policy: str) -> None:
 
 class MallocPolicy:
     """One process's policy: `start()` before the model is built, `first_step_done()` after each optimizer step
-    (only the first changes anything), `keep_grads` for zero_grad."""
+    (only the first changes anything), `zero_grad(optimizer)` in place of optimizer.zero_grad()."""
 
     def __init__(self, policy: str):
         check_policy(policy)
         self.active = policy if not torch.cuda.is_available() else "glibc"
         self._pending = self.active == "split"
 
-    @property
-    def keep_grads(self) -> bool:
-        """Zero gradients in place rather than freeing them (they stay in the mappings of the first step)."""
-        return self.active == "split"
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """split: zero each gradient in place, so it stays in the mapping of the first step, except those of 64 MiB
+        and more (wte's): freed, since each step's new one gets a mapping of its own anyway, and keeping it would
+        make backward hold two at once. Other policies: set every gradient to None."""
+        if self.active != "split":
+            optimizer.zero_grad(set_to_none=True)
+            return
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                if local.numel() * local.element_size() >= STEP_THRESHOLD:
+                    p.grad = None
+                else:
+                    local.zero_()
 
     def start(self) -> None:
         if self.active in ("split", "mmap"):

@@ -219,7 +219,7 @@ class GPTModule(L.LightningModule):
             super().backward(loss, *args, **kwargs)
 
     def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
-        optimizer.zero_grad(set_to_none=not self._malloc.keep_grads)
+        self._malloc.zero_grad(optimizer)
 
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
