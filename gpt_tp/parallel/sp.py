@@ -86,7 +86,7 @@ class _ReduceScatterBias(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y: torch.Tensor, b: torch.Tensor, n: int, group: str) -> torch.Tensor:
         ctx.n, ctx.group, ctx.b_dtype = n, group, b.dtype
-        return reduce_scatter_rows(y, n, group) + b.to(y.dtype)
+        return reduce_scatter_rows(y, n, group).add_(b.to(y.dtype))  # in place: the scattered slice is ours
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
