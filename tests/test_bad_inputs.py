@@ -78,6 +78,7 @@ FLAGS = {
     "n-head-not-dividing": (["--model.model.n_head", "3"], "model.n_embd=64 must be divisible by model.n_head=3"),
     "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
     "ac-mode": (["--model.activation_checkpointing", "some"], "model.activation_checkpointing='some': use one of none, full, selective"),
+    "malloc": (["--model.malloc", "jemalloc"], "model.malloc='jemalloc': choose one of split, mmap, glibc"),
     "full-ac-compiled-at-tp2": (["--trainer.devices", "2", "--trainer.strategy.init_args.tensor_parallel_size", "2",
                                  "--model.compile", "true", "--model.activation_checkpointing", "full"],
                                 "model.activation_checkpointing=full does not compile at tensor-parallel size > 1"),
