@@ -1,15 +1,17 @@
 """Where a CPU training process's buffers live: glibc malloc's heap or mappings of their own (model.malloc).
 
 glibc serves a buffer from its heap, or, from M_MMAP_THRESHOLD bytes up and when no freed heap chunk fits it,
-from a mapping of its own that is unmapped when freed. By default the threshold starts at 128 KiB and rises, up to 32 MiB, each time such a
-buffer is freed, so activation-sized tensors soon come from the heap. The heap then interleaves buffers that
-live the whole run (weights, gradients, optimizer state) with buffers one step frees; it can only shrink from
-its top, and a process's resident memory grows to the high-water mark of that fragmented heap.
+from a mapping of its own that is unmapped when freed. By default the threshold starts at 128 KiB and rises, up
+to 32 MiB, each time such a buffer is freed, so activation-sized tensors soon come from the heap. The heap then
+interleaves buffers that live the whole run (weights, gradients, optimizer state) with buffers one step frees;
+it can only shrink from its top, and a process's resident memory grows to the high-water mark of that
+fragmented heap.
 
     "split"  (default) everything allocated until the first optimizer step has returned, weights, gradients and
              optimizer state, gets mappings of its own (threshold fixed at 128 KiB); from then on the threshold is
-             fixed at 64 MiB, so the per-step buffers reuse a heap that holds nothing else, and gradients
-             under 64 MiB are zeroed in place (not freed), so they stay where they are. Steps cost the same as under "glibc".
+             fixed at 64 MiB, so the per-step buffers reuse a heap that holds nothing else, and gradients under
+             64 MiB are zeroed in place (not freed), so they stay where they are. Steps take the time they take
+             under "glibc", within the spread of docs/performance.md's pairs.
     "mmap"   every buffer from 128 KiB up gets its own mapping, for the whole run: the lowest peak RSS, and
              slower steps, since each step's buffers are page-faulted afresh.
     "glibc"  glibc's defaults.
