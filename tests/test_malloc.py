@@ -12,9 +12,9 @@ from conftest import ROOT
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc")
 
 
-def where(policy: str) -> dict:
+def where(policy: str, *mode: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "workers")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "malloc_fit.py"), policy],
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "malloc_fit.py"), policy, *mode],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -23,13 +23,20 @@ def where(policy: str) -> dict:
 def test_split_keeps_the_run_long_state_out_of_the_heap():
     """split: the weights, gradients and AdamW state of 128 KiB and more have mappings of their own (glibc still
     serves a request from a freed heap chunk that fits it: here 1 of the 36 tensors), gradients keep their buffers
-    from step to step, and once the first optimizer step has returned, per-step buffers come from the heap (before
-    it, a 1 MiB buffer had its own mapping too)."""
+    from step to step (across a validation, before which Lightning would free them), and once the first optimizer step has returned, per-step buffers come from the heap (before
+    it, a 1 MiB buffer had its own mapping too, the sanity validation's included)."""
     r = where("split")
     assert r["n_state"] == 36  # (wte + 4 matrices x 2 blocks) x (weight, gradient, exp_avg, exp_avg_sq)
     assert r["state_in_heap"] < 0.1
     assert r["grads_kept"]
     assert not r["before_first_step"] and r["after_first_step"]
+    assert not r["in_validation"]  # the sanity check, before the first step
+
+
+def test_split_validate_run_uses_the_heap_once_it_starts():
+    """A validate run has no optimizer step: its weights, loaded, are the run-long state, and its batches' buffers
+    come from the heap."""
+    assert where("split", "validate") == {"in_validation": True}
 
 
 def test_glibc_defaults_mix_run_long_state_into_the_heap():

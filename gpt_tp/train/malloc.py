@@ -7,9 +7,9 @@ interleaves buffers that live the whole run (weights, gradients, optimizer state
 it can only shrink from its top, and a process's resident memory grows to the high-water mark of that
 fragmented heap.
 
-    "split"  (default) everything allocated until the first optimizer step has returned, weights, gradients and
-             optimizer state, gets mappings of its own (threshold fixed at 128 KiB); from then on the threshold is
-             fixed at 64 MiB, so the per-step buffers reuse a heap that holds nothing else, and gradients under
+    "split"  (default) everything allocated until the first optimizer step has returned (in a validate or
+             predict run, until it starts), weights, gradients and optimizer state, gets mappings of its own
+             (threshold fixed at 128 KiB); from then on the threshold is fixed at 64 MiB, so the per-step buffers reuse a heap that holds nothing else, and gradients under
              64 MiB are zeroed in place (not freed), so they stay where they are. Steps take the time they take
              under "glibc", within the spread of docs/performance.md's pairs.
     "mmap"   every buffer from 128 KiB up gets its own mapping, for the whole run: the lowest peak RSS, and
@@ -46,19 +46,25 @@ def check_policy(policy: str) -> None:
 
 
 class MallocPolicy:
-    """One process's policy: `start()` before the model is built, `first_step_done()` after each optimizer step
-    (only the first changes anything), `zero_grad(optimizer)` in place of optimizer.zero_grad()."""
+    """One process's policy: `start()` before the model is built; `state_ready()` once the run-long state exists
+    (after each optimizer step of a fit, only the first changes anything; when a validate or predict run starts,
+    its weights loaded); `zero_grad(optimizer)` in place of optimizer.zero_grad()."""
 
     def __init__(self, policy: str):
         check_policy(policy)
         self.active = policy if not torch.cuda.is_available() else "glibc"
         self._pending = self.active == "split"
 
+    @property
+    def keeps_grads(self) -> bool:
+        """split: gradients stay allocated from step to step (zero_grad), validation included."""
+        return self.active == "split"
+
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """split: zero each gradient in place, so it stays in the mapping of the first step, except those of 64 MiB
         and more (wte's): freed, since each step's new one gets a mapping of its own anyway, and keeping it would
         make backward hold two at once. Other policies: set every gradient to None."""
-        if self.active != "split":
+        if not self.keeps_grads:
             optimizer.zero_grad(set_to_none=True)
             return
         for group in optimizer.param_groups:
@@ -75,7 +81,7 @@ class MallocPolicy:
         if self.active in ("split", "mmap"):
             set_mmap_threshold(STATE_THRESHOLD)
 
-    def first_step_done(self) -> None:
+    def state_ready(self) -> None:
         if self._pending:
             self._pending = False
             set_mmap_threshold(STEP_THRESHOLD)

@@ -223,7 +223,20 @@ class GPTModule(L.LightningModule):
 
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
-        self._malloc.first_step_done()  # the optimizer state exists now
+        self._malloc.state_ready()  # the optimizer state exists now
+
+    def on_validation_model_zero_grad(self) -> None:
+        """Lightning frees the gradients before validating; under model.malloc=split they stay where they are (the
+        next step zeroes them in place)."""
+        if not self._malloc.keeps_grads:
+            super().on_validation_model_zero_grad()
+
+    def on_validation_start(self) -> None:
+        if self.trainer.state.fn == "validate":  # not a fit's validation, which may come before the first step
+            self._malloc.state_ready()
+
+    def on_predict_start(self) -> None:
+        self._malloc.state_ready()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Runs once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware),

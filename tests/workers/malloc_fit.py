@@ -1,7 +1,8 @@
 """Train a small GPTModule on one CPU process under a model.malloc policy and report, as JSON, where glibc put
 its buffers: the share of the run-long tensors (weights, gradients, AdamW state; those of 128 KiB and more) that
 lie in the main heap, whether each gradient kept its buffer from step to step, and whether a 1 MiB buffer
-allocated before / after the first optimizer step came from the heap. Usage: malloc_fit.py POLICY"""
+allocated before / after the first optimizer step came from the heap (a fit with sanity validation), or, with
+`validate`, whether one allocated during a validate run did. Usage: malloc_fit.py POLICY [validate]"""
 
 import json
 import sys
@@ -33,25 +34,34 @@ class Where(Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.probe.setdefault("before_first_step", in_heap(torch.ones(1 << 18)))  # 1 MiB
 
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        self.probe.setdefault("in_validation", in_heap(torch.ones(1 << 18)))
+
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.probe.setdefault("after_first_step", in_heap(torch.ones(1 << 18)))
         self.grad_ptrs.append([p.grad.data_ptr() for p in module.parameters()])
 
 
-def main(policy: str) -> None:
+def main(policy: str, validate: bool) -> None:
     torch.manual_seed(0)
     module = GPTModule({"n_layer": 2, "n_head": 4, "n_embd": 256, "block_size": 64}, malloc=policy,
                        total_batch_size=None, warmup_steps=1, max_steps=4)
     where = Where()
-    L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, inference_mode=False,
-              callbacks=[where]).fit(module, SyntheticDataModule(batch_size=2, seq_len=64))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
+                        val_check_interval=2, inference_mode=False, callbacks=[where])
+    data = SyntheticDataModule(batch_size=2, seq_len=64)
+    if validate:
+        trainer.validate(module, data)
+        print(json.dumps(where.probe))
+        return
+    trainer.fit(module, data)  # a sanity validation before the first step, one after step 2
     opt = module.optimizers().optimizer
     state = [t for p in module.parameters() for t in (p, p.grad, *opt.state[p].values())
-             if t.dim() and t.numel() * t.element_size() >= 128 * 1024]
+             if t is not None and t.dim() and t.numel() * t.element_size() >= 128 * 1024]
     print(json.dumps({"state_in_heap": sum(map(in_heap, state)) / len(state), "n_state": len(state),
                       "grads_kept": all(ptrs == where.grad_ptrs[0] for ptrs in where.grad_ptrs), **where.probe}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] == ["validate"])
