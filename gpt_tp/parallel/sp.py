@@ -78,20 +78,45 @@ def _local(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.to_local()
 
 
-class _ReduceScatterBias(torch.autograd.Function):
-    """reduce_scatter_rows(y) + b for a row-parallel layer's replicated bias, added once, to the (B, T/n, C) slice.
-    Backward: the output gradient all-gathered (the reduce-scatter's conjugate) is y's gradient, and its sum over
-    all tokens is b's, the same on every rank: a true Replicate gradient, with no collective of its own."""
+class _RowParallel(torch.autograd.Function):
+    """A row-parallel layer: y = x W^T (partial sums over this rank's K slice), reduce-scattered along dim 0 into
+    this rank's (B, T/n, C) token slice, plus the replicated bias b, added once to that slice.
+
+    reorder "input": x (B, T, K) is put in token-major order for the matmul by a copy that is not kept; backward
+    saves x itself, which attention keeps for its own backward anyway, and redoes the copy, so attention's output
+    is held once, not twice. "output": the (B, T, C) partial sums are rearranged before the reduce-scatter.
+    Backward: the output gradient all-gathered (the reduce-scatter's conjugate) is y's gradient; b's gradient is
+    its sum over all tokens, the same on every rank: a true Replicate gradient, with no collective of its own.
+    Under autocast the matmuls of backward run in the forward's dtype, and each gradient comes back in its input's."""
 
     @staticmethod
-    def forward(ctx, y: torch.Tensor, b: torch.Tensor, n: int, group: str) -> torch.Tensor:
-        ctx.n, ctx.group, ctx.b_dtype = n, group, b.dtype
-        return reduce_scatter_rows(y, n, group).add_(b.to(y.dtype))  # in place: the scattered slice is ours
+    def forward(ctx, x, w, b, n: int, group: str, reorder: str | None) -> torch.Tensor:
+        y = F.linear(to_token_major(x, n) if reorder == "input" else x, w)  # (n B, T/n, C) or (B, T, C)
+        if reorder == "output":
+            y = to_token_major(y, n)  # (B, T, C) -> (n B, T/n, C)
+        out = reduce_scatter_rows(y, n, group)  # (B, T/n, C)
+        if b is not None:
+            out.add_(b.to(out.dtype))  # in place: the scattered slice is ours
+        ctx.save_for_backward(x, w)
+        ctx.n, ctx.group, ctx.reorder, ctx.dtype = n, group, reorder, y.dtype
+        ctx.b_dtype = None if b is None else b.dtype
+        return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor):
-        g_all = all_gather_rows(g, ctx.n, ctx.group)  # (n B, T/n, C)
-        return g_all, g_all.sum(dim=tuple(range(g_all.ndim - 1))).to(ctx.b_dtype), None, None
+        x, w = ctx.saved_tensors
+        n, dtype = ctx.n, ctx.dtype
+        g_all = all_gather_rows(g.to(dtype), n, ctx.group)  # (n B, T/n, C) token-major
+        if ctx.reorder == "output":
+            g_all = to_sequence_order(g_all, n)  # (B, T, C)
+        x_mm = (to_token_major(x, n) if ctx.reorder == "input" else x).to(dtype)  # the forward's matmul input
+        grad_w = (g_all.flatten(0, -2).t() @ x_mm.flatten(0, -2)).to(w.dtype)  # (C, K)
+        grad_x = g_all @ w.to(dtype)  # (n B, T/n, K) or (B, T, K)
+        if ctx.reorder == "input":
+            grad_x = to_sequence_order(grad_x, n)  # (B, T, K)
+        grad_b = None if ctx.b_dtype is None else g_all.sum(dim=tuple(range(g_all.ndim - 1))).to(ctx.b_dtype)
+        return grad_x.to(x.dtype), grad_w, grad_b, None, None, None
 
 
 class ColwiseLinear(nn.Linear):
@@ -111,15 +136,7 @@ class RowwiseLinear(nn.Linear):
     reorder: str | None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.tp.n
-        if self.reorder == "input":
-            x = to_token_major(x, n)  # (B, T, K) -> (n B, T/n, K)
-        y = F.linear(x, self.weight.to_local())  # partial sums over this rank's K slice
-        if self.reorder == "output":
-            y = to_token_major(y, n)  # (B, T, C) -> (n B, T/n, C)
-        if self.bias is not None:
-            return _ReduceScatterBias.apply(y, self.bias.to_local(), n, self.tp.group)  # (B, T/n, C)
-        return reduce_scatter_rows(y, n, self.tp.group)  # (B, T/n, C)
+        return _RowParallel.apply(x, self.weight.to_local(), _local(self.bias), self.tp.n, self.tp.group, self.reorder)
 
 
 class VocabParallelEmbedding(nn.Embedding):

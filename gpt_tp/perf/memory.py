@@ -13,8 +13,8 @@ Memory per device (bytes; t = TP, d = DP, B = micro-batch per DP rank, T = seque
                2 m:      the inputs of c_attn and c_fc, all-gathered to the full sequence (torch's TP saves the gathered
                          tensor; Megatron saves the shard and gathers again in backward, hence its smaller 34/t term)
                12 m / t: qkv (3C), the attention output (C), the MLP hidden (4C) before and after GELU (m = matmul
-                         activation bytes); at t = 1 c_proj reads the attention output's own storage, at t > 1 gpt_tp's
-                         plan hands c_proj a token-major copy of it (gpt_tp.parallel.sp.RowwiseLinear): + m / t
+                         activation bytes); c_proj keeps the attention output's own storage (at t > 1 gpt_tp's
+                         plan makes its token-major copy again in backward, gpt_tp.parallel.sp._RowParallel)
                LayerNorm mean/rstd (fp32), and the attention logsumexp (fp32) of flash / memory-efficient SDPA. The
                math SDPA kernel (sdpa="math") keeps the (a/t) T x T attention probabilities as well.
              Compare Korthikanti et al. 2022 (Reducing Activation Recomputation), s b h (34 + 5 a s / h) / t bytes with
@@ -25,12 +25,13 @@ Memory per device (bytes; t = TP, d = DP, B = micro-batch per DP rank, T = seque
              position ids (T, int64) and, at t > 1, the vocab-parallel loss's per-token sums (2 B T x 4) and the
              embedding's and the loss's masks of the ids this rank holds (2 B T bools).
              Under bf16-mixed at d = 1 autocast also keeps a bf16 copy of every TP-local matmul weight (2 bytes x
-             TP-local matmul parameters; at t > 1 with checkpointing, the blocks' copies are recomputed: wte's only). At d > 1 FSDP2 gathers the weights in bf16
+             TP-local matmul parameters; at t > 1 not c_proj's, and with checkpointing the blocks' copies are
+             recomputed: wte's only). At d > 1 FSDP2 gathers the weights in bf16
              (param_dtype): no copies, and the residual stream, the block inputs included, is bf16 (r = 2).
              Activation checkpointing (ac, gpt_tp.parallel.apply_ac) changes the per-layer term: "full" keeps the
              block input, B T C r / t; "selective" keeps the input and the matmul and attention outputs,
              B T C [r / t + 8 m / t + 2 m] + B (a / t) T x 4 (qkv, attention output, c_fc / t; the two row-parallel
-             matmul outputs are whole-sequence partial sums before their reduce-scatter), + B T C m / t at t > 1.
+             matmul outputs are whole-sequence partial sums before their reduce-scatter).
   transient  alive at the peak beyond the saved activations, at the larger of two moments: the loss, with the
              logits B T (V / t) x m and, for 2-byte logits, the float32 copy the loss's subtraction makes (+ 4); or a
              block's backward, with the block's recomputed activations under checkpointing and, under FSDP2, two
@@ -108,15 +109,11 @@ def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: i
     lse = B * (config.n_head // t) * T * 4  # the attention logsumexp, fp32
     if ac == "full":
         return B * T * C * r // t
-    if ac == "selective":  # input; qkv, attention output, c_fc (/ t); both row-parallel matmul outputs (full T);
-        # at t > 1 c_proj's token-major input copy
-        copy = B * T * C * m // t if t > 1 else 0
-        return B * T * C * r // t + 8 * B * T * C * m // t + 2 * B * T * C * m + lse + copy
+    if ac == "selective":  # input; qkv, attention output, c_fc (/ t); both row-parallel matmul outputs (full T)
+        return B * T * C * r // t + 8 * B * T * C * m // t + 2 * B * T * C * m + lse
     if sdpa == "math":
         lse += 2 * B * (config.n_head // t) * T * T * m  # softmax probabilities and their dropout/cast copy
     per_layer = 2 * B * T * C * r // t + 2 * B * T * C * m + 12 * B * T * C * m // t
-    if t > 1:  # c_proj's token-major copy of the attention output
-        per_layer += B * T * C * m // t
     return per_layer + 2 * 2 * (B * T // t) * 4 + lse  # + LayerNorm mean and rstd, fp32, on the sequence slice
 
 
@@ -145,8 +142,12 @@ def activation_bytes(
     if t > 1:  # the vocab-parallel loss's per-token sums (fp32); the ids this rank holds (bools, embedding and loss)
         head += 2 * B * T * 4 + 2 * B * T
     # autocast keeps its casts of the parameters themselves (t = 1) through the forward, in every AC mode; at t > 1
-    # gpt_tp's plan casts each block's local shards inside the block, so a checkpointed block recomputes them
-    copied = sizes.root_params(config, tp) + (sizes.block_params(config, tp) * config.n_layer if tp == 1 or ac == "none" else [])
+    # gpt_tp's plan casts each block's local shards inside the block, so a checkpointed block recomputes them, and
+    # the row-parallel c_proj keeps its float32 shard and casts it again in backward (gpt_tp.parallel.sp._RowParallel)
+    blocks = sizes.block_params(config, tp)
+    if tp > 1:
+        blocks = [p for p in blocks if ".c_proj." not in p.name] if ac == "none" else []
+    copied = sizes.root_params(config, tp) + blocks * config.n_layer
     weights = sizes.numel([p for p in copied if p.matmul]) * wcopy
     return {"layers": config.n_layer * _layer_bytes(config, B, T, t, r, m, sdpa, ac), "head": head, "weight_copies": weights}
 
