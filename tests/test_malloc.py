@@ -23,8 +23,9 @@ def where(policy: str, *mode: str) -> dict:
 def test_split_keeps_the_run_long_state_out_of_the_heap():
     """split: the weights, gradients and AdamW state of 128 KiB and more have mappings of their own (glibc still
     serves a request from a freed heap chunk that fits it: here 1 of the 36 tensors), gradients keep their buffers
-    from step to step (across a validation, before which Lightning would free them), and once the first optimizer step has returned, per-step buffers come from the heap (before
-    it, a 1 MiB buffer had its own mapping too, the sanity validation's included)."""
+    from step to step (across a validation, before which Lightning would free them), and once the first optimizer
+    step has returned, per-step buffers come from the heap (before it, a 1 MiB buffer had its own mapping too, the
+    sanity validation's included)."""
     r = where("split")
     assert r["n_state"] == 36  # (wte + 4 matrices x 2 blocks) x (weight, gradient, exp_avg, exp_avg_sq)
     assert r["state_in_heap"] < 0.1

@@ -9,9 +9,10 @@ fragmented heap.
 
     "split"  (default) everything allocated until the first optimizer step has returned (in a validate or
              predict run, until it starts), weights, gradients and optimizer state, gets mappings of its own
-             (threshold fixed at 128 KiB); from then on the threshold is fixed at 64 MiB, so the per-step buffers reuse a heap that holds nothing else, and gradients under
-             64 MiB are zeroed in place (not freed), so they stay where they are. Steps take the time they take
-             under "glibc", within the spread of docs/performance.md's pairs.
+             (threshold fixed at 128 KiB); from then on the threshold is fixed at 64 MiB, so the per-step
+             buffers reuse a heap that holds nothing else, and gradients under 64 MiB are zeroed in place (not
+             freed), so they stay where they are. Steps take the time they take under "glibc", within the
+             spread of docs/performance.md's pairs.
     "mmap"   every buffer from 128 KiB up gets its own mapping, for the whole run: the lowest peak RSS, and
              slower steps, since each step's buffers are page-faulted afresh.
     "glibc"  glibc's defaults.
