@@ -1,9 +1,10 @@
 """The audit command (python -m gpt_tp.perf.audit) at TP=2, DP=2 x TP=2 and DP=2 x TP=1 (gloo), against numbers
 derived by hand.
 
-The Megatron sequence-parallel minimum for L blocks on the TP group (derivation in gpt_tp/parallel/sizes.py):
-  all_gather 4L + 2   (per block: before attention and MLP in forward, for the reduce-scatters' grads in backward;
-                       + lm_head's sequence gather in forward, + the embedding's grad in backward)
+Megatron's sequence parallelism for L blocks on the TP group (derivation in gpt_tp/parallel/sizes.py):
+  all_gather 6L + 3   (per block: before attention and MLP in forward; in backward the same inputs again, for the
+                       weight gradients, and the reduce-scatters' grads; + lm_head's sequence gather in forward and
+                       again in backward, + the embedding's grad in backward)
   reduce_scatter 4L + 2 (mirror image: after attention and MLP; + the embedding in forward, + lm_head in backward)
   all_reduce 3        (2 in vocab-parallel cross-entropy: the max, then the sum of exps with the target logit;
                        1 flat one for the sequence-partial grads)
@@ -35,14 +36,14 @@ def audit(tmp_path, nproc: int, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("n_layer", [2, 3])
-def test_collectives_equal_megatron_minimum(tmp_path, n_layer):
+def test_collectives_equal_megatron(tmp_path, n_layer):
     r = audit(tmp_path, 2, "--layers", str(n_layer))
     L, c = n_layer, r["measured"]["collectives"]
-    minimum = {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 4}
-    assert r["modeled"]["by_group"] == {"tensor_parallel": minimum}
-    assert c["total"] == minimum
+    megatron = {"all_gather": 6 * L + 3, "reduce_scatter": 4 * L + 2, "all_reduce": 4}
+    assert r["modeled"]["by_group"] == {"tensor_parallel": megatron}
+    assert c["total"] == megatron
     assert c["forward"] == {"all_gather": 2 * L + 1, "reduce_scatter": 2 * L + 1, "all_reduce": 2}
-    assert c["backward"] == {"all_gather": 2 * L + 1, "reduce_scatter": 2 * L + 1}
+    assert c["backward"] == {"all_gather": 4 * L + 2, "reduce_scatter": 2 * L + 1}
     assert c["grad_sync_and_clip"] == {"all_reduce": 2}
     assert c["optimizer"] == {}  # no hidden per-parameter reductions inside the fused AdamW step
 
@@ -55,7 +56,7 @@ def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
     L, c = n_layer, r["measured"]["collectives"]
     expected = {"data_parallel": {"all_gather": 2 * L + 1, "reduce_scatter": L + 1}}
     if tp > 1:
-        expected["tensor_parallel"] = {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 3}
+        expected["tensor_parallel"] = {"all_gather": 6 * L + 3, "reduce_scatter": 4 * L + 2, "all_reduce": 3}
         expected["world"] = {"all_reduce": 1}
     else:
         expected["data_parallel"]["all_reduce"] = 1

@@ -24,16 +24,17 @@ def test_ring_wire_bytes():
 
 
 @pytest.mark.parametrize("n_layer", [2, 12])
-def test_sp_counts_are_the_megatron_minimum(n_layer):
-    """Korthikanti et al. 2022, 4.2.2, per step on the TP group: 4L + 2 all-gathers and reduce-scatters; 2 all-reduces
-    in the vocab-parallel loss, 1 for the sequence-partial gradients, 1 for the grad norm."""
+def test_sp_counts_are_megatrons(n_layer):
+    """Korthikanti et al. 2022, 4.2.2, per step on the TP group: 6L + 3 all-gathers (the column-parallel inputs
+    gathered again in backward), 4L + 2 reduce-scatters; 2 all-reduces in the vocab-parallel loss, 1 for the
+    sequence-partial gradients, 1 for the grad norm."""
     config = GPTConfig.from_name("tiny", n_layer=n_layer)
     L = n_layer
     assert counts(step_collectives(config, 2, 64, dp=1, tp=2)) == {
-        "tensor_parallel": {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 4}}
+        "tensor_parallel": {"all_gather": 6 * L + 3, "reduce_scatter": 4 * L + 2, "all_reduce": 4}}
     assert counts(step_collectives(config, 2, 64, dp=2, tp=2)) == {
         "data_parallel": {"all_gather": 2 * L + 1, "reduce_scatter": L + 1}, "world": {"all_reduce": 1},
-        "tensor_parallel": {"all_gather": 4 * L + 2, "reduce_scatter": 4 * L + 2, "all_reduce": 3}}
+        "tensor_parallel": {"all_gather": 6 * L + 3, "reduce_scatter": 4 * L + 2, "all_reduce": 3}}
     for dp, tp in [(1, 2), (2, 2), (2, 1)]:  # the cost model prices gpt_tp's step as it is
         assert collectives_for(config, 2, 64, dp, tp, "bf16-mixed") == step_collectives(config, 2, 64, dp, tp, "bf16-mixed")
 
@@ -43,12 +44,12 @@ def test_sp_bytes_by_hand():
     config = GPTConfig.from_name("gpt2")
     act = 16 * 1024 * 768 * 4
     rows = {(c["dim"], c["kind"]): c for c in step_collectives(config, 16, 1024, dp=1, tp=2)}
-    assert rows["tensor_parallel", "all_gather"]["bytes"] == 50 * act
+    assert rows["tensor_parallel", "all_gather"]["bytes"] == 75 * act  # 25 forward, the same 25 again, 25 gradients
     assert rows["tensor_parallel", "reduce_scatter"]["wire_bytes"] == 50 * act / 2
-    # bf16: the LayerNorm outputs are cast before their 25 forward gathers and the c_proj gradients (24 backward
-    # gathers) are bf16; only the embedding's gradient gather stays float32
+    # bf16: the LayerNorm outputs are cast before their 25 forward gathers (and 25 backward ones) and the c_proj
+    # gradients (24 backward gathers) are bf16; only the embedding's gradient gather stays float32
     bf = {(c["dim"], c["kind"]): c for c in step_collectives(config, 16, 1024, dp=1, tp=2, precision="bf16-mixed")}
-    assert bf["tensor_parallel", "all_gather"]["bytes"] == 25 * act // 2 + 24 * act // 2 + act
+    assert bf["tensor_parallel", "all_gather"]["bytes"] == 2 * 25 * act // 2 + 24 * act // 2 + act
 
 
 def test_anchor_figures():

@@ -62,14 +62,14 @@ def test_fsdp_bf16_gathers_two_bytes_and_keeps_no_weight_copies():
     assert acts["full"] < acts["selective"] < acts["none"]
 
 
-def test_activations_shrink_with_tp_except_gathered_inputs():
-    """With sequence parallelism every activation term divides by TP except the all-gathered matmul inputs (c_proj
-    keeps the attention output's own storage, not a token-major copy)."""
+def test_block_activations_divide_by_tp():
+    """With sequence parallelism every block's saved activation divides by TP: the all-gathered matmul inputs are
+    kept as each rank's slice and gathered again in backward, c_proj keeps the attention output's own storage, not a
+    token-major copy. (The LayerNorm statistics and attention's logsumexp divide too.)"""
     c = GPTConfig.from_name("gpt2")
     a1 = memory.activation_bytes(c, 8, 1024, 1, "bf16-mixed")["layers"]
     a4 = memory.activation_bytes(c, 8, 1024, 4, "bf16-mixed")["layers"]
-    gathered = c.n_layer * 2 * 8 * 1024 * c.n_embd * 2  # c_attn / c_fc inputs, bf16, full sequence
-    assert a4 - gathered == pytest.approx((a1 - gathered) / 4, rel=0.01)
+    assert a4 == a1 // 4
 
 
 def test_12_heads_on_8_devices_gives_a_clear_answer():

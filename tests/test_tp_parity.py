@@ -56,10 +56,12 @@ def test_tp_matches_single_device(tmp_path, dp, nproc):
 def tp_collectives(n_layer: int, chunks: int = 1) -> dict[str, dict[str, int]]:
     """Step 0's collectives on the TP group at TP=2: per block an all-gather and a reduce-scatter around attention
     and around the MLP (k of each there with the MLP in k chunks), the embedding's reduce-scatter and lm_head's
-    all-gather, the loss's 2 all-reduces; backward the conjugates."""
+    all-gather, the loss's 2 all-reduces; backward the conjugates, and c_attn's, lm_head's and (unchunked) c_fc's
+    inputs gathered again for their weight gradients."""
     n = 2 * n_layer + 1 + n_layer * (chunks - 1)
+    again = n_layer + 1 + (n_layer if chunks == 1 else 0)
     return {"forward": {"all_gather": n, "reduce_scatter": n, "all_reduce": 2},
-            "backward": {"all_gather": n, "reduce_scatter": n}}
+            "backward": {"all_gather": n + again, "reduce_scatter": n}}
 
 
 @pytest.mark.parametrize("plan,chunks,dp,nproc", [

@@ -110,8 +110,8 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
         qkv = self.c_attn(x)  # (B, T, 3 * nh * hd), nh = heads held here
+        B, T = qkv.shape[:2]  # from qkv: c_attn may gather a sequence slice x
         qkv = qkv.view(B, T, -1, 3, self.head_dim)  # (B, T, nh, 3, hd)
         q, k, v = qkv.transpose(1, 2).unbind(dim=3)  # each (B, nh, T, hd)
         y = F.scaled_dot_product_attention(

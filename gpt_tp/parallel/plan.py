@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import (
 
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.overlap import OverlappedMLP
-from gpt_tp.parallel.sp import GatherSequence, cast_for_matmul, colwise, rowwise, vocab_embedding, vocab_head
+from gpt_tp.parallel.sp import cast_for_matmul, colwise, rowwise, vocab_embedding, vocab_head
 
 
 class _LocalLayerNorm(nn.LayerNorm):
@@ -109,22 +109,22 @@ def sequence_parallel_plan(token_major: bool = True, overlap_chunks: int = 1) ->
         # token ids (replicated) -> vocab-parallel lookup -> reduce-scatter to the sequence-sharded residual stream
         "transformer.wte": vocab_embedding(token_major),
         "transformer.wpe": SequenceReplicated(split_input=True),
-        # attention: LayerNorm on the sequence slice, all-gather in (B, T) order, whole heads per rank, reduce-scatter
+        # attention: LayerNorm on the sequence slice, c_attn all-gathers it in (B, T) order, whole heads per rank,
+        # c_proj reduce-scatters
         "transformer.h.*.ln_1": SequenceReplicated(),
-        "transformer.h.*.attn": GatherSequence(in_order=True),
-        "transformer.h.*.attn.c_attn": colwise(),
+        "transformer.h.*.attn.c_attn": colwise(gather="in_order"),
         "transformer.h.*.attn.c_proj": rowwise("input" if token_major else "output"),
         # MLP: the same pattern, the 4C hidden units split over ranks, on the token-major gathered buffer
         "transformer.h.*.ln_2": SequenceReplicated(),
-        "transformer.h.*.mlp": GatherSequence(in_order=not token_major),
-        "transformer.h.*.mlp.c_fc": colwise(),
+        "transformer.h.*.mlp.c_fc": colwise(gather="token_major" if token_major else "in_order"),
         "transformer.h.*.mlp.c_proj": rowwise(None if token_major else "output"),
         # head: all-gather the sequence, vocab-sharded logits as a DTensor for gpt_tp.parallel.loss.cross_entropy
         "transformer.ln_f": SequenceReplicated(),
         "lm_head": vocab_head(),
     }
     if overlap_chunks > 1:
-        plan["transformer.h.*.mlp"] = OverlappedMLP(overlap_chunks)
+        plan["transformer.h.*.mlp"] = OverlappedMLP(overlap_chunks)  # gathers itself: c_fc takes the gathered input
+        plan["transformer.h.*.mlp.c_fc"] = colwise()
     return plan
 
 

@@ -130,17 +130,18 @@ def check_precision(precision: str) -> None:
 def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp: int, precision: str) -> list[dict]:
     """The TP group's collectives of one step under TP_PLAN (Megatron sequence parallelism), for L blocks:
     - per block, forward: all-gather of the LayerNorm output before attention and before the MLP, reduce-scatter
-      of c_proj's output after each; backward: the conjugates. Under bf16 autocast the plan casts the LayerNorm
-      output to bf16 before the gather (gpt_tp.parallel.sp.cast_for_matmul), so the forward all-gathers (and their
-      backward reduce-scatters) move 2-byte elements, as do the c_proj outputs.
+      of c_proj's output after each; backward: the conjugates, and each LayerNorm output all-gathered again for
+      c_attn's and c_fc's weight gradients (only its slice is kept: gpt_tp.parallel.sp._ColParallel). Under bf16
+      autocast the plan casts the LayerNorm output to bf16 before the gather (gpt_tp.parallel.sp.cast_for_matmul),
+      so these all-gathers (and the backward reduce-scatters) move 2-byte elements, as do the c_proj outputs.
     - the token embedding reduce-scatters into the sequence-sharded stream (fwd) and all-gathers its gradient
       (bwd): float32, 2 bytes when FSDP2 gathers bf16 weights (bf16-mixed, dp > 1); ln_f's output is all-gathered
-      for lm_head (fwd), reduce-scattered (bwd).
+      for lm_head (fwd), again for lm_head's weight gradient and its gradient reduce-scattered (bwd).
     - the vocab-parallel cross-entropy (gpt_tp.parallel.loss): 2 float32 all-reduces, the max (B T values), then
       the sum of exps and the target logit together (2 B T values); nothing in backward.
     - the sequence-partial gradients (wpe, LayerNorms) summed in one flat float32 all-reduce
       (gpt_tp.parallel.reduce_partial_grads; at dp > 1 after FSDP2's reduce-scatter, so each rank sends its shard).
-    In all: all_gather 4L + 2, reduce_scatter 4L + 2, all_reduce 3 (Korthikanti et al. 2022, section 4.2.2)."""
+    In all: all_gather 6L + 3, reduce_scatter 4L + 2, all_reduce 3 (Korthikanti et al. 2022, section 4.2.2)."""
     if tp <= 1:
         return []
     L, act = config.n_layer, batch_size * seq_len * config.n_embd
@@ -149,7 +150,7 @@ def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp
     partial = numel([p for p in local_params(config, tp) if p.sequence_partial], dp)
     return [
         collective(TP, "all_gather", tp, 2 * L + 1, (2 * L + 1) * act * mm),  # fwd: ln_1, ln_2 per block, ln_f
-        collective(TP, "all_gather", tp, 2 * L + 1, 2 * L * act * mm + act * emb),  # bwd: of c_proj's RS, wte's RS
+        collective(TP, "all_gather", tp, 4 * L + 2, (4 * L + 1) * act * mm + act * emb),  # bwd: again, c_proj's and wte's RS
         collective(TP, "reduce_scatter", tp, 2 * L + 1, 2 * L * act * mm + act * emb),  # fwd: c_proj x 2, wte
         collective(TP, "reduce_scatter", tp, 2 * L + 1, (2 * L + 1) * act * mm),  # bwd: of the gathers
         collective(TP, "all_reduce", tp, 1, partial * 4),

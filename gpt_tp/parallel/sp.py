@@ -10,7 +10,8 @@ Gathers and reduce-scatters work on dim 0. Gathering rank r's (B, T/n, C) slices
 The MLP and the row-parallel matmuls are token-wise, so they run on that buffer as it is, and the reduce-scatter
 along dim 0 hands rank r back exactly its own tokens. Only attention needs (B, T) order: its input is gathered in
 order (one rearranging copy of (B, T, C)), and its output (B, T, C/n) is rearranged to token-major before c_proj
-(a copy n times smaller than rearranging c_proj's output).
+(a copy n times smaller than rearranging c_proj's output). The column-parallel layers gather their own input and
+keep only the slice for backward (_ColParallel), so every activation a block keeps is n times smaller than at TP=1.
 """
 
 import torch
@@ -98,7 +99,7 @@ class _RowParallel(torch.autograd.Function):
         if b is not None:
             out.add_(b.to(out.dtype))  # in place: the scattered slice is ours
         ctx.save_for_backward(x, w)
-        ctx.n, ctx.group, ctx.reorder, ctx.dtype = n, group, reorder, y.dtype
+        ctx.n, ctx.group, ctx.reorder, ctx.dtype, ctx.x_dtype = n, group, reorder, y.dtype, x.dtype
         ctx.b_dtype = None if b is None else b.dtype
         return out
 
@@ -112,18 +113,70 @@ class _RowParallel(torch.autograd.Function):
             g_all = to_sequence_order(g_all, n)  # (B, T, C)
         x_mm = (to_token_major(x, n) if ctx.reorder == "input" else x).to(dtype)  # the forward's matmul input
         grad_w = (g_all.flatten(0, -2).t() @ x_mm.flatten(0, -2)).to(w.dtype)  # (C, K)
+        del x_mm  # each transient is freed once used, in both backward functions: a lower high-water mark of the heap
+        grad_b = None if ctx.b_dtype is None else g_all.sum(dim=tuple(range(g_all.ndim - 1))).to(ctx.b_dtype)
         grad_x = g_all @ w.to(dtype)  # (n B, T/n, K) or (B, T, K)
+        del g_all
         if ctx.reorder == "input":
             grad_x = to_sequence_order(grad_x, n)  # (B, T, K)
-        grad_b = None if ctx.b_dtype is None else g_all.sum(dim=tuple(range(g_all.ndim - 1))).to(ctx.b_dtype)
-        return grad_x.to(x.dtype), grad_w, grad_b, None, None, None
+        return grad_x.to(ctx.x_dtype), grad_w, grad_b, None, None, None
+
+
+class _ColParallel(torch.autograd.Function):
+    """A column-parallel layer fed by a sequence all-gather: y = all_gather(x) W^T + b, with x this rank's
+    (B, T/n, C) token slice and W, b this rank's rows. The gathered input is not kept: backward saves the slice
+    (n times smaller) and gathers it again (Megatron-LM's sequence parallelism): that all-gather is issued before
+    the input-gradient matmul and waited for after it, and the input gradient's reduce-scatter back to the slice is
+    issued before the weight-gradient matmul.
+
+    in_order: the gathered buffer is put in (B, T) order (attention, lm_head); otherwise it stays token-major,
+    (n B, T/n, C) (the MLP). Under autocast the slice is cast before the gather, so the gather moves and backward
+    keeps 2-byte elements; backward's matmuls run in that dtype and each gradient comes back in its input's."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, n: int, group: str, in_order: bool) -> torch.Tensor:
+        xs = cast_for_matmul(x)  # (B, T/n, C) in the matmul's dtype
+        xg = all_gather_rows(xs, n, group)  # (n B, T/n, C) token-major
+        y = F.linear(to_sequence_order(xg, n) if in_order else xg, w, b)  # (B, T, H) or (n B, T/n, H)
+        ctx.save_for_backward(xs, w)
+        ctx.n, ctx.group, ctx.in_order, ctx.x_dtype = n, group, in_order, x.dtype
+        ctx.b_dtype = None if b is None else b.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        xs, w = ctx.saved_tensors
+        n, group = ctx.n, ctx.group
+        gathering = _C10D.all_gather_into_tensor(xs.contiguous(), n, group)  # the input again, while grad_x runs
+        grad_x = g @ w.to(g.dtype)  # (B, T, C) or (n B, T/n, C)
+        if ctx.in_order:
+            grad_x = to_token_major(grad_x, n)  # (B, T, C) -> (n B, T/n, C)
+        scattering = _C10D.reduce_scatter_tensor(grad_x.contiguous(), "sum", n, group)  # while grad_w runs
+        del grad_x
+        xg = _C10D.wait_tensor(gathering)  # (n B, T/n, C)
+        del gathering
+        if ctx.in_order:
+            xg = to_sequence_order(xg, n)  # (B, T, C)
+        grad_w = (g.flatten(0, -2).t() @ xg.flatten(0, -2).to(g.dtype)).to(w.dtype)  # (H, C)
+        grad_b = None if ctx.b_dtype is None else g.sum(dim=tuple(range(g.ndim - 1))).to(ctx.b_dtype)
+        grad_xs = _C10D.wait_tensor(scattering)  # (B, T/n, C)
+        return grad_xs.to(ctx.x_dtype), grad_w, grad_b, None, None, None
 
 
 class ColwiseLinear(nn.Linear):
-    """Column-parallel Linear: weight rows and bias split over TP (Shard(0)); input is the gathered activation."""
+    """Column-parallel Linear: weight rows and bias split over TP (Shard(0)). `gather`: None takes the gathered
+    activation as input; "in_order" / "token_major" take this rank's (B, T/n, C) slice and gather it
+    (_ColParallel)."""
+
+    tp: _TP
+    gather: str | None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to_local(), _local(self.bias))
+        if self.gather is None:
+            return F.linear(x, self.weight.to_local(), _local(self.bias))
+        return _ColParallel.apply(x, self.weight.to_local(), _local(self.bias), self.tp.n, self.tp.group,
+                                  self.gather == "in_order")
 
 
 class RowwiseLinear(nn.Linear):
@@ -168,9 +221,7 @@ class VocabParallelHead(nn.Linear):
     tp: _TP
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.tp.n
-        x = to_sequence_order(all_gather_rows(cast_for_matmul(x), n, self.tp.group), n)  # (B, T, C)
-        y = F.linear(x, self.weight.to_local(), _local(self.bias))  # (B, T, V/n)
+        y = _ColParallel.apply(x, self.weight.to_local(), _local(self.bias), self.tp.n, self.tp.group, True)  # (B, T, V/n)
         return DTensor.from_local(y, self.tp.mesh, (Shard(-1),), run_check=False)
 
 
@@ -190,8 +241,8 @@ class LocalStyle(ParallelStyle):
         return module
 
 
-def colwise() -> LocalStyle:
-    return LocalStyle(ColwiseLinear, {"weight": [Shard(0)], "bias": [Shard(0)]})
+def colwise(gather: str | None = None) -> LocalStyle:
+    return LocalStyle(ColwiseLinear, {"weight": [Shard(0)], "bias": [Shard(0)]}, gather=gather)
 
 
 def rowwise(reorder: str | None) -> LocalStyle:
@@ -204,22 +255,3 @@ def vocab_embedding(token_major: bool) -> LocalStyle:
 
 def vocab_head() -> LocalStyle:
     return LocalStyle(VocabParallelHead, {"weight": [Shard(0)], "bias": [Shard(0)]})
-
-
-class GatherSequence(ParallelStyle):
-    """A module's input (B, T/n, C), this rank's sequence slice, all-gathered before its forward (in the autocast
-    dtype): in (B, T) order (attention) or token-major, (n B, T/n, C) with no rearranging copy (the MLP)."""
-
-    def __init__(self, in_order: bool):
-        super().__init__()
-        self.in_order = in_order
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        tp, in_order = _TP(device_mesh), self.in_order
-
-        def gather(mod, args):
-            x = all_gather_rows(cast_for_matmul(args[0]), tp.n, tp.group)  # (n B, T/n, C)
-            return (to_sequence_order(x, tp.n) if in_order else x, *args[1:])  # (B, T, C) or as gathered
-
-        module.register_forward_pre_hook(gather)
-        return module

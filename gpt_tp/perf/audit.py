@@ -7,7 +7,7 @@ against gpt_tp.parallel.sizes, the model the planner, the cost model and the ben
 One full float32 step (forward, vocab-parallel loss, backward, gradient sync and clipping, fused AdamW) runs with
 every collective recorded, by phase and by process group, with its bytes. The audit holds:
   - the collectives, count and bytes per (group, kind), equal gpt_tp.parallel.sizes.step_collectives: on the TP
-    group the Megatron sequence-parallel minimum, all_gather 4L + 2, reduce_scatter 4L + 2, all_reduce 3 (with the
+    group Megatron's sequence parallelism, all_gather 6L + 3, reduce_scatter 4L + 2, all_reduce 3 (with the
     derivation in gpt_tp.parallel.sizes.tp_collectives); on the DP group FSDP2's all_gather 2L + 1 and
     reduce_scatter L + 1 and no all-reduce; one grad-norm all-reduce over the whole mesh;
   - no collective inside the optimizer step;

@@ -8,25 +8,25 @@ Memory per device (bytes; t = TP, d = DP, B = micro-batch per DP rank, T = seque
   grads      the same count, in the parameter dtype.
   optimizer  AdamW exp_avg + exp_avg_sq: 2 x params.
   activations, saved for backward in one forward, per layer, with sequence parallelism and no checkpointing:
-             B T C [2 r / t  +  2 m  +  12 m / t]  +  B T (4 x 4 / t)  +  B (a / t) T x 4
+             B T C [2 r / t  +  14 m / t]  +  B T (4 x 4 / t)  +  B (a / t) T x 4
                2 r / t:  the LayerNorm inputs (residual stream, sequence-sharded; r = residual bytes)
-               2 m:      the inputs of c_attn and c_fc, all-gathered to the full sequence (torch's TP saves the gathered
-                         tensor; Megatron saves the shard and gathers again in backward, hence its smaller 34/t term)
-               12 m / t: qkv (3C), the attention output (C), the MLP hidden (4C) before and after GELU (m = matmul
-                         activation bytes); c_proj keeps the attention output's own storage (at t > 1 gpt_tp's
-                         plan makes its token-major copy again in backward, gpt_tp.parallel.sp._RowParallel)
+               14 m / t: the inputs of c_attn and c_fc, each rank's sequence slice (at t > 1 they are all-gathered
+                         again in backward, as Megatron does: gpt_tp.parallel.sp._ColParallel); qkv (3C), the
+                         attention output (C), the MLP hidden (4C) before and after GELU (m = matmul activation
+                         bytes); c_proj keeps the attention output's own storage (at t > 1 gpt_tp's plan makes its
+                         token-major copy again in backward, gpt_tp.parallel.sp._RowParallel)
                LayerNorm mean/rstd (fp32), and the attention logsumexp (fp32) of flash / memory-efficient SDPA. The
                math SDPA kernel (sdpa="math") keeps the (a/t) T x T attention probabilities as well.
              Compare Korthikanti et al. 2022 (Reducing Activation Recomputation), s b h (34 + 5 a s / h) / t bytes with
              2-byte activations, dropout masks and the a s^2 scores; GPT-2 here trains without dropout and SDPA keeps no
              score matrix, so those terms vanish.
-             Plus the head: ln_f input B T C r / t, lm_head input B T C m (gathered), the vocab-parallel log-softmax
+             Plus the head: ln_f input B T C r / t, lm_head input B T C m / t, the vocab-parallel log-softmax
              B T (V / t) x 4 (cross-entropy runs in fp32 under autocast), the token ids and targets (int64), the
              position ids (T, int64) and, at t > 1, the vocab-parallel loss's per-token sums (2 B T x 4) and the
              embedding's and the loss's masks of the ids this rank holds (2 B T bools).
-             Under bf16-mixed at d = 1 autocast also keeps a bf16 copy of every TP-local matmul weight (2 bytes x
-             TP-local matmul parameters; at t > 1 not c_proj's, and with checkpointing the blocks' copies are
-             recomputed: wte's only). At d > 1 FSDP2 gathers the weights in bf16
+             Under bf16-mixed at d = 1 and t = 1 autocast also keeps a bf16 copy of every matmul weight (2 bytes x
+             matmul parameters; at t > 1 the parallel layers keep their float32 shards and cast them again in
+             backward). At d > 1 FSDP2 gathers the weights in bf16
              (param_dtype): no copies, and the residual stream, the block inputs included, is bf16 (r = 2).
              Activation checkpointing (ac, gpt_tp.parallel.apply_ac) changes the per-layer term: "full" keeps the
              block input, B T C r / t; "selective" keeps the input and the matmul and attention outputs,
@@ -113,7 +113,7 @@ def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: i
         return B * T * C * r // t + 8 * B * T * C * m // t + 2 * B * T * C * m + lse
     if sdpa == "math":
         lse += 2 * B * (config.n_head // t) * T * T * m  # softmax probabilities and their dropout/cast copy
-    per_layer = 2 * B * T * C * r // t + 2 * B * T * C * m + 12 * B * T * C * m // t
+    per_layer = 2 * B * T * C * r // t + 14 * B * T * C * m // t
     return per_layer + 2 * 2 * (B * T // t) * 4 + lse  # + LayerNorm mean and rstd, fp32, on the sequence slice
 
 
@@ -136,18 +136,15 @@ def activation_bytes(
         r, wcopy = 2, 0
     B, T, C, t = batch_size, seq_len, config.n_embd, tp
     head = B * T * C * r // t + 2 * (B * T // t) * 4  # ln_f input + stats
-    head += B * T * C * m  # lm_head input, gathered
+    head += B * T * C * m // t  # lm_head input, this rank's slice (gathered again in backward)
     head += B * T * (config.vocab_size // t) * lsm  # log-softmax output
     head += 2 * B * T * 8 + T * 8  # token ids, targets (int64), position ids (each rank saves a slice of all T)
     if t > 1:  # the vocab-parallel loss's per-token sums (fp32); the ids this rank holds (bools, embedding and loss)
         head += 2 * B * T * 4 + 2 * B * T
     # autocast keeps its casts of the parameters themselves (t = 1) through the forward, in every AC mode; at t > 1
-    # gpt_tp's plan casts each block's local shards inside the block, so a checkpointed block recomputes them, and
-    # the row-parallel c_proj keeps its float32 shard and casts it again in backward (gpt_tp.parallel.sp._RowParallel)
-    blocks = sizes.block_params(config, tp)
-    if tp > 1:
-        blocks = [p for p in blocks if ".c_proj." not in p.name] if ac == "none" else []
-    copied = sizes.root_params(config, tp) + blocks * config.n_layer
+    # gpt_tp's column- and row-parallel layers keep the float32 shards and cast them again in backward
+    # (gpt_tp.parallel.sp._ColParallel, _RowParallel)
+    copied = [] if tp > 1 else sizes.root_params(config, tp) + sizes.block_params(config, tp) * config.n_layer
     weights = sizes.numel([p for p in copied if p.matmul]) * wcopy
     return {"layers": config.n_layer * _layer_bytes(config, B, T, t, r, m, sdpa, ac), "head": head, "weight_copies": weights}
 
