@@ -40,6 +40,22 @@ def test_split_validate_run_uses_the_heap_once_it_starts():
     assert where("split", "validate") == {"in_validation": True}
 
 
+def test_split_returns_the_heaps_free_pages_before_the_loss():
+    """split: buffers freed in the heap below one still in use stay resident under glibc (the control below); before
+    the loss, a step's high point, the training step gives the heap's free pages back (malloc_trim), so a further
+    trim at the loss finds nothing left to return."""
+    r = where("split", "trim")
+    assert r["in_heap"]
+    assert r["further_trim"] < 2 * 2**20
+
+
+def test_glibc_keeps_freed_heap_pages_resident():
+    """The control: under glibc's defaults the same 24 MiB of freed buffers are still resident at the loss."""
+    r = where("glibc", "trim")
+    assert r["in_heap"]
+    assert r["further_trim"] >= 20 * 2**20
+
+
 def test_glibc_defaults_mix_run_long_state_into_the_heap():
     """glibc's own rising threshold puts part of the same state in the heap, among the per-step buffers, and a
     new gradient buffer is allocated every step: the layout split avoids."""

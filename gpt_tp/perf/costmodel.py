@@ -7,7 +7,9 @@ Step time = compute + exposed communication.
 - compute: flops_per_token(T) x tokens on this rank's TP group / (peak x MFU), divided by tp (each rank does
   1/tp of every matmul). MFU at TP=1 is calibrated from a measured single-device figure; `tp_efficiency` < 1
   models smaller matmuls and duplicated work at tp > 1.
-- tensor-parallel collectives sit on the critical path (each block waits for its all-gather): fully exposed.
+- tensor-parallel collectives sit on the critical path (each block waits for its all-gather): fully exposed,
+  the backward all-gathers of the column-parallel inputs too, which the code issues before a matmul (an upper
+  bound on their cost).
 - data-parallel collectives (DDP's gradient all-reduce, FSDP's all-gathers and reduce-scatters) overlap with
   compute; only what exceeds the overlappable compute is exposed.
 - a collective over a tensor of N bytes on p ranks sends (p-1)/p N per rank (ring all-gather / reduce-scatter),

@@ -11,8 +11,10 @@ fragmented heap.
              predict run, until it starts), weights, gradients and optimizer state, gets mappings of its own
              (threshold fixed at 128 KiB); from then on the threshold is fixed at 64 MiB, so the per-step
              buffers reuse a heap that holds nothing else, and gradients under 64 MiB are zeroed in place (not
-             freed), so they stay where they are. Steps take the time they take under "glibc", within the
-             spread of docs/performance.md's pairs.
+             freed), so they stay where they are. Before each step's loss, its high point (the logits and
+             their exponentials are mapped then), the heap's free pages go back to the system (malloc_trim),
+             so the freed step buffers between those still in use are not resident then; backward touches
+             again the ones it reuses.
     "mmap"   every buffer from 128 KiB up gets its own mapping, for the whole run: the lowest peak RSS, and
              slower steps, since each step's buffers are page-faulted afresh.
     "glibc"  glibc's defaults.
@@ -41,6 +43,16 @@ def set_mmap_threshold(nbytes: int) -> bool:
         return False
 
 
+def trim_heap() -> bool:
+    """malloc_trim(0): glibc returns the free pages of its heaps, those between buffers in use too, to the system.
+    Returns whether it ran (False off glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def check_policy(policy: str) -> None:
     if policy not in POLICIES:
         raise UserError(f"model.malloc={policy!r}: choose one of {', '.join(POLICIES)}")
@@ -49,7 +61,8 @@ def check_policy(policy: str) -> None:
 class MallocPolicy:
     """One process's policy: `start()` before the model is built; `state_ready()` once the run-long state exists
     (after each optimizer step of a fit, only the first changes anything; when a validate or predict run starts,
-    its weights loaded); `zero_grad(optimizer)` in place of optimizer.zero_grad()."""
+    its weights loaded); `zero_grad(optimizer)` in place of optimizer.zero_grad(); `before_loss()` between the model's
+    forward and the loss."""
 
     def __init__(self, policy: str):
         check_policy(policy)
@@ -77,6 +90,13 @@ class MallocPolicy:
                     p.grad = None
                 else:
                     local.zero_()
+
+    def before_loss(self) -> None:
+        """split: the heap's free pages go back to the system before the loss, a step's high point (its logits and
+        their exponentials are mapped then): the heap holds the saved activations and no freed buffers at that moment.
+        Backward touches the pages it reuses again."""
+        if self.active == "split" and not self._pending:
+            trim_heap()
 
     def start(self) -> None:
         if self.active in ("split", "mmap"):

@@ -198,7 +198,10 @@ class GPTModule(L.LightningModule):
         if self._t_last is None:
             self._t_last = time.perf_counter()
         self._seq_len = x.shape[1]
-        loss = self._loss(self.model(x), y)
+        logits = self.model(x)
+        self._malloc.before_loss()
+        loss = self._loss(logits, y)
+        del logits
         detached = loss.detach()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         self._tokens += x.numel()

@@ -2,8 +2,11 @@
 its buffers: the share of the run-long tensors (weights, gradients, AdamW state; those of 128 KiB and more) that
 lie in the main heap, whether each gradient kept its buffer from step to step, and whether a 1 MiB buffer
 allocated before / after the first optimizer step came from the heap (a fit with sanity validation), or, with
-`validate`, whether one allocated during a validate run did. Usage: malloc_fit.py POLICY [validate]"""
+`validate`, whether one allocated during a validate run did. With `trim`: 24 MiB of buffers freed in the heap
+below one kept above them before step 2, and how much resident memory a malloc_trim at the start of the loss
+then returns. Usage: malloc_fit.py POLICY [validate | trim]"""
 
+import ctypes
 import json
 import sys
 
@@ -11,6 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+import gpt_tp.train.module
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
 
@@ -25,6 +29,35 @@ def heap_range() -> tuple[int, int]:
 def in_heap(t: torch.Tensor) -> bool:
     lo, hi = heap_range()
     return lo <= t.data_ptr() < hi
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+class Holes(Callback):
+    """Before step 2: seven 4 MiB buffers from the heap, touched; six freed, the one at the highest address kept, so
+    the freed 24 MiB cannot be trimmed from the heap's top. Then what a malloc_trim at the loss's start (cross_entropy wrapped) returns to the system."""
+
+    def __init__(self):
+        self.keep, self.report = None, {}
+        self.loss = gpt_tp.train.module.cross_entropy
+        gpt_tp.train.module.cross_entropy = self.at_loss
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == 2:
+            bufs = [torch.ones(1 << 20) for _ in range(7)]  # 4 MiB each
+            self.report["in_heap"] = all(map(in_heap, bufs))
+            self.keep = max(bufs, key=lambda t: t.data_ptr())  # the highest: the freed ones lie below it
+            del bufs
+
+    def at_loss(self, logits, targets):
+        if self.keep is not None and "further_trim" not in self.report:
+            before = rss_bytes()
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            self.report["further_trim"] = before - rss_bytes()
+        return self.loss(logits, targets)
 
 
 class Where(Callback):
@@ -42,16 +75,20 @@ class Where(Callback):
         self.grad_ptrs.append([p.grad.data_ptr() for p in module.parameters()])
 
 
-def main(policy: str, validate: bool) -> None:
+def main(policy: str, mode: str | None) -> None:
     torch.manual_seed(0)
     module = GPTModule({"n_layer": 2, "n_head": 4, "n_embd": 256, "block_size": 64}, malloc=policy,
                        total_batch_size=None, warmup_steps=1, max_steps=4)
-    where = Where()
+    where, holes = Where(), Holes()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
-                        val_check_interval=2, inference_mode=False, callbacks=[where])
+                        val_check_interval=2, inference_mode=False, callbacks=[where, holes])
     data = SyntheticDataModule(batch_size=2, seq_len=64)
-    if validate:
+    if mode == "trim":
+        trainer.fit(module, data)
+        print(json.dumps(holes.report))
+        return
+    if mode == "validate":
         trainer.validate(module, data)
         print(json.dumps(where.probe))
         return
@@ -64,4 +101,4 @@ def main(policy: str, validate: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:] == ["validate"])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
