@@ -14,7 +14,7 @@ from gpt_tp.parallel import TP_PLAN
 
 
 class NaiveQKVColwise(ParallelStyle):
-    """ColwiseParallel over c_attn's rows taken in [q | k | v] order."""
+    """gpt_tp's column-parallel c_attn (it gathers its own sequence slice) over rows taken in [q | k | v] order."""
 
     def __init__(self, n_head: int):
         super().__init__()
@@ -24,7 +24,7 @@ class NaiveQKVColwise(ParallelStyle):
         with torch.no_grad():
             module.weight.copy_(qkv_from_per_head(module.weight, self.n_head))
             module.bias.copy_(qkv_from_per_head(module.bias, self.n_head))
-        return ColwiseParallel()._apply(module, device_mesh)
+        return TP_PLAN["transformer.h.*.attn.c_attn"]._apply(module, device_mesh)
 
 
 def naive_qkv(config):
