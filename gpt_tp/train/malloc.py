@@ -23,6 +23,7 @@ Only processes on a machine without CUDA change anything (GPU memory has its own
 """
 
 import ctypes
+import functools
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -34,23 +35,31 @@ STATE_THRESHOLD = 128 * 1024  # glibc's initial threshold: every tensor worth it
 STEP_THRESHOLD = 64 * 1024 * 1024  # above glibc's 32 MiB ceiling: only the largest per-step buffers (logits) are mapped
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, loaded once (a training step calls into it); None where there is none."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def _glibc_call(name: str, *args: int) -> int | None:
+    """glibc's function `name` called with args; None off glibc or where it lacks the function."""
+    fn = getattr(_glibc(), name, None)
+    return None if fn is None else fn(*args)
+
+
 def set_mmap_threshold(nbytes: int) -> bool:
     """mallopt(M_MMAP_THRESHOLD, nbytes): buffers of nbytes and more get their own mapping, unmapped when freed, and
     glibc stops moving the threshold by itself. Returns whether it was set (False off glibc)."""
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(-3, nbytes))  # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
+    return bool(_glibc_call("mallopt", -3, nbytes))  # -3: M_MMAP_THRESHOLD
 
 
 def trim_heap() -> bool:
     """malloc_trim(0): glibc returns the free pages of its heaps, those between buffers in use too, to the system.
     Returns whether it ran (False off glibc)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        return True
-    except (OSError, AttributeError):
-        return False
+    return _glibc_call("malloc_trim", 0) is not None
 
 
 def check_policy(policy: str) -> None:

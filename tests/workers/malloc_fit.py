@@ -6,7 +6,6 @@ allocated before / after the first optimizer step came from the heap (a fit with
 below one kept above them before step 2, and how much resident memory a malloc_trim at the start of the loss
 then returns. Usage: malloc_fit.py POLICY [validate | trim]"""
 
-import ctypes
 import json
 import sys
 
@@ -14,7 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-import gpt_tp.train.module
+from gpt_tp.train.malloc import trim_heap
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
 
@@ -36,28 +35,26 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-class Holes(Callback):
-    """Before step 2: seven 4 MiB buffers from the heap, touched; six freed, the one at the highest address kept, so
-    the freed 24 MiB cannot be trimmed from the heap's top. Then what a malloc_trim at the loss's start (cross_entropy wrapped) returns to the system."""
+class Holes(GPTModule):
+    """GPTModule that, before step 2, leaves 24 MiB of freed buffers in the heap below one it keeps (seven 4 MiB
+    buffers, touched; six freed, the one at the highest address kept, so the freed ones cannot be trimmed from the
+    heap's top), then measures at the start of that step's loss what one more malloc_trim returns to the system."""
 
-    def __init__(self):
-        self.keep, self.report = None, {}
-        self.loss = gpt_tp.train.module.cross_entropy
-        gpt_tp.train.module.cross_entropy = self.at_loss
+    report: dict | None = None  # set before step 2
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step == 2:
+    def on_train_batch_start(self, batch, batch_idx):
+        if self.global_step == 2:
             bufs = [torch.ones(1 << 20) for _ in range(7)]  # 4 MiB each
-            self.report["in_heap"] = all(map(in_heap, bufs))
-            self.keep = max(bufs, key=lambda t: t.data_ptr())  # the highest: the freed ones lie below it
+            self.report = {"in_heap": all(map(in_heap, bufs))}
+            self.kept = max(bufs, key=lambda t: t.data_ptr())  # the highest: the freed ones lie below it
             del bufs
 
-    def at_loss(self, logits, targets):
-        if self.keep is not None and "further_trim" not in self.report:
+    def _loss(self, logits, y):
+        if self.report is not None and "further_trim" not in self.report:
             before = rss_bytes()
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            trim_heap()
             self.report["further_trim"] = before - rss_bytes()
-        return self.loss(logits, targets)
+        return super()._loss(logits, y)
 
 
 class Where(Callback):
@@ -77,16 +74,16 @@ class Where(Callback):
 
 def main(policy: str, mode: str | None) -> None:
     torch.manual_seed(0)
-    module = GPTModule({"n_layer": 2, "n_head": 4, "n_embd": 256, "block_size": 64}, malloc=policy,
-                       total_batch_size=None, warmup_steps=1, max_steps=4)
-    where, holes = Where(), Holes()
+    module = (Holes if mode == "trim" else GPTModule)({"n_layer": 2, "n_head": 4, "n_embd": 256, "block_size": 64},
+                                                      malloc=policy, total_batch_size=None, warmup_steps=1, max_steps=4)
+    where = Where()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
-                        val_check_interval=2, inference_mode=False, callbacks=[where, holes])
+                        val_check_interval=2, inference_mode=False, callbacks=[where])
     data = SyntheticDataModule(batch_size=2, seq_len=64)
     if mode == "trim":
         trainer.fit(module, data)
-        print(json.dumps(holes.report))
+        print(json.dumps(module.report))
         return
     if mode == "validate":
         trainer.validate(module, data)
