@@ -28,6 +28,22 @@ from gpt_tp.errors import UserError
 EXIT_USER_ERROR = 2  # argparse's code for a bad command line; used for every user mistake
 
 
+def import_attribute(spec: str, flag: str, example: str):
+    """`module:attribute` (a flag's value) -> the object; a UserError naming the flag when it cannot be had."""
+    from importlib import import_module
+
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise UserError(f"{flag}={spec!r} must be module:attribute, e.g. {example}")
+    try:
+        mod = import_module(mod_name)
+    except ImportError as e:
+        raise UserError(f"{flag}={spec!r}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    if not hasattr(mod, attr):
+        raise UserError(f"{flag}={spec!r}: module {mod_name!r} has no attribute {attr!r}")
+    return getattr(mod, attr)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """The command line of every gpt_tp command: a bad flag or value is a UserError, so `run` prints it as one
     ``error:`` line naming the flag and exits 2 (argparse would print its usage block first)."""

@@ -50,6 +50,7 @@ def _fit(tmp_path, name, nproc, *args):
     return read_json(out + ".json"), torch.load(out + ".pt")
 
 
+@pytest.mark.slow
 def test_lightning_runs_with_ac_match_without(tmp_path):
     """Trainer + ModelParallelStrategy, 6 optimizer steps, accumulation 2, clipping, fused AdamW: AC full at TP=2 and
     selective under FSDP2 (DP=2 x TP=2) equal the same layout without AC bit for bit (eager: the same ops in the same
@@ -76,6 +77,7 @@ def test_lightning_runs_with_ac_match_without(tmp_path):
         assert worst <= {0.0: 0.0, 1e-4: 3e-4, 1e-3: 2 * 3e-3 * 6}[tol], (name, worst)
 
 
+@pytest.mark.slow
 def test_full_checkpointing_compiles_on_one_device():
     """Full checkpointing of compiled blocks on one device: the loss and gradients of the eager, uncheckpointed
     model within 1e-5."""

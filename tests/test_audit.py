@@ -1,7 +1,7 @@
-"""The audit command (python -m gpt_tp.perf.audit) at TP=2, DP=2 x TP=2 and DP=2 x TP=1 (gloo), against numbers
-derived by hand.
+"""The audit command (python -m benchmarks.audit) at TP=2, DP=2 x TP=2 and DP=2 x TP=1 (gloo), against numbers
+derived by hand. It runs the benchmark's training step (benchmarks.step.train_step) with each phase recorded.
 
-Megatron's sequence parallelism for L blocks on the TP group (derivation in gpt_tp/parallel/sizes.py):
+Megatron's sequence parallelism for L blocks on the TP group (derivation in gpt_tp/sizing/sizes.py):
   all_gather 6L + 3   (per block: before attention and MLP in forward; in backward the same inputs again, for the
                        weight gradients, and the reduce-scatters' grads; + lm_head's sequence gather in forward and
                        again in backward, + the embedding's grad in backward)
@@ -21,11 +21,11 @@ from conftest import ROOT, one_error_line, read_json
 
 
 def audit(tmp_path, nproc: int, *args: str) -> dict:
-    """python -m gpt_tp.perf.audit on nproc processes (the tiny model, T=64); its JSON report. The command exits 0
-    only when the measurement equals gpt_tp.parallel.sizes' model."""
+    """python -m benchmarks.audit on nproc processes (the tiny model, T=64); its JSON report. The command exits 0
+    only when the measurement equals gpt_tp.sizing.sizes' model."""
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gpt_tp.perf.audit", "--model", "tiny", "--seq-len", "64", "--json", str(out), *args]
+           "-m", "benchmarks.audit", "--model", "tiny", "--seq-len", "64", "--json", str(out), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -36,6 +36,7 @@ def audit(tmp_path, nproc: int, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("n_layer", [2, 3])
+@pytest.mark.slow
 def test_collectives_equal_megatron(tmp_path, n_layer):
     r = audit(tmp_path, 2, "--layers", str(n_layer))
     L, c = n_layer, r["measured"]["collectives"]
@@ -46,9 +47,17 @@ def test_collectives_equal_megatron(tmp_path, n_layer):
     assert c["backward"] == {"all_gather": 4 * L + 2, "reduce_scatter": 2 * L + 1}
     assert c["grad_sync_and_clip"] == {"all_reduce": 2}
     assert c["optimizer"] == {}  # no hidden per-parameter reductions inside the fused AdamW step
+    # bytes, float32, B=1, T=64, C=64: every all-gather and reduce-scatter moves one (B, T, C) activation; the
+    # all-reduces: wpe (128 x 64) and the 2L + 1 LayerNorms' (2 x 64) gradients, the loss's 12 bytes per token
+    # (the max, then the sum of exps with the target logit), the 4-byte grad norm
+    act = 1 * 64 * 64 * 4
+    rows = {row["kind"]: row["bytes"] for row in r["measured"]["collective_rows"]}
+    assert rows == {"all_gather": (6 * L + 3) * act, "reduce_scatter": (4 * L + 2) * act,
+                    "all_reduce": 4 * (128 * 64 + (2 * L + 1) * 2 * 64) + 64 * 12 + 4}
 
 
 @pytest.mark.parametrize("dp,tp,n_layer", [(2, 2, 3), (2, 1, 2)], ids=["dp2xtp2", "dp2xtp1"])
+@pytest.mark.slow
 def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
     """No per-parameter all-reduce inside FSDP2's backward, one flat all-reduce of the sequence-partial gradients
     over TP, one grad-norm all-reduce over the whole mesh."""
@@ -61,12 +70,13 @@ def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
     else:
         expected["data_parallel"]["all_reduce"] = 1
     assert c["by_group"] == expected
-    assert r["modeled"]["by_group"] == expected  # gpt_tp.parallel.sizes derives the same
+    assert r["modeled"]["by_group"] == expected  # gpt_tp.sizing.sizes derives the same
     assert "all_reduce" not in c["backward"]
     assert c["grad_sync_and_clip"] == {"all_reduce": 2 if tp > 1 else 1}
     assert c["optimizer"] == {}
 
 
+@pytest.mark.slow
 def test_state_bytes_halve(tmp_path):
     r = audit(tmp_path, 2)
     one, two = r["modeled"]["state_bytes_tp1"], r["measured"]["state_bytes"]
@@ -77,8 +87,9 @@ def test_state_bytes_halve(tmp_path):
     assert two == {"params": 4 * expected, "grads": 4 * expected, "optimizer": 8 * expected, "total": 16 * expected}
 
 
+@pytest.mark.slow
 def test_mistakes_are_one_error_line():
     for args, msg in [(["--nope"], "unrecognized arguments: --nope"), ([], "run this command under torchrun")]:
-        proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.audit", "--model", "tiny", *args], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.audit", "--model", "tiny", *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert msg in one_error_line(proc)

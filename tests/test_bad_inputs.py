@@ -78,7 +78,10 @@ FLAGS = {
     "n-head-not-dividing": (["--model.model.n_head", "3"], "model.n_embd=64 must be divisible by model.n_head=3"),
     "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
     "ac-mode": (["--model.activation_checkpointing", "some"], "model.activation_checkpointing='some': use one of none, full, selective"),
-    "malloc": (["--model.malloc", "jemalloc"], "model.malloc='jemalloc': choose one of split, mmap, glibc"),
+    "malloc-removed": (["--model.malloc", "split"], "model.malloc is no longer a model option: list gpt_tp.train.malloc.HeapSplit"),
+    "tp-plan-removed": (["--model.tp_plan", "torch"], "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN"),
+    "heap-split-policy": (["--trainer.callbacks", "gpt_tp.train.malloc.HeapSplit", "--trainer.callbacks.policy", "glibc"],
+                          "HeapSplit(policy='glibc'): choose one of split, mmap"),
     "full-ac-compiled-at-tp2": (["--trainer.devices", "2", "--trainer.strategy.init_args.tensor_parallel_size", "2",
                                  "--model.compile", "true", "--model.activation_checkpointing", "full"],
                                 "model.activation_checkpointing=full does not compile at tensor-parallel size > 1"),
@@ -112,6 +115,7 @@ def test_a_file_given_as_checkpoint_is_refused_and_kept(user_run, tmp_path):
     assert snapshot(garbage) == before
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_size_through_cli_leaves_it_unchanged(ckpt):
     """The real `python cli.py validate` (it starts a process group to load): refused, the folder unchanged."""
     saved, _ = ckpt
@@ -215,6 +219,7 @@ def test_outputs_naming_a_folder(user_run, tmp_path):
     assert snapshot(tmp_path) == before  # nothing written beside the folder either (matplotlib would add .png)
 
 
+@pytest.mark.slow
 def test_a_callback_refusing_on_every_rank_prints_once():
     """The real `python cli.py fit` at TP=2: TextSampleCallback checks its prompt's length in setup, on both ranks."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -52,6 +52,7 @@ def straight(tmp_path_factory):
     return tmp, losses, saved
 
 
+@pytest.mark.slow
 def test_exact_resume_with_last(straight, tmp_path):
     tmp, losses, _ = straight
     ckpt_dir = tmp_path / "ckpt_resume"
@@ -68,6 +69,7 @@ def test_exact_resume_with_last(straight, tmp_path):
     "layout,nproc,args",
     [("tp1", 1, []), ("dp2xtp1", 2, ["--dp", "2", "--batch-size", "2"])],
 )
+@pytest.mark.slow
 def test_resume_at_another_layout(straight, tmp_path, layout, nproc, args):
     """A TP=2 checkpoint continues on one device and on DP=2 x TP=1 (FSDP2) with the same global batch."""
     _, losses, saved = straight
@@ -77,6 +79,7 @@ def test_resume_at_another_layout(straight, tmp_path, layout, nproc, args):
         assert resumed[k] == pytest.approx(losses[k], rel=1e-5, abs=0)
 
 
+@pytest.mark.slow
 def test_tp1_checkpoint_resumes_at_tp2(straight, tmp_path):
     _, losses, _ = straight
     one, last = fit(tmp_path, "one", 1, "--steps", "4")
@@ -85,6 +88,7 @@ def test_tp1_checkpoint_resumes_at_tp2(straight, tmp_path):
     assert resumed == pytest.approx({5: losses[5], 6: losses[6]}, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_size_is_refused(straight, tmp_path):
     _, _, saved = straight
     cmd = [sys.executable, str(WORKERS / "ckpt_fit.py"), "--n-embd", "128", "--steps", "6", "--resume", str(saved),
@@ -96,6 +100,7 @@ def test_checkpoint_of_another_model_size_is_refused(straight, tmp_path):
     assert sorted(os.listdir(saved)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # untouched
 
 
+@pytest.mark.slow
 def test_kill_mid_save_then_resume_is_exact_with_dropout_and_accumulation(tmp_path):
     """TP=2 with dropout 0.1 and accumulate_grad_batches=2, SIGKILL inside the step-4 save: step 2 stays intact and
     is what 'last' resumes. The resumed run is bit-identical to an uninterrupted one (a wrong RNG restore changes
@@ -120,6 +125,7 @@ def test_kill_mid_save_then_resume_is_exact_with_dropout_and_accumulation(tmp_pa
     assert os.readlink(ckpt_dir / "last.ckpt") == "step0006.ckpt"
 
 
+@pytest.mark.slow
 def test_kill_between_the_renames_of_an_overwrite_keeps_the_name(straight, tmp_path):
     """save_last in copy mode and no version counter (a rerun saves over its own step names). SIGKILL right after
     the step-2 'last.ckpt' is moved aside to be overwritten at step 4, the one moment the name holds nothing: the
@@ -141,6 +147,7 @@ def test_kill_between_the_renames_of_an_overwrite_keeps_the_name(straight, tmp_p
     assert torch.load(ckpt_dir / "last.ckpt" / "meta.pt", weights_only=True)["global_step"] == 6
 
 
+@pytest.mark.slow
 def test_failed_fsync_stops_every_rank_at_once(tmp_path):
     """Rank 0's fsync fails while publishing the first checkpoint: both ranks exit with code 2 and the one error
     line within seconds (not the process-group timeout), and nothing is published under the checkpoint's name."""
@@ -156,6 +163,7 @@ def test_failed_fsync_stops_every_rank_at_once(tmp_path):
     assert sorted(os.listdir(ckpt_dir)) == ["step0002.ckpt.partial"]
 
 
+@pytest.mark.slow
 def test_cli_puts_a_moved_aside_checkpoint_back_first(tmp_path):
     """`cli.py fit --ckpt_path X` when a kill left only `X.old`: the CLI's checks put X back before testing that it
     exists, so the run goes on to load it (here a stand-in folder, refused for its content, not as missing)."""
@@ -205,6 +213,7 @@ def test_bad_checkpoint_folders(straight, tmp_path):
         check_checkpoint(corrupt)
 
 
+@pytest.mark.slow
 def test_export_torch_and_hf(straight, tmp_path):
     """Consolidate the TP=2 checkpoint in one process; Hugging Face loads the export and gives our logits; a
     TP=2 run started from that HF folder (model.init_from) gives Hugging Face's loss."""

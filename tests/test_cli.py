@@ -20,6 +20,7 @@ def cli(*args, timeout=600):
     return subprocess.run([sys.executable, "cli.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_print_config():
     proc = cli("fit", "--config", "configs/cpu.yaml", "--print_config")
     assert proc.returncode == 0, proc.stderr
@@ -56,20 +57,14 @@ def test_bad_flags_fail_before_training_with_one_line(user_run, flags, message):
     assert message in user_run(lambda: cli_module.main(["fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", *flags]))
 
 
-def test_auto_layout_needs_the_planner_cli_py_hands_in(user_run):
-    """gpt_tp.train.cli sits below the planner (gpt_tp.perf): cli.py passes it; without it 'auto' is refused."""
-    from gpt_tp.train.cli import main
-
-    auto = ["fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.strategy.init_args.tensor_parallel_size", "auto"]
-    assert "an 'auto' data_parallel_size or tensor_parallel_size needs the planner" in user_run(lambda: main(auto))
-
-
+@pytest.mark.slow
 def test_test_subcommand_is_not_offered():
     assert "use `python cli.py validate" in one_error_line(cli("test", "--config", "configs/cpu.yaml"))
     help_text = cli("--help").stdout
     assert "validate" in help_text and "predict" in help_text and "{fit,validate,predict}" in help_text
 
 
+@pytest.mark.slow
 def test_auto_layout_is_planned(tmp_path):
     """Both sizes 'auto' on 2 CPU processes: no device memory to plan for, so the smallest valid TP (DP=2 x TP=1)."""
     proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.callbacks", "[]",
@@ -84,6 +79,7 @@ def losses(log_dir):
     return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
 
 
+@pytest.mark.slow
 def test_cpu_demo_trains_and_resumes_exactly(tmp_path):
     override = tmp_path / "short.yaml"
     override.write_text(
@@ -118,6 +114,7 @@ data:
     assert part2 == {k: full[k] for k in range(6, 9)}  # bit-identical after --ckpt_path last
 
 
+@pytest.mark.slow
 def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
     """validate reports val loss and HellaSwag from a TP=2 checkpoint at TP=2 and on one process, with the same val
     loss; predict continues prompts at TP=2 with the same text as one process."""
@@ -153,6 +150,7 @@ def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
     assert texts[0] == texts[1]
 
 
+@pytest.mark.slow
 def test_progress_bar_counts_optimizer_steps():
     """accumulate_grad_batches=4, max_steps=3: the bar goes to 3/3 (not 12/3), shows loss, tok/s and lr, no epoch.
     val_check_interval beyond the run's 12 micro-batches: a warning says no validation will run."""
@@ -171,6 +169,7 @@ def test_progress_bar_counts_optimizer_steps():
     assert "val/loss" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_unwritable_log_folder_is_one_line_before_launch(tmp_path):
     (tmp_path / "logs").write_text("a file where the log folder should be")
     proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",

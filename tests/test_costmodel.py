@@ -1,4 +1,5 @@
-"""The cost model against hand-derived numbers and the measured anchor figures (no timing, pure arithmetic)."""
+"""The cost model (python -m benchmarks.costmodel) against hand-derived numbers and the measured anchor figures (no
+timing, pure arithmetic). Its collectives are gpt_tp.sizing.sizes.step_collectives'."""
 
 import json
 import re
@@ -8,12 +9,12 @@ import sys
 import pytest
 from conftest import ROOT, one_error_line
 
-from gpt_tp.hardware import LINKS
+from benchmarks.costmodel import (ANCHOR, CostModelError, anchor_check, comm_seconds, main, sizes_markdown, sizes_table,
+                                  step_time)
+from gpt_tp.hardware import LINKS, PEAK_FLOPS
 from gpt_tp.model import GPTConfig
-from gpt_tp.parallel.sizes import counts, step_collectives, wire_bytes
-from gpt_tp.perf.costmodel import (ANCHOR, CostModelError, anchor_check, collectives_for, comm_seconds, main,
-                                   sizes_markdown, sizes_table, step_time)
-from gpt_tp.perf.memory import memory_per_device
+from gpt_tp.sizing import memory_per_device
+from gpt_tp.sizing.sizes import counts, step_collectives, wire_bytes
 
 
 def test_ring_wire_bytes():
@@ -35,8 +36,15 @@ def test_sp_counts_are_megatrons(n_layer):
     assert counts(step_collectives(config, 2, 64, dp=2, tp=2)) == {
         "data_parallel": {"all_gather": 2 * L + 1, "reduce_scatter": L + 1}, "world": {"all_reduce": 1},
         "tensor_parallel": {"all_gather": 6 * L + 3, "reduce_scatter": 4 * L + 2, "all_reduce": 3}}
-    for dp, tp in [(1, 2), (2, 2), (2, 1)]:  # the cost model prices gpt_tp's step as it is
-        assert collectives_for(config, 2, 64, dp, tp, "bf16-mixed") == step_collectives(config, 2, 64, dp, tp, "bf16-mixed")
+    kw = dict(link=LINKS["pcie4"], peak_flops=71e12, mfu=0.8)
+    for dp, tp, precision in [(1, 2, "bf16-mixed"), (2, 2, "bf16-mixed"), (2, 1, "bf16-mixed"), (2, 2, "32-true"), (4, 2, "32")]:
+        # the cost model prices gpt_tp's step as sizes derives it, and the time of exactly those collectives
+        expected = step_collectives(config, 2, 64, dp, tp, precision)
+        t = step_time(config, 2, 64, dp, tp, precision=precision, **kw)
+        assert t["collectives"] == expected
+        assert t["tp_comm_s"] == pytest.approx(sum(c["wire_bytes"] / LINKS["pcie4"].bandwidth + c["count"] * 20e-6
+                                                   for c in expected if c["dim"] == "tensor_parallel"))
+        assert t["tp_wire_bytes"] == sum(c["wire_bytes"] for c in expected if c["dim"] == "tensor_parallel")
 
 
 def test_sp_bytes_by_hand():
@@ -53,20 +61,38 @@ def test_sp_bytes_by_hand():
 
 
 def test_anchor_figures():
+    """GPT-2 124M, B=16, T=1024, bf16 on an RTX 3090 (71 TFLOP/s), priced as gpt_tp's step: MFU calibrated on the
+    1-GPU figure; at TP=2 the 1602 MB of TP wire bytes (sizes' derivation) on the NVLink bridge (45 GB/s) are 37 ms
+    on top of half the compute; DP=2's FSDP2 collectives hide behind compute."""
     res = anchor_check()
     pred, meas = res["predicted"], res["measured"]
+    config = GPTConfig.from_name("gpt2")
+    compute = 16 * 1024 / meas["1 GPU"]  # one step's FLOPs at the calibrated FLOP/s: the 1-GPU step, 246 ms
     assert pred["1 GPU"]["tokens_per_s"] == pytest.approx(meas["1 GPU"])  # the calibration point
+    assert res["mfu_1gpu"] == pytest.approx(meas["1 GPU"] * config.flops_per_token(1024) / PEAK_FLOPS["3090"])
     assert res["mfu_1gpu"] == pytest.approx(0.80, abs=0.01)
-    # DDP overlaps its 0.5 GB gradient all-reduce with backward: twice one GPU, as measured (132k)
-    assert pred["DDP x2"]["tokens_per_s"] == pytest.approx(meas["DDP x2"], rel=0.03)
-    # TP's collectives are on the critical path: the model is an upper bound for the naive TP run (70.5k) ...
-    naive = pred["TP x2 (naive)"]["tokens_per_s"]
-    assert meas["TP x2 (naive)"] < naive < meas["DDP x2"]
-    # ... and the rest of the gap is compute lost to splitting (implied efficiency between 0.5 and 1)
-    assert 0.5 < res["implied_naive_tp_efficiency"] < 1.0
-    # over PCIe TP=2 loses to DP by far, and at the measured efficiency even to one GPU
-    assert pred["TP x2 (naive) over PCIe 4"]["tokens_per_s"] < 0.65 * pred["DDP x2 over PCIe 4"]["tokens_per_s"]
-    assert pred["TP x2 (naive) over PCIe 4, at that efficiency"]["tokens_per_s"] < meas["1 GPU"]
+    assert pred["1 GPU"]["compute_s"] == pred["1 GPU"]["step_s"] == pytest.approx(compute) == pytest.approx(0.2464, abs=1e-4)
+    # DP=2 overlaps FSDP2's gathers and reduce-scatters with compute: twice one GPU, as the measured DDP (132k)
+    assert pred["DP x2"]["tokens_per_s"] == pytest.approx(2 * meas["1 GPU"]) == pytest.approx(meas["DP x2"], rel=0.01)
+    assert pred["DP x2"]["exposed_comm_s"] == 0 and pred["DP x2"]["dp_comm_s"] > 0
+    # TP=2: its collectives are sizes.step_collectives', all on the critical path
+    tp2 = pred["TP x2"]
+    tp_rows = [c for c in step_collectives(config, 16, 1024, dp=1, tp=2, precision="bf16-mixed") if c["dim"] == "tensor_parallel"]
+    assert tp2["tp_wire_bytes"] == sum(c["wire_bytes"] for c in tp_rows) == pytest.approx(1602e6, rel=1e-3)
+    link = LINKS[ANCHOR["link"]]
+    assert tp2["tp_comm_s"] == pytest.approx(sum(c["wire_bytes"] / link.bandwidth + c["count"] * link.latency for c in tp_rows))
+    assert tp2["step_s"] == pytest.approx(tp2["compute_s"] + tp2["tp_comm_s"]) and tp2["compute_s"] == pytest.approx(compute / 2)
+    assert tp2["tokens_per_s"] == pytest.approx(102.4e3, rel=1e-3)
+    # the measured TP x2 (70.5k) is slower than the model's upper bound, slower than DP x2 ...
+    assert meas["TP x2"] < tp2["tokens_per_s"] < meas["DP x2"]
+    # ... and the rest of the gap is compute lost to splitting: the efficiency that makes the prediction meet it
+    eff = res["implied_tp_efficiency"]
+    assert eff == pytest.approx(0.63, abs=0.005)
+    assert step_time(config, 16, 1024, 1, 2, link, PEAK_FLOPS["3090"], res["mfu_1gpu"], tp_efficiency=eff)[
+        "tokens_per_s"] == pytest.approx(meas["TP x2"])
+    # over PCIe 4 TP=2 reaches 0.65 of DP=2, and at the measured efficiency less than one GPU
+    assert pred["TP x2 over PCIe 4"]["tokens_per_s"] == pytest.approx(0.654 * pred["DP x2 over PCIe 4"]["tokens_per_s"], rel=2e-3)
+    assert pred["TP x2 over PCIe 4, at that efficiency"]["tokens_per_s"] < meas["1 GPU"]
     assert ANCHOR["link"] in LINKS
 
 
@@ -78,12 +104,13 @@ def test_where_tp_wins():
         assert shares == sorted(shares, reverse=True)  # bigger models: TP's communication matters less
         for m in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
             r = by[m, system]
-            if r["ddp_fits"]:
-                assert r["ddp2_tok_s"] > r["tp2_tok_s"]  # where DP fits it is faster
+            if r["dp2_fits"]:
+                assert r["dp2_tok_s"] > r["tp2_tok_s"]  # where DP fits it is faster
     # NVLink beats PCIe for TP
     assert by["gpt2", "H100 SXM, NVLink"]["tp2_tok_s"] > 2 * by["gpt2", "H100 PCIe"]["tp2_tok_s"]
-    # on 24 GiB 3090s (the planner's memory), from gpt2-medium up DDP does not fit at B=16, TP=2 does up to gpt2-medium
-    assert not by["gpt2-medium", "RTX 3090, NVLink bridge"]["ddp_fits"]
+    # on 24 GiB 3090s (the planner's memory), from gpt2-medium up DP=2 (FSDP2: states sharded, activations whole)
+    # does not fit at B=16; TP=2 (both split) does up to gpt2-medium
+    assert not by["gpt2-medium", "RTX 3090, NVLink bridge"]["dp2_fits"]
     assert by["gpt2-medium", "RTX 3090, NVLink bridge"]["tp2_fits"]
     assert not by["gpt2-large", "RTX 3090, NVLink bridge"]["tp2_fits"]
 
@@ -92,8 +119,8 @@ def test_tp_efficiency_and_bad_input():
     config = GPTConfig.from_name("gpt2")
     kw = dict(config=config, batch_size=16, seq_len=1024, dp=1, tp=2, link=LINKS["pcie4"], peak_flops=71e12, mfu=0.8)
     assert step_time(**kw, tp_efficiency=0.5)["compute_s"] == pytest.approx(2 * step_time(**kw)["compute_s"])
-    with pytest.raises(ValueError, match="plan='foo'"):
-        collectives_for(config, 1, 8, tp=2, plan="foo")
+    with pytest.raises(ValueError, match="precision='foo'"):
+        step_time(**kw, precision="foo")
 
 
 def test_memory_column_says_what_does_not_fit():
@@ -105,7 +132,7 @@ def test_memory_column_says_what_does_not_fit():
     assert len(cells) == len(rows) == 16
     marked = 0
     for cell, r in zip(cells, rows):
-        for part, gb, ok in zip(cell.split(" / "), (r["ddp_mem_gib"], r["tp2_mem_gib"]), (r["ddp_fits"], r["tp2_fits"])):
+        for part, gb, ok in zip(cell.split(" / "), (r["dp2_mem_gib"], r["tp2_mem_gib"]), (r["dp2_fits"], r["tp2_fits"])):
             m = re.fullmatch(r"([\d.]+)(?: > ([\d.]+))?", part)
             assert m and float(m[1]) == pytest.approx(gb, abs=0.05), (part, gb)
             assert (m[2] is None) == ok, part
@@ -114,15 +141,15 @@ def test_memory_column_says_what_does_not_fit():
                 assert float(m[1]) > float(m[2]), part
             else:
                 assert float(m[1]) <= r["usable_gib"]
-    # gpt2-medium under DDP on a 24 GiB 3090: 28.7 GiB, more than its 95% (22.8)
-    medium = memory_per_device(GPTConfig.from_name("gpt2-medium"), 1, 1, 16, 1024, "bf16-mixed").total / 2**30
-    assert marked >= 4 and f"{medium:.1f} > 22.8" in text and medium == pytest.approx(28.7, abs=0.05)
+    # gpt2-medium at DP=2 (FSDP2) on a 24 GiB 3090: 24.0 GiB, more than its 95% (22.8)
+    medium = memory_per_device(GPTConfig.from_name("gpt2-medium"), 2, 1, 16, 1024, "bf16-mixed").total / 2**30
+    assert marked >= 4 and f"{medium:.1f} > 22.8" in text and medium == pytest.approx(24.0, abs=0.05)
 
 
 def test_cli(capsys, tmp_path):
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert "| DDP x2 | 132.0k |" in out and "gpt2-xl" in out
+    assert "| DP x2 | 132.0k | 133.0k |" in out and "| TP x2 | 70.5k | 102.4k |" in out and "gpt2-xl" in out
     with pytest.raises(CostModelError, match="unknown --link 'nope'"):
         main(["--link", "nope"])
     with pytest.raises(CostModelError, match="--link pcie4 prices the runs of --bench; give --bench"):
@@ -142,6 +169,6 @@ def test_cli(capsys, tmp_path):
 
 
 def test_bad_flag_is_one_error_line():
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.costmodel", "--nope"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.costmodel", "--nope"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert "unrecognized arguments: --nope" in one_error_line(proc)

@@ -245,6 +245,7 @@ def bad_id_message(bad: Path, value: int) -> str:
     ("--tp=2", "train", 60000),  # TP=2 trained to the end on such an id
     ("--dp=2", "val", 50257),  # the first padding id, in the val split, data-parallel ranks reading other rows
 ])
+@pytest.mark.slow
 def test_bad_id_stops_every_rank_before_any_step(tmp_path, layout, split, value):
     bad = sample_with_bad_id(tmp_path, split, value)
     proc, marks = fit_worker(tmp_path, bad.parent, 2, layout)

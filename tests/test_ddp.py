@@ -6,6 +6,7 @@ import torch
 from conftest import lightning_fit
 
 
+@pytest.mark.slow
 def test_ddp_matches_model_parallel_dp2_and_single_device(tmp_path):
     """fp32, 6 optimizer steps of 2 accumulated micro-batches, clip 1.0, fused AdamW, warmup + cosine: DDP x2 gives
     one device's losses, grad norms and learning rates step for step, and ModelParallelStrategy DP=2 x TP=1's."""

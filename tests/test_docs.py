@@ -1,6 +1,7 @@
-"""The docs name what exists: every `python -m gpt_tp.X` module, every repository path, every test a row cites;
-docs/structure.md lists every file of the package, tests, scripts and configs; the package imports only downward
-(base -> model -> parallel -> data -> train -> eval -> perf)."""
+"""The docs name what exists: every `python -m gpt_tp.X` / `benchmarks.X` module, every repository path, every test a
+row cites; docs/structure.md lists every file of the package, benchmarks, tests, scripts and configs; the package
+imports only downward (base -> model -> sizing -> parallel -> data -> train -> eval) and never benchmarks/, which
+may import the package."""
 
 import ast
 import re
@@ -11,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FLOORS = ["base", "model", "parallel", "data", "train", "eval", "perf"]
+FLOORS = ["base", "model", "sizing", "parallel", "data", "train", "eval"]
 TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
 
 
@@ -20,14 +21,14 @@ def text(path: Path) -> str:
 
 
 def named_modules(doc: str) -> set[str]:
-    return set(re.findall(r"-m (gpt_tp(?:\.\w+)+)", doc))
+    return set(re.findall(r"-m ((?:gpt_tp|benchmarks)(?:\.\w+)+)", doc))
 
 
 def named_paths(doc: str) -> set[str]:
     """Repository paths a page names: under gpt_tp/, tests/, scripts/, configs/, docs/, data/sample/, .ci/, and cli.py;
     a test id's `::name[param]` is cut off; patterns (`*`, `<`, `{`, `N`) are left out."""
     found = set()
-    for m in re.finditer(r"(?<![\w./-])((?:gpt_tp|tests|scripts|configs|docs|data/sample|\.ci)/[\w./-]*|cli\.py)", doc):
+    for m in re.finditer(r"(?<![\w./-])((?:gpt_tp|benchmarks|tests|scripts|configs|docs|data/sample|\.ci)/[\w./-]*|cli\.py)", doc):
         path = m.group(1).rstrip(".")
         if re.search(r"[*<{]", doc[m.end() : m.end() + 1]) or path.endswith(("_", "-")):
             continue
@@ -79,7 +80,7 @@ def structure_files() -> set[str]:
 
 def repository_files() -> set[str]:
     try:
-        out = subprocess.run(["git", "ls-files", "gpt_tp", "tests", "scripts", "configs"], cwd=ROOT, capture_output=True,
+        out = subprocess.run(["git", "ls-files", "gpt_tp", "benchmarks", "tests", "scripts", "configs"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout: the tracked files are unknown")
@@ -97,14 +98,33 @@ def floor(module: str) -> int:
     return FLOORS.index(parts[1]) if len(parts) > 1 and parts[1] in FLOORS else 0
 
 
+def imports(path: Path) -> list[str]:
+    """The modules a file imports, at any depth (function-level imports too)."""
+    names = []
+    for node in ast.walk(ast.parse(text(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return names
+
+
 def test_imports_go_only_downward():
     wrong = []
+    rooms = {p.name for p in (ROOT / "gpt_tp").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert rooms == set(FLOORS[1:]), "a room of gpt_tp/ missing from FLOORS, or a floor without its room"
     for path in sorted((ROOT / "gpt_tp").rglob("*.py")):
         rel = path.relative_to(ROOT).with_suffix("")
         here = floor(".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts))
-        for node in ast.walk(ast.parse(text(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            for name in names:
-                if name.startswith("gpt_tp") and floor(name) > here:
-                    wrong.append(f"{rel}.py imports {name} ({FLOORS[here]} -> {FLOORS[floor(name)]})")
+        for name in imports(path):
+            if name.startswith("gpt_tp") and floor(name) > here:
+                wrong.append(f"{rel}.py imports {name} ({FLOORS[here]} -> {FLOORS[floor(name)]})")
+            if name.split(".")[0] in ("benchmarks", "tests"):
+                wrong.append(f"{rel}.py imports {name}: the package never imports what stands beside it")
     assert wrong == []
+
+
+def test_benchmarks_stand_beside_the_package():
+    """benchmarks/ uses the package (and its own modules); the package is importable without it."""
+    used = {name.split(".")[0] for path in (ROOT / "benchmarks").glob("*.py") for name in imports(path)}
+    assert "gpt_tp" in used and "tests" not in used

@@ -63,6 +63,7 @@ def torchrun(mode: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc")
+@pytest.mark.slow
 def test_distributed_exit_skips_the_interpreter_shutdown():
     proc = torchrun("ok")
     out = proc.stdout + proc.stderr
@@ -83,6 +84,7 @@ def no_traceback_of_ours(out: str) -> None:
     assert out.count("Traceback") == out.count("ChildFailedError:"), out[-3000:]
 
 
+@pytest.mark.slow
 def test_same_error_on_every_rank_prints_once():
     proc = torchrun("user-error")
     out = proc.stdout + proc.stderr
@@ -92,6 +94,7 @@ def test_same_error_on_every_rank_prints_once():
     assert "interpreter shutdown" not in out
 
 
+@pytest.mark.slow
 def test_an_error_on_one_rank_ends_the_run():
     proc = torchrun("one-rank")
     out = proc.stdout + proc.stderr

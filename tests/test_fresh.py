@@ -67,6 +67,7 @@ def test_tokenizer_round_trip_on_a_bare_machine(fresh):
     assert not (Path(env["TMPDIR"]) / "data-gym-cache").exists()  # tiktoken's default cache was not used
 
 
+@pytest.mark.slow
 def test_demo_trains_on_a_bare_machine(fresh):
     """configs/cpu.yaml (TP=2 over gloo, bundled sample, HellaSwag fixture, text samples) for 10 steps."""
     root, env = fresh

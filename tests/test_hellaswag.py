@@ -106,6 +106,7 @@ def test_failed_download_leaves_nothing(tmp_path, monkeypatch):
 # ---- Lightning ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_callbacks_in_tp2_fit_match_single_device(tmp_path, monkeypatch):
     """Trainer + ModelParallelStrategy(TP=2) + SyntheticDataModule, 4 steps, HellaSwagCallback and
     TextSampleCallback every 2 steps: what they log equals a single-device evaluation of the gathered weights."""
@@ -188,6 +189,7 @@ def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch, capsys):
     assert f"{bad}:1: 'label' must be an integer 0-3, got 9" in err
 
 
+@pytest.mark.slow
 def test_cli_bad_flag_is_one_error_line():
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID", "MASTER_PORT")}
     proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.hellaswag", "--batch-size", "two"], cwd=ROOT, env=env,

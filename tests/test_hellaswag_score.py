@@ -104,6 +104,7 @@ def _dist(tmp_path, nproc, dp, *extra):
     return [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
 
 
+@pytest.mark.slow
 def test_tp2_matches_single_device(tmp_path):
     results = _dist(tmp_path, 2, 1)
     for res in results:
@@ -122,6 +123,7 @@ def test_tp2_matches_single_device(tmp_path):
 
 
 @pytest.mark.parametrize("nproc,dp", [(2, 2), (4, 2)], ids=["dp2", "dp2xtp2"])
+@pytest.mark.slow
 def test_dp_covers_every_example_once(tmp_path, nproc, dp):
     """11 examples over 2 DP ranks in batches of 5: rank 0 scores 6, rank 1 scores 5 and runs one padding forward
     (FSDP2 needs the same number of forwards everywhere); the total is 11, not 11 x tp."""

@@ -64,6 +64,7 @@ def test_backward_keeps_one_float32_buffer():
     assert sum(saved) - N * V * 4 <= 4 * N * 8  # the sum, target index and mask: O(N)
 
 
+@pytest.mark.slow
 def test_vocab_parallel_on_two_ranks(tmp_path):
     run_torchrun("loss_tp.py", 2, "--out", str(tmp_path / "r"))
     for rank in range(2):

@@ -3,6 +3,7 @@
 from conftest import read_json, run_torchrun
 
 
+@pytest.mark.slow
 def test_meta_init_ranks_with_different_random_states_get_one_init(tmp_path):
     """Ranks seeded differently before building on the meta device: after materialize the gathered TP=2 model is
     exactly the eager single-device build from rank 0's random state (without the seed broadcast, the sharded

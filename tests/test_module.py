@@ -130,15 +130,3 @@ def test_fp16_refuses_fused_adamw():
     plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]
     with pytest.raises(UserError, match=r"model.fused=true cannot train with trainer.precision=16-mixed.*bf16-mixed"):
         trainer(2, plugins=plugins).fit(GPTModule("tiny", fused=True, total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    ({"tp_plan": "megatron"}, r"model.tp_plan='megatron': use one of gpt_tp, gpt_tp_ordered, dtensor, torch"),
-    ({"tp_overlap_chunks": 0}, r"model.tp_overlap_chunks=0 must be >= 1"),
-    ({"tp_overlap_chunks": 2, "tp_plan": "torch"}, r"model.tp_overlap_chunks=2 needs model.tp_plan gpt_tp"),
-    ({"tp_overlap_chunks": 2, "compile": True}, r"model.tp_overlap_chunks=2 runs eager blocks: set model.compile=false"),
-    ({"malloc": "jemalloc"}, r"model.malloc='jemalloc': choose one of split, mmap, glibc"),
-])
-def test_bad_speed_options_are_user_errors(kwargs, match):
-    with pytest.raises(UserError, match=match):
-        GPTModule("tiny", total_batch_size=None, **kwargs)

@@ -39,6 +39,7 @@ def launch_nodes(nodes: int, devices: int, tp: int, out, timeout: int = 600) -> 
     return read_json(f"{out}.json")
 
 
+@pytest.mark.slow
 def test_two_nodes_tp_inside_dp_across(tmp_path):
     """2 nodes x 2 processes, TP=2 inside a node, DP=2 across: the losses equal DP=2 x TP=2 on one node of 4, and
     no TP group spans two nodes."""

@@ -1,4 +1,4 @@
-"""The parity command (python -m gpt_tp.perf.paritycheck under torchrun, gloo): passes gpt_tp's plan, catches broken ones."""
+"""The parity command (python -m gpt_tp.eval.paritycheck under torchrun, gloo): passes gpt_tp's plan, catches broken ones."""
 
 import json
 import os
@@ -9,13 +9,13 @@ import pytest
 
 from conftest import ROOT, one_error_line
 from gpt_tp.model import GPTConfig
-from gpt_tp.perf.paritycheck import ParityInputError, load_plan, parser, settings
+from gpt_tp.eval.paritycheck import ParityInputError, load_plan, parser, settings
 
 
 def paritycheck(nproc: int, *args: str, tmp_path=None) -> tuple[int, str, dict | None]:
     out = None if tmp_path is None else tmp_path / "parity.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gpt_tp.perf.paritycheck", *args, *(["--json", str(out)] if out else [])]
+           "-m", "gpt_tp.eval.paritycheck", *args, *(["--json", str(out)] if out else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     res = json.loads(out.read_text()) if out is not None and out.exists() else None
@@ -23,6 +23,7 @@ def paritycheck(nproc: int, *args: str, tmp_path=None) -> tuple[int, str, dict |
 
 
 @pytest.mark.parametrize("nproc,layout", [(2, []), (4, ["--dp", "2", "--tp", "2"])], ids=["tp2", "dp2xtp2"])
+@pytest.mark.slow
 def test_gpt_tp_plan_passes(tmp_path, nproc, layout):
     rc, out, res = paritycheck(nproc, "--model", "tiny", *layout, tmp_path=tmp_path)
     assert rc == 0, out[-3000:]
@@ -32,6 +33,7 @@ def test_gpt_tp_plan_passes(tmp_path, nproc, layout):
     assert res["loss"] == pytest.approx(res["ref_loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_training_config(tmp_path):
     rc, out, res = paritycheck(2, "--config", "configs/cpu.yaml", "--batch-size", "2", tmp_path=tmp_path)
     assert rc == 0, out[-3000:]
@@ -43,6 +45,7 @@ def test_training_config(tmp_path):
     assert f"DP={strat['data_parallel_size']} x TP={strat['tensor_parallel_size']}" in out and f"batch 2x{T}" in out
 
 
+@pytest.mark.slow
 def test_naive_fused_qkv_is_caught(tmp_path):
     rc, out, res = paritycheck(2, "--model", "tiny", "--plan", "tests.workers.paritycheck_plans:naive_qkv", tmp_path=tmp_path)
     assert rc != 0 and "FAIL" in out and not res["ok"]
@@ -52,6 +55,7 @@ def test_naive_fused_qkv_is_caught(tmp_path):
     assert abs(res["loss"] - res["ref_loss"]) > 1e-3
 
 
+@pytest.mark.slow
 def test_swapped_styles_are_caught():
     rc, out, _ = paritycheck(2, "--model", "tiny", "--plan", "tests.workers.paritycheck_plans:swapped_mlp")
     assert rc != 0 and "the tensor-parallel model did not run: RuntimeError" in out
@@ -73,9 +77,9 @@ def test_bad_input():
         settings(parser().parse_args(["--model", "tiny", "--layers", "0"]), world=2)
     with pytest.raises(ParityInputError, match="--dp 3 does not divide the 2 processes"):
         settings(parser().parse_args(["--model", "tiny", "--dp", "3"]), world=2)
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.paritycheck"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.paritycheck"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("error: run this command under torchrun")
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.perf.paritycheck", "--tpp", "2"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.paritycheck", "--tpp", "2"], cwd=ROOT, capture_output=True, text=True)
     assert "error: unrecognized arguments: --tpp 2" in one_error_line(proc)
 
 

@@ -11,8 +11,9 @@ import yaml
 from conftest import ROOT, one_error_line, read_json, run_torchrun
 
 from gpt_tp.model import GPTConfig
-from gpt_tp.parallel import LayoutError, sizes, valid_tp_sizes
-from gpt_tp.perf import memory, planner
+from gpt_tp.sizing import LayoutError, sizes, valid_tp_sizes
+from gpt_tp.sizing import memory, planner
+from gpt_tp.train import plan as plan_command
 
 GIB = 1024**3
 
@@ -25,11 +26,12 @@ GIB = 1024**3
         (2, 2, "bf16-mixed", "selective"),
     ],
 )
+@pytest.mark.slow
 def test_estimate_matches_measured(tmp_path, dp, tp, precision, ac):
     """A 2-layer model trained as GPTModule trains it (FSDP2 gathering bf16 weights under bf16-mixed, activation
     checkpointing): the peak memory of a micro-batch under gradient accumulation (profiler allocation records on
     top of the tensors alive before it) within 5% of the planner's total less its overhead; parameters, gradients
-    and AdamW state per rank (gpt_tp.perf.audit.measure_state_bytes after a real step) within 1%; bytes saved for backward in
+    and AdamW state per rank (benchmarks.audit.measure_state_bytes after a real step) within 1%; bytes saved for backward in
     one forward (unique storages seen by saved_tensors_hooks, parameters left out) within 2% at DP=1 without AC.
     At DP>1 FSDP2's gathered weights are saved too and freed after the forward (reshard), and checkpointed blocks
     save through their own hooks, so the hook count there is not a memory figure."""
@@ -177,7 +179,7 @@ def test_config_comment_is_the_planner_output(name):
     cfg = yaml.safe_load(text)
     strat = cfg["trainer"]["strategy"]["init_args"]
     assert (strat["data_parallel_size"], strat["tensor_parallel_size"]) == (dp, tp)
-    s = planner.training_settings(["--config", str(path)])
+    s = plan_command.training_settings(["--config", str(path)])
     p = planner.plan(s.pop("config"), **s, device_memory_gib=mem)
     assert (p.choice.dp, p.choice.tp) == (dp, tp)
     assert p.choice.memory.total / GIB == pytest.approx(total, abs=0.05)
@@ -185,9 +187,10 @@ def test_config_comment_is_the_planner_output(name):
     assert c["total_batch_size"] == cfg["data"]["batch_size"] * cfg["data"]["seq_len"] * dp * cfg["trainer"]["accumulate_grad_batches"]
 
 
+@pytest.mark.slow
 def test_command_line():
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "gpt_tp.perf.planner", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "gpt_tp.train.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
     r = run("--help")
     assert r.returncode == 0 and "--devices-per-node" in r.stdout
@@ -203,15 +206,16 @@ def test_command_line():
     assert r.returncode == 2 and "--devices-per-node" in r.stderr
 
 
+@pytest.mark.slow
 def test_command_line_mistakes_are_one_line_errors(capsys):
     """Each user mistake: exit 2 and one line (gpt_tp.entry.run); the command's defaults follow the model."""
-    r = subprocess.run([sys.executable, "-m", "gpt_tp.perf.planner", "--devices-per-node", "2", "--memory-gib", "0"],
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.train.plan", "--devices-per-node", "2", "--memory-gib", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: device memory 0.0 GiB must be > 0 (planner --memory-gib)"]
     for args, msg in [(["--batch-size", "x"], "argument --batch-size: invalid int value: 'x'"),
                       (["--nope"], "unrecognized arguments: --nope (see python cli.py fit --help)")]:
-        r = subprocess.run([sys.executable, "-m", "gpt_tp.perf.planner", "--devices-per-node", "2", *args], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "gpt_tp.train.plan", "--devices-per-node", "2", *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
         assert msg in one_error_line(r)
     for args, msg in [
@@ -221,9 +225,9 @@ def test_command_line_mistakes_are_one_line_errors(capsys):
         (["--model", "tiny", "--seq-len", "256"], "lower data.seq_len (planner: --seq-len)"),
     ]:
         with pytest.raises(planner.PlanError, match=re.escape(msg)):
-            planner.main(["--devices-per-node", "2", *args])
+            plan_command.main(["--devices-per-node", "2", *args])
     # tiny has block_size 128: T defaults to it, so the plan is made instead of an error about data.seq_len
-    p = planner.main(["--model", "tiny", "--devices-per-node", "2", "--memory-gib", "24"])
+    p = plan_command.main(["--model", "tiny", "--devices-per-node", "2", "--memory-gib", "24"])
     assert p.seq_len == 128 and (p.choice.dp, p.choice.tp) == (2, 1)
     capsys.readouterr()
 
@@ -232,15 +236,16 @@ def test_activation_checkpointing_from_config_and_flag(capsys):
     """configs/gpt2-xl-8gpu.yaml's model.activation_checkpointing is planned (selective lets B=8 fit 24 GiB);
     --ac overrides it: without checkpointing B=8 does not fit, with full checkpointing it needs less."""
     cfg = ["--config", "configs/gpt2-xl-8gpu.yaml", "--memory-gib", "24"]
-    sel = planner.main(cfg)
+    sel = plan_command.main(cfg)
     assert sel.ac == "selective" and (sel.choice.dp, sel.choice.tp, sel.batch_size) == (8, 1, 8)
-    none = planner.main([*cfg, "--ac", "none"])
+    none = plan_command.main([*cfg, "--ac", "none"])
     assert none.choice is None and "lower data.batch_size" in none.notes[-1]
-    full = planner.main([*cfg, "--ac", "full"])
+    full = plan_command.main([*cfg, "--ac", "full"])
     assert full.choice.memory.total < sel.choice.memory.total
     assert "activation checkpointing full" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_training_arguments_change_the_plan_as_they_change_the_trainers_config(tmp_path, capsys):
     """A second --config file and command-line overrides, given to the planner as to `python cli.py fit`: the plan
     is made for the model, batch, sequence, precision, devices and checkpointing that cli.py's parser prints
@@ -252,8 +257,8 @@ def test_training_arguments_change_the_plan_as_they_change_the_trainers_config(t
                              capture_output=True, text=True, timeout=300)
     assert printed.returncode == 0, printed.stderr[-3000:]
     cfg = yaml.safe_load(printed.stdout)
-    base = planner.main(["--config", "configs/tp2.yaml", "--memory-gib", "24"])
-    p = planner.main([*training, "--memory-gib", "24"])
+    base = plan_command.main(["--config", "configs/tp2.yaml", "--memory-gib", "24"])
+    p = plan_command.main([*training, "--memory-gib", "24"])
     capsys.readouterr()
     assert p.config == GPTConfig.resolve(cfg["model"]["model"]) and p.config.n_layer == 4 != base.config.n_layer
     assert (p.batch_size, p.seq_len, p.ac) == (cfg["data"]["batch_size"], cfg["data"]["seq_len"],
@@ -264,5 +269,5 @@ def test_training_arguments_change_the_plan_as_they_change_the_trainers_config(t
     expected = memory.memory_per_device(p.config, p.choice.dp, p.choice.tp, 2, 512, "bf16-mixed", ac="selective")
     assert p.choice.memory == expected and expected.total < base.choice.memory.total
     # the planner's own flags win over the training arguments
-    assert planner.main([*training, "--batch-size", "8", "--memory-gib", "24"]).batch_size == 8
+    assert plan_command.main([*training, "--batch-size", "8", "--memory-gib", "24"]).batch_size == 8
     capsys.readouterr()

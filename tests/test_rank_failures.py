@@ -75,6 +75,7 @@ def assert_all_exit_with(codes, out, spread, message: str):
     assert "Traceback" not in text, text
 
 
+@pytest.mark.slow
 def test_hellaswag_command_offline_ends_every_rank(tmp_path):
     """`python -m gpt_tp.eval.hellaswag` at TP=2 without --path, offline: rank 0's download fails, both ranks exit."""
     codes, out, spread = run_ranks(tmp_path, ["-m", "gpt_tp.eval.hellaswag", "--tp", "2", "--cache-dir", str(tmp_path / "cache"), "--limit", "2"],
@@ -83,12 +84,14 @@ def test_hellaswag_command_offline_ends_every_rank(tmp_path):
     assert not any((tmp_path / "cache").iterdir())  # no partial file
 
 
+@pytest.mark.slow
 def test_hellaswag_callback_download_failure_ends_every_rank(tmp_path):
     codes, out, spread = run_ranks(tmp_path, [str(WORKERS / "hellaswag_fit.py"), "--out", str(tmp_path / "fit"),
                                               "--hellaswag-cache", str(tmp_path / "cache")], env=OFFLINE)
     assert_all_exit_with(codes, out, spread, "could not download HellaSwag from https://")
 
 
+@pytest.mark.slow
 def test_sample_writing_failure_ends_every_rank(tmp_path):
     """Rank 0 cannot append samples.txt (a folder has its name) at step 2: both ranks exit with its error."""
     codes, out, spread = run_ranks(tmp_path, [str(WORKERS / "hellaswag_fit.py"), "--out", str(tmp_path / "fit"), "--break", "samples.txt"])

@@ -64,6 +64,7 @@ def test_last_logits_plain():
     assert torch.equal(last_logits(x, 3), x[:, 3])
 
 
+@pytest.mark.slow
 def test_tp2_samples_identical_on_both_ranks_and_single_device(tmp_path):
     """TP=2 on two gloo processes: the vocab-sharded model samples, from the same seed, exactly the single-device
     text, on both ranks. (The Lightning callback is checked the same way in

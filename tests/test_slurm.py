@@ -19,6 +19,8 @@ from local_slurm import LocalSlurm, free_port, skip_reason, wait_for
 
 from gpt_tp.train.slurm import latest_checkpoint
 
+pytestmark = pytest.mark.slow  # a real Slurm: minutes
+
 
 def _cluster(nodes: int):
     reason = skip_reason()

@@ -46,6 +46,7 @@ def _cleanup(procs):
 
 
 @pytest.mark.parametrize("how", ["kill", "hang"])
+@pytest.mark.slow
 def test_peer_failure_ends_the_other_rank(tmp_path, how):
     """kill: SIGKILL rank 1; rank 0's next collective fails (gloo: connection closed) and FailFast exits at once.
     hang: SIGSTOP rank 1 (a hung peer keeps its sockets open, like a stuck GPU under NCCL); the FailFast watchdog
@@ -72,6 +73,7 @@ def test_peer_failure_ends_the_other_rank(tmp_path, how):
         _cleanup(procs)
 
 
+@pytest.mark.slow
 def test_process_group_timeout_ends_a_rank_waiting_on_a_hung_peer(tmp_path):
     """Without the watchdog, ModelParallelStrategy(timeout=...) bounds the wait: gloo raises after it, FailFast
     reports it as a collective failure."""
@@ -92,6 +94,7 @@ def test_process_group_timeout_ends_a_rank_waiting_on_a_hung_peer(tmp_path):
 
 @pytest.mark.skipif(skip_reason() is None, reason="a real Slurm is installed: test_preemption_requeues_and_resumes and test_sigterm_saves_at_a_step_and_ends (tests/test_slurm.py) cover this")
 @pytest.mark.parametrize("sig", ["SIGUSR1", "SIGTERM"])
+@pytest.mark.slow
 def test_signal_saves_once_at_the_same_step_and_resumes(tmp_path, sig):
     """Without Slurm: the signal to the ranks at different moments: they agree on one step, save one checkpoint and
     leave (SIGUSR1 without a job to requeue: a clean stop, exit 0; SIGTERM: exit 143); a restart with --ckpt_path
@@ -120,6 +123,7 @@ def test_signal_saves_once_at_the_same_step_and_resumes(tmp_path, sig):
     assert f"Restored all states from the checkpoint at {saved[0][0]}" in text
 
 
+@pytest.mark.slow
 def test_latest_checkpoint_skips_incomplete(tmp_path):
     a, b, c = tmp_path / "a.ckpt", tmp_path / "b.ckpt", tmp_path / "c.ckpt"
     a.mkdir(), b.mkdir(), c.mkdir()

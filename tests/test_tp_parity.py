@@ -31,14 +31,15 @@ def check_parity(res: dict) -> None:
 
 
 # The obvious recipe (only Linear/Embedding layers parallelized; wpe, LayerNorms stay plain tensors) crashes where
-# gpt_tp runs: the worker applies it beside ours and records the errors. These are the seed user's crashes.
+# gpt_tp runs: the worker applies it beside ours and records the errors: mixed Tensor/DTensor parameters break the
+# grad norm and fused AdamW at TP=2, and FSDP2 over it mixes meshes at DP=2 x TP=2.
 NAIVE_ERRORS = {
     1: ["aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor", "aten._fused_adamw_.default got mixed torch.Tensor and DTensor"],
     2: ["All operands in aten.stack.default must have the same mesh", None],
 }
 
 
-@pytest.mark.parametrize("dp,nproc", [(1, 2), (2, 4)], ids=["tp2", "dp2xtp2"])
+@pytest.mark.parametrize("dp,nproc", [(1, 2), pytest.param(2, 4, marks=pytest.mark.slow)], ids=["tp2", "dp2xtp2"])
 def test_tp_matches_single_device(tmp_path, dp, nproc):
     run_torchrun("parity.py", nproc, "--dp", str(dp), "--out", str(tmp_path / "r"))
     results = [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
@@ -65,28 +66,31 @@ def tp_collectives(n_layer: int, chunks: int = 1) -> dict[str, dict[str, int]]:
 
 
 @pytest.mark.parametrize("plan,chunks,dp,nproc", [
-    ("gpt_tp", 3, 1, 2),  # 64 tokens per rank in 3 chunks of 22, 21, 21
-    ("gpt_tp", 2, 2, 4),
-    ("gpt_tp_ordered", 1, 1, 2),
+    ("overlap3", 3, 1, 2),  # 64 tokens per rank in 3 chunks of 22, 21, 21
+    ("overlap2", 2, 2, 4),
+    ("ordered", 1, 1, 2),
     ("dtensor", 1, 1, 2),
-    ("torch", 1, 1, 2),
+    ("torch_recipe", 1, 1, 2),
 ], ids=["overlap3-tp2", "overlap2-dp2xtp2", "ordered", "dtensor", "torch"])
+@pytest.mark.slow
 def test_plan_variants_match_single_device(tmp_path, plan, chunks, dp, nproc):
-    """The MLP in k chunks with its collectives overlapped (model.tp_overlap_chunks) and the reference plans
-    gpt_tp.perf.scaling measures against: the same tolerances against the single device as the default path.
-    The chunked MLP really splits its collectives: k all-gathers and k reduce-scatters per MLP each way."""
-    run_torchrun("parity.py", nproc, "--dp", str(dp), "--plan", plan, "--chunks", str(chunks), "--skip-naive",
+    """The reference plans in benchmarks/plans.py, loaded through --plan module:attribute (the door a user's plan
+    takes): the MLP in k chunks with its collectives overlapped, gpt_tp's layout in (B, T) order, torch's DTensor
+    styles and its recipe: the same tolerances against the single device as TP_PLAN. The chunked MLP really splits
+    its collectives: k all-gathers and k reduce-scatters per MLP each way."""
+    run_torchrun("parity.py", nproc, "--dp", str(dp), "--plan", f"benchmarks.plans:{plan}", "--skip-naive",
                  "--out", str(tmp_path / "r"))
     results = [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
     for res in results:
         check_parity(res)
-        if plan.startswith("gpt_tp"):
+        if plan.startswith(("overlap", "ordered")):
             expected = tp_collectives(TINY_LAYERS, chunks)
             assert res["tp_collectives_forward"] == expected["forward"]
             assert res["tp_collectives_backward"] == expected["backward"]
     assert len({tuple(r["losses"]) for r in results}) == 1
 
 
+@pytest.mark.slow
 def test_lightning_tp_runs_match_single_device(tmp_path):
     """The real training path: Trainer + ModelParallelStrategy, gradient accumulation 2, clip 1.0 through the
     Trainer, fused AdamW, the LR schedule. TP=2; TP=2 built under trainer.init_module(empty_init=True) in

@@ -14,6 +14,7 @@ from gpt_tp.model import GPTConfig
 from gpt_tp.train.config import read_training_config
 
 
+@pytest.mark.slow
 def test_two_configs_and_an_override_read_as_cli_fit_prints_them(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     extra = tmp_path / "extra.yaml"

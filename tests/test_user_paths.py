@@ -35,6 +35,7 @@ def rows(path) -> dict[int, dict[str, float]]:
         return {int(r["step"]): {k: float(v) for k, v in r.items() if v} for r in csv.DictReader(f) if r.get("train/loss")}
 
 
+@pytest.mark.slow
 def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     """A GPT-2 folder as transformers writes it (vocabulary 50257; 3 layers, where configs/cpu.yaml says 2) ->
     model.init_from -> `cli.py fit --config configs/cpu.yaml` at TP=2 for 4 steps with warmup_steps 4 (a schedule
@@ -91,6 +92,7 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     assert a["total"] == 11 and (a["acc"], a["acc_norm"]) == (b["acc"], b["acc_norm"])
 
 
+@pytest.mark.slow
 def test_killed_run_keeps_the_rows_it_logged(tmp_path):
     """SIGKILL inside step 5 (no Python cleanup runs): metrics.csv holds steps 0-4. The Trainer has the CSVLogger
     write each row as it is logged (its own flush_logs_every_n_steps=100 alone would keep them in memory)."""
@@ -102,6 +104,7 @@ def test_killed_run_keeps_the_rows_it_logged(tmp_path):
     assert all(math.isfinite(r["train/loss"]) and r["train/loss"] > 5 for r in logged.values())
 
 
+@pytest.mark.slow
 def test_export_mistakes_are_one_line(tmp_path):
     """`python -m gpt_tp.train.export` on a missing checkpoint: one line, exit code 2; a non-empty --out is refused, untouched."""
     ckpt = tmp_path / "nothing.ckpt"

@@ -1,4 +1,4 @@
-"""Token shards and the LightningDataModule that streams them.
+"""Token shards and the stream that reads them (the LightningDataModule over it: gpt_tp.train.datamodule).
 
 Shard format (build-nanogpt's, read and written unchanged): a standard ``.npy`` file holding a
 1-D ``uint16`` array of GPT-2 token ids, named ``{prefix}_{split}_{index:06d}.npy`` with split

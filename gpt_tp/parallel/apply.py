@@ -7,22 +7,18 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.tensor.parallel import (
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT
-from gpt_tp.parallel.layout import validate_layout
-from gpt_tp.parallel.plan import make_plan
+from gpt_tp.parallel.plan import TP_PLAN
+from gpt_tp.sizing import AC_MODES, validate_layout
 
 
 def is_parallelized(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
-
-AC_MODES = ("none", "full", "selective")
 
 # selective activation checkpointing keeps the outputs of these ops (the matmuls and attention, whose recomputation
 # costs the FLOPs) and recomputes everything else in the block (LayerNorms, GELU, adds, casts, TP collectives)
@@ -68,7 +64,7 @@ def apply_ac(model: GPT, mode: str) -> None:
 
 def parallelize(
     model: GPT, mesh: DeviceMesh | None, compile: bool = False, param_dtype: torch.dtype | None = None,
-    activation_checkpointing: str = "none", tp_plan: str = "gpt_tp", overlap_chunks: int = 1,
+    activation_checkpointing: str = "none", plan: dict[str, ParallelStyle] = TP_PLAN,
 ) -> GPT:
     """Apply TP (on mesh["tensor_parallel"]), then activation checkpointing per block, then torch.compile per block,
     then FSDP2 (on mesh["data_parallel"]).
@@ -78,8 +74,8 @@ def parallelize(
     gathers a block's weights again before its backward (and so before its recomputation), and composes with the
     TP DTensors into one 2-D (dp, tp) mesh. mesh=None (one device) only checkpoints and compiles.
     param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and reduce-scatters gradients in float32.
-    tp_plan, overlap_chunks: the plan (gpt_tp.parallel.plan.make_plan; "gpt_tp" is TP_PLAN) and the MLP's
-    collective/matmul overlap in k chunks (eager only).
+    plan: module path -> ParallelStyle; gpt_tp's TP_PLAN unless another is given (benchmarks/plans.py, a plan of
+    one's own checked with python -m gpt_tp.eval.paritycheck --plan).
     Idempotent: an already-parallelized model is left as is.
     """
     if is_parallelized(model):
@@ -87,11 +83,7 @@ def parallelize(
     tp_size = mesh["tensor_parallel"].size() if mesh is not None else 1
     dp_size = mesh["data_parallel"].size() if mesh is not None else 1
     validate_layout(model.config, tp=tp_size, dp=dp_size)
-    plan = make_plan(tp_plan, overlap_chunks)
     check_compiled_ac(activation_checkpointing, compile, tp_size)
-    if overlap_chunks > 1 and compile:
-        raise UserError(f"model.tp_overlap_chunks={overlap_chunks} runs eager blocks: set model.compile=false or "
-                        "model.tp_overlap_chunks=1")
 
     # 1. Tensor parallelism. parallelize_module registers new Parameters, which unties wte and lm_head:
     #    both are Shard(0) over the vocabulary, so the tie is restored by pointing lm_head at wte's new DTensor.

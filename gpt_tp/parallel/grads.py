@@ -5,7 +5,7 @@ from math import prod
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 from gpt_tp.parallel.plan import is_sequence_partial
 
@@ -27,19 +27,6 @@ def reduce_partial_grads(model: nn.Module) -> int:
     return len(grads)
 
 
-@torch.no_grad()
-def reduce_dtensor_partial_grads(model: nn.Module) -> int:
-    """Gradients DTensor left Partial (torch's SequenceParallel style on the LayerNorms, the "torch" reference
-    plan) reduced one parameter at a time: an all-reduce each. gpt_tp's plan leaves none. Returns how many."""
-    n = 0
-    for p in model.parameters():
-        g = p.grad
-        if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
-            p.grad = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
-            n += 1
-    return n
-
-
 def _sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
     """This rank's share of the squared global norm: the local shards' squares, each divided by how many ranks
     hold a copy of it (the product of the mesh dims it is replicated on), so summing over all ranks counts every
@@ -59,11 +46,10 @@ def _sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
     """The step's gradient sync and clipping, for every layout: sum the sequence-partial gradients over TP
-    (reduce_partial_grads; and reduce_dtensor_partial_grads for the "torch" reference plan), take the global norm with one all-reduce of the squared-norm shares over the whole
+    (reduce_partial_grads), take the global norm with one all-reduce of the squared-norm shares over the whole
     (dp, tp) mesh, and scale the gradients down to max_norm if it is set. Returns the norm before clipping as a
     plain scalar tensor, without a host sync."""
     reduce_partial_grads(model)
-    reduce_dtensor_partial_grads(model)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     sq = _sum_of_squares(grads)
     meshes = {g.device_mesh for g in grads if isinstance(g, DTensor)}

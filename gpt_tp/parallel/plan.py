@@ -1,4 +1,4 @@
-"""The tensor-parallel plan for gpt_tp.model.GPT (TP_PLAN), and the reference plans it is measured against.
+"""The tensor-parallel plan for gpt_tp.model.GPT: TP_PLAN.
 
 Megatron-style tensor parallelism with sequence parallelism on the mesh's "tensor_parallel" dim:
 between blocks the residual stream is split along the sequence (a plain local tensor of shape (B, T/tp, C));
@@ -10,7 +10,9 @@ gpt_tp.parallel.loss, so full [B, T, vocab] logits never exist on one rank. Ever
 LayerNorms included, is a DTensor on the mesh, which clip_grad_norm and fused AdamW need; the blocks compute on
 the local shards with explicit collectives (gpt_tp.parallel.sp).
 
-The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks up n_head / tp heads.
+The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks up n_head / tp heads. Another plan
+(a dict of module path -> ParallelStyle) goes through the same gpt_tp.parallel.parallelize(plan=...); the
+reference plans gpt_tp's is measured against live in benchmarks/plans.py.
 """
 
 import warnings
@@ -19,18 +21,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-)
+from torch.distributed.tensor import Replicate, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
 
-from gpt_tp.errors import UserError
-from gpt_tp.parallel.overlap import OverlappedMLP
-from gpt_tp.parallel.sp import cast_for_matmul, colwise, rowwise, vocab_embedding, vocab_head
+from gpt_tp.parallel.sp import colwise, rowwise, vocab_embedding, vocab_head
 
 
 class _LocalLayerNorm(nn.LayerNorm):
@@ -79,104 +73,24 @@ def is_sequence_partial(module: nn.Module) -> bool:
     return isinstance(module, tuple(_LOCAL.values()))
 
 
-def _cast_to_autocast_dtype(module: nn.Module, args: tuple) -> tuple | None:
-    """A forward pre-hook: the inputs in the autocast dtype before the style's own all-gather (see cast_for_matmul)."""
-    return tuple(cast_for_matmul(a) if torch.is_tensor(a) else a for a in args)
-
-
-class _GatherInAutocastDtype:
-    """Mixin for DTensor styles whose input is all-gathered: register the cast ahead of the style's own hooks."""
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module = super()._apply(module, device_mesh)
-        module.register_forward_pre_hook(_cast_to_autocast_dtype, prepend=True)
-        return module
-
-
-class _DTensorGatherInput(_GatherInAutocastDtype, PrepareModuleInput):
-    """PrepareModuleInput (Shard(1) -> Replicate all-gather) in the autocast dtype."""
-
-
-class _DTensorVocabHead(_GatherInAutocastDtype, ColwiseParallel):
-    """ColwiseParallel lm_head whose sequence all-gather runs in the autocast dtype."""
-
-
-def sequence_parallel_plan(token_major: bool = True, overlap_chunks: int = 1) -> dict[str, ParallelStyle]:
-    """gpt_tp's plan on local tensors (gpt_tp.parallel.sp), keyed by module path. token_major=False gathers every
-    activation in (B, T) order and rearranges every partial sum before its reduce-scatter (a copy each, as DTensor
-    does); overlap_chunks > 1 runs each MLP as k chunks with its collectives overlapped (gpt_tp.parallel.overlap)."""
-    plan = {
-        # token ids (replicated) -> vocab-parallel lookup -> reduce-scatter to the sequence-sharded residual stream
-        "transformer.wte": vocab_embedding(token_major),
-        "transformer.wpe": SequenceReplicated(split_input=True),
-        # attention: LayerNorm on the sequence slice, c_attn all-gathers it in (B, T) order, whole heads per rank,
-        # c_proj reduce-scatters
-        "transformer.h.*.ln_1": SequenceReplicated(),
-        "transformer.h.*.attn.c_attn": colwise(gather="in_order"),
-        "transformer.h.*.attn.c_proj": rowwise("input" if token_major else "output"),
-        # MLP: the same pattern, the 4C hidden units split over ranks, on the token-major gathered buffer
-        "transformer.h.*.ln_2": SequenceReplicated(),
-        "transformer.h.*.mlp.c_fc": colwise(gather="token_major" if token_major else "in_order"),
-        "transformer.h.*.mlp.c_proj": rowwise(None if token_major else "output"),
-        # head: all-gather the sequence, vocab-sharded logits as a DTensor for gpt_tp.parallel.loss.cross_entropy
-        "transformer.ln_f": SequenceReplicated(),
-        "lm_head": vocab_head(),
-    }
-    if overlap_chunks > 1:
-        plan["transformer.h.*.mlp"] = OverlappedMLP(overlap_chunks)  # gathers itself: c_fc takes the gathered input
-        plan["transformer.h.*.mlp.c_fc"] = colwise()
-    return plan
-
-
 # The plan, keyed by module path. Order within the dict does not matter: each entry parallelizes its own module.
-TP_PLAN: dict[str, ParallelStyle] = sequence_parallel_plan()
-
-
-def dtensor_plan(torch_recipe: bool = False) -> dict[str, ParallelStyle]:
-    """The same layout with torch's DTensor styles (every block op dispatched on DTensors; gathers and scatters
-    along T rearrange their buffers). torch_recipe: the plain torch recipe, LayerNorms and dropouts as
-    SequenceParallel, so their weight gradients are reduced per parameter by DTensor in backward (train it with
-    torch's loss_parallel; see gpt_tp.train.module). Dropouts run on the local slices, as in gpt_tp's plan."""
-    norm = SequenceParallel if torch_recipe else SequenceReplicated
-    return {
-        "transformer.wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "transformer.wpe": SequenceReplicated(split_input=True),
-        "transformer.h.*.ln_1": norm(),
-        "transformer.h.*.attn": _DTensorGatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "transformer.h.*.attn.c_attn": ColwiseParallel(),
-        "transformer.h.*.attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
-        "transformer.h.*.ln_2": norm(),
-        "transformer.h.*.mlp": _DTensorGatherInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "transformer.h.*.mlp.c_fc": ColwiseParallel(),
-        "transformer.h.*.mlp.c_proj": RowwiseParallel(output_layouts=Shard(1)),
-        "transformer.ln_f": norm(),
-        "lm_head": _DTensorVocabHead(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    }
-
-
-# model.tp_plan: gpt_tp's plan and the references it is measured against (gpt_tp.perf.scaling)
-PLANS = {
-    "gpt_tp": lambda chunks: sequence_parallel_plan(True, chunks),
-    "gpt_tp_ordered": lambda chunks: sequence_parallel_plan(False, chunks),
-    "dtensor": lambda chunks: dtensor_plan(),
-    "torch": lambda chunks: dtensor_plan(torch_recipe=True),
+TP_PLAN: dict[str, ParallelStyle] = {
+    # token ids (replicated) -> vocab-parallel lookup -> reduce-scatter to the sequence-sharded residual stream
+    "transformer.wte": vocab_embedding(),
+    "transformer.wpe": SequenceReplicated(split_input=True),
+    # attention: LayerNorm on the sequence slice, c_attn all-gathers it in (B, T) order (whole heads per rank),
+    # c_proj puts attention's output in token-major order and reduce-scatters
+    "transformer.h.*.ln_1": SequenceReplicated(),
+    "transformer.h.*.attn.c_attn": colwise(gather="in_order"),
+    "transformer.h.*.attn.c_proj": rowwise(reorder_input=True),
+    # MLP: the same pattern, the 4C hidden units split over ranks, on the token-major gathered buffer as it is
+    "transformer.h.*.ln_2": SequenceReplicated(),
+    "transformer.h.*.mlp.c_fc": colwise(gather="token_major"),
+    "transformer.h.*.mlp.c_proj": rowwise(reorder_input=False),
+    # head: all-gather the sequence, vocab-sharded logits as a DTensor for gpt_tp.parallel.loss.cross_entropy
+    "transformer.ln_f": SequenceReplicated(),
+    "lm_head": vocab_head(),
 }
-
-
-def check_plan(name: str, overlap_chunks: int = 1) -> None:
-    """model.tp_plan names one of PLANS; model.tp_overlap_chunks >= 1, above 1 only with a gpt_tp plan."""
-    if name not in PLANS:
-        raise UserError(f"model.tp_plan={name!r}: use one of {', '.join(PLANS)}")
-    if overlap_chunks < 1:
-        raise UserError(f"model.tp_overlap_chunks={overlap_chunks} must be >= 1 (1: no overlap)")
-    if overlap_chunks > 1 and not name.startswith("gpt_tp"):
-        raise UserError(f"model.tp_overlap_chunks={overlap_chunks} needs model.tp_plan gpt_tp or gpt_tp_ordered, not {name!r}")
-
-
-def make_plan(name: str = "gpt_tp", overlap_chunks: int = 1) -> dict[str, ParallelStyle]:
-    """A plan by name (PLANS); overlap_chunks applies to the gpt_tp plans only."""
-    check_plan(name, overlap_chunks)
-    return PLANS[name](overlap_chunks)
 
 
 def enable_async_tp(tp_mesh) -> None:

@@ -83,23 +83,21 @@ class _RowParallel(torch.autograd.Function):
     """A row-parallel layer: y = x W^T (partial sums over this rank's K slice), reduce-scattered along dim 0 into
     this rank's (B, T/n, C) token slice, plus the replicated bias b, added once to that slice.
 
-    reorder "input": x (B, T, K) is put in token-major order for the matmul by a copy that is not kept; backward
-    saves x itself, which attention keeps for its own backward anyway, and redoes the copy, so attention's output
-    is held once, not twice. "output": the (B, T, C) partial sums are rearranged before the reduce-scatter.
+    reorder_input: x (B, T, K) in (B, T) order (attention's output) is put in token-major order for the matmul by a
+    copy that is not kept; backward saves x itself, which attention keeps for its own backward anyway, and redoes
+    the copy, so attention's output is held once, not twice. Otherwise x is token-major already (the MLP's).
     Backward: the output gradient all-gathered (the reduce-scatter's conjugate) is y's gradient; b's gradient is
     its sum over all tokens, the same on every rank: a true Replicate gradient, with no collective of its own.
     Under autocast the matmuls of backward run in the forward's dtype, and each gradient comes back in its input's."""
 
     @staticmethod
-    def forward(ctx, x, w, b, n: int, group: str, reorder: str | None) -> torch.Tensor:
-        y = F.linear(to_token_major(x, n) if reorder == "input" else x, w)  # (n B, T/n, C) or (B, T, C)
-        if reorder == "output":
-            y = to_token_major(y, n)  # (B, T, C) -> (n B, T/n, C)
+    def forward(ctx, x, w, b, n: int, group: str, reorder_input: bool) -> torch.Tensor:
+        y = F.linear(to_token_major(x, n) if reorder_input else x, w)  # (n B, T/n, C)
         out = reduce_scatter_rows(y, n, group)  # (B, T/n, C)
         if b is not None:
             out.add_(b.to(out.dtype))  # in place: the scattered slice is ours
         ctx.save_for_backward(x, w)
-        ctx.n, ctx.group, ctx.reorder, ctx.dtype, ctx.x_dtype = n, group, reorder, y.dtype, x.dtype
+        ctx.n, ctx.group, ctx.reorder_input, ctx.dtype, ctx.x_dtype = n, group, reorder_input, y.dtype, x.dtype
         ctx.b_dtype = None if b is None else b.dtype
         return out
 
@@ -109,15 +107,13 @@ class _RowParallel(torch.autograd.Function):
         x, w = ctx.saved_tensors
         n, dtype = ctx.n, ctx.dtype
         g_all = all_gather_rows(g.to(dtype), n, ctx.group)  # (n B, T/n, C) token-major
-        if ctx.reorder == "output":
-            g_all = to_sequence_order(g_all, n)  # (B, T, C)
-        x_mm = (to_token_major(x, n) if ctx.reorder == "input" else x).to(dtype)  # the forward's matmul input
+        x_mm = (to_token_major(x, n) if ctx.reorder_input else x).to(dtype)  # the forward's matmul input
         grad_w = (g_all.flatten(0, -2).t() @ x_mm.flatten(0, -2)).to(w.dtype)  # (C, K)
         del x_mm  # each transient is freed once used, in both backward functions: a lower high-water mark of the heap
         grad_b = None if ctx.b_dtype is None else g_all.sum(dim=tuple(range(g_all.ndim - 1))).to(ctx.b_dtype)
-        grad_x = g_all @ w.to(dtype)  # (n B, T/n, K) or (B, T, K)
+        grad_x = g_all @ w.to(dtype)  # (n B, T/n, K)
         del g_all
-        if ctx.reorder == "input":
+        if ctx.reorder_input:
             grad_x = to_sequence_order(grad_x, n)  # (B, T, K)
         return grad_x.to(ctx.x_dtype), grad_w, grad_b, None, None, None
 
@@ -181,15 +177,15 @@ class ColwiseLinear(nn.Linear):
 
 class RowwiseLinear(nn.Linear):
     """Row-parallel Linear: weight columns split (Shard(1)), bias replicated. The partial sums are reduce-scattered
-    along dim 0 into this rank's token slice. `reorder`: "input" rearranges a (B, T, K) input to token-major
-    before the matmul (attention's output), "output" rearranges the (B, T, C) partial sums after it, None takes a
-    token-major input as it is (the MLP's)."""
+    along dim 0 into this rank's token slice. `reorder_input`: a (B, T, K) input (attention's output) is rearranged
+    to token-major before the matmul; otherwise the input is token-major already (the MLP's)."""
 
     tp: _TP
-    reorder: str | None
+    reorder_input: bool
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RowParallel.apply(x, self.weight.to_local(), _local(self.bias), self.tp.n, self.tp.group, self.reorder)
+        return _RowParallel.apply(x, self.weight.to_local(), _local(self.bias), self.tp.n, self.tp.group,
+                                  self.reorder_input)
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -199,18 +195,14 @@ class VocabParallelEmbedding(nn.Embedding):
     gradient is this rank's (V/n, C) rows only."""
 
     tp: _TP
-    token_major: bool
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         n = self.tp.n
         w = self.weight.to_local()  # (V/n, C)
-        if self.token_major:
-            idx = to_token_major(idx, n)  # (B, T) -> (n B, T/n)
+        idx = to_token_major(idx, n)  # (B, T) -> (n B, T/n)
         local = idx - self.tp.rank * w.shape[0]
         outside = (local < 0) | (local >= w.shape[0])
-        y = F.embedding(local.masked_fill(outside, 0), w).masked_fill(outside.unsqueeze(-1), 0.0)  # (.., C) partial
-        if not self.token_major:
-            y = to_token_major(y, n)  # (B, T, C) -> (n B, T/n, C)
+        y = F.embedding(local.masked_fill(outside, 0), w).masked_fill(outside.unsqueeze(-1), 0.0)  # (n B, T/n, C) partial
         return reduce_scatter_rows(y, n, self.tp.group)  # (B, T/n, C)
 
 
@@ -245,12 +237,12 @@ def colwise(gather: str | None = None) -> LocalStyle:
     return LocalStyle(ColwiseLinear, {"weight": [Shard(0)], "bias": [Shard(0)]}, gather=gather)
 
 
-def rowwise(reorder: str | None) -> LocalStyle:
-    return LocalStyle(RowwiseLinear, {"weight": [Shard(1)], "bias": [Replicate()]}, reorder=reorder)
+def rowwise(reorder_input: bool) -> LocalStyle:
+    return LocalStyle(RowwiseLinear, {"weight": [Shard(1)], "bias": [Replicate()]}, reorder_input=reorder_input)
 
 
-def vocab_embedding(token_major: bool) -> LocalStyle:
-    return LocalStyle(VocabParallelEmbedding, {"weight": [Shard(0)]}, token_major=token_major)
+def vocab_embedding() -> LocalStyle:
+    return LocalStyle(VocabParallelEmbedding, {"weight": [Shard(0)]})
 
 
 def vocab_head() -> LocalStyle:

@@ -1,14 +1,12 @@
 """gpt_tp's command line, `python cli.py fit --config configs/tp2.yaml` (see README): GPTCLI runs TrainingCLI
 (gpt_tp.train.config) with the checks that need no process group done first, in the launching process, so a
-mistake prints once. `auto` layouts are planned before launch by the planner cli.py hands in (gpt_tp.perf sits
-above this room).
+mistake prints once. `auto` layouts are planned before launch by gpt_tp.sizing's planner.
 
 Subcommands: fit, validate (val loss, and HellaSwag where its callback is configured), predict (continue prompts).
 A user's mistake prints one line, `error: ...`, and exits with code 2 (gpt_tp.entry)."""
 
 import os
 import sys
-from collections.abc import Callable
 
 import torch
 from lightning.pytorch import Trainer
@@ -21,8 +19,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import detect_device_memory_gib
-from gpt_tp.parallel import LayoutError, validate_layout
 from gpt_tp.parallel.apply import check_compiled_ac
+from gpt_tp.sizing import LayoutError, resolve_layout, validate_layout
 from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
 from gpt_tp.train.module import check_total_batch
@@ -32,12 +30,7 @@ CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightni
 
 
 class GPTCLI(TrainingCLI):
-    """TrainingCLI with gpt_tp's checks before launch. plan_layout: the planner that turns 'auto' data/tensor-parallel
-    sizes into numbers (gpt_tp.perf.planner.resolve_layout's signature); without one an 'auto' size is refused."""
-
-    def __init__(self, args: list[str] | None = None, run: bool = True, plan_layout: Callable | None = None, **kwargs):
-        self.plan_layout = plan_layout  # before LightningCLI's __init__, which runs the hooks below
-        super().__init__(args=args, run=run, **kwargs)
+    """TrainingCLI with gpt_tp's checks before launch."""
 
     def before_instantiate_classes(self) -> None:
         """The config's own checks (check_config); `auto` data/tensor-parallel sizes: the planner picks the smallest
@@ -47,20 +40,17 @@ class GPTCLI(TrainingCLI):
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             return
-        if self.plan_layout is None:
-            raise LayoutError("trainer.strategy.init_args: an 'auto' data_parallel_size or tensor_parallel_size needs "
-                              "the planner; run python cli.py, or give both sizes")
         devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
         if devices is None:
             raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to plan an "
                               "'auto' layout")
-        dp, tp = self.plan_layout(
+        dp, tp = resolve_layout(
             built_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
             detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
             ac=cfg.model.activation_checkpointing,
         )
         init.data_parallel_size, init.tensor_parallel_size = dp, tp
-        print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.perf.planner shows the table)", file=sys.stderr)
+        print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """Add the optimizer-step progress bar unless the config brings its own or turns the bar off."""
@@ -169,10 +159,11 @@ class GPTCLI(TrainingCLI):
         self._check_layout()
 
 
-def main(args: list[str] | None = None, plan_layout: Callable | None = None) -> GPTCLI:
-    """Run `cli.py` with args (default: the command line): fit, validate or predict; plan_layout as GPTCLI's."""
+def main(args: list[str] | None = None, model_class: type | None = None) -> GPTCLI:
+    """Run `cli.py` with args (default: the command line): fit, validate or predict; model_class: a GPTModule
+    subclass to train instead (default GPTModule)."""
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] == "test":
         raise UserError("`test` is not a gpt_tp subcommand: the data has a train and a val split; "
                         "use `python cli.py validate --config ... --ckpt_path ...` for val loss and HellaSwag")
-    return GPTCLI(args=args, plan_layout=plan_layout)
+    return GPTCLI(args=args, **({} if model_class is None else {"model_class": model_class}))

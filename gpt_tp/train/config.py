@@ -42,22 +42,38 @@ class TrainingParser(LightningArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+# settings that are no longer model options, and where they went
+REMOVED = {
+    "model.malloc": "model.malloc is no longer a model option: list gpt_tp.train.malloc.HeapSplit in trainer.callbacks "
+                    "(configs/cpu.yaml does)",
+    "model.tp_plan": "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN; the reference plans run "
+                     "through python -m benchmarks.fit --plan",
+    "model.tp_overlap_chunks": "model.tp_overlap_chunks is gone: the overlapped MLP is a benchmark plan, "
+                               "python -m benchmarks.fit --plan benchmarks.plans:overlap2",
+}
+
+
 def parse(parser: LightningArgumentParser, args: list[str] | None):
     """parser.parse_args (args None: the command line); a bad flag or value is a UserError naming it."""
     try:
         return parser.parse_args(args)
     except ArgumentError as e:
+        message = " ".join(str(e).split())
+        removed = next((hint for key, hint in REMOVED.items() if key in message), None)
+        if removed:
+            raise UserError(removed) from None
         argv = sys.argv[1:] if args is None else args
         sub = next((a for a in argv if a in TrainingCLI.subcommands()), None)
-        raise UserError(f"{' '.join(str(e).split())} (see python cli.py {sub + ' ' if sub else ''}--help)") from None
+        raise UserError(f"{message} (see python cli.py {sub + ' ' if sub else ''}--help)") from None
 
 
 class TrainingCLI(LightningCLI):
     """gpt_tp's LightningCLI: its model, data module, trainer and trainer defaults; fit, validate and predict."""
 
-    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs):
+    def __init__(self, args: list[str] | None = None, run: bool = True, model_class: type = GPTModule, **kwargs):
+        """model_class: GPTModule or a subclass of it (benchmarks/fit.py trains the reference plans through it)."""
         super().__init__(
-            GPTModule,
+            model_class,
             GPTDataModule,
             trainer_class=GPTTrainer,
             trainer_defaults={

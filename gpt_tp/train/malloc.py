@@ -1,36 +1,37 @@
-"""Where a CPU training process's buffers live: glibc malloc's heap or mappings of their own (model.malloc).
+"""HeapSplit: a callback for CPU runs that puts a training process's long-lived buffers in mappings of their own and
+its per-step buffers in glibc malloc's heap (configs/cpu.yaml lists it; docs/performance.md has its measured effect).
 
 glibc serves a buffer from its heap, or, from M_MMAP_THRESHOLD bytes up and when no freed heap chunk fits it,
 from a mapping of its own that is unmapped when freed. By default the threshold starts at 128 KiB and rises, up
 to 32 MiB, each time such a buffer is freed, so activation-sized tensors soon come from the heap. The heap then
-interleaves buffers that live the whole run (weights, gradients, optimizer state) with buffers one step frees;
-it can only shrink from its top, and a process's resident memory grows to the high-water mark of that
-fragmented heap.
+interleaves buffers that live the whole run (weights, gradients, optimizer state) with buffers one step frees; it can only
+shrink from its top, and a process's resident memory grows to the high-water mark of that fragmented heap.
 
     "split"  (default) everything allocated until the first optimizer step has returned (in a validate or
-             predict run, until it starts), weights, gradients and optimizer state, gets mappings of its own
-             (threshold fixed at 128 KiB); from then on the threshold is fixed at 64 MiB, so the per-step
-             buffers reuse a heap that holds nothing else, and gradients under 64 MiB are zeroed in place (not
-             freed), so they stay where they are. Before each step's loss, its high point (the logits and
-             their exponentials are mapped then), the heap's free pages go back to the system (malloc_trim),
-             so the freed step buffers between those still in use are not resident then; backward touches
-             again the ones it reuses.
+             predict run, until it starts), weights, gradients and optimizer state, gets mappings of its own (threshold
+             fixed at 128 KiB from the callback's construction: cli.py builds the trainer's callbacks before the
+             model; a script builds it first), and so do the gradients, which each step gets back zeroed
+             rather than anew; from then on the threshold is fixed at 64 MiB, so the per-step buffers reuse a
+             heap that holds nothing else. After each forward, before the loss (the
+             step's high point: the logits and their exponentials are mapped then), the heap's free pages go
+             back to the system (malloc_trim), so the freed step buffers between those still in use are not
+             resident then; backward touches again the ones it reuses.
     "mmap"   every buffer from 128 KiB up gets its own mapping, for the whole run: the lowest peak RSS, and
              slower steps, since each step's buffers are page-faulted afresh.
-    "glibc"  glibc's defaults.
 
-Only processes on a machine without CUDA change anything (GPU memory has its own allocator).
+It changes nothing in a process that sees CUDA (GPU memory has its own allocator) or off glibc.
 """
 
 import ctypes
 import functools
 
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.errors import UserError
 
-POLICIES = ("split", "mmap", "glibc")
+POLICIES = ("split", "mmap")
 STATE_THRESHOLD = 128 * 1024  # glibc's initial threshold: every tensor worth its own mapping gets one
 STEP_THRESHOLD = 64 * 1024 * 1024  # above glibc's 32 MiB ceiling: only the largest per-step buffers (logits) are mapped
 
@@ -62,56 +63,68 @@ def trim_heap() -> bool:
     return _glibc_call("malloc_trim", 0) is not None
 
 
-def check_policy(policy: str) -> None:
-    if policy not in POLICIES:
-        raise UserError(f"model.malloc={policy!r}: choose one of {', '.join(POLICIES)}")
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
-class MallocPolicy:
-    """One process's policy: `start()` before the model is built; `state_ready()` once the run-long state exists
-    (after each optimizer step of a fit, only the first changes anything; when a validate or predict run starts,
-    its weights loaded); `zero_grad(optimizer)` in place of optimizer.zero_grad(); `before_loss()` between the model's
-    forward and the loss."""
+class HeapSplit(Callback):
+    """Where a CPU run's buffers live (see the module docstring). policy: "split" or "mmap"."""
 
-    def __init__(self, policy: str):
-        check_policy(policy)
-        self.active = policy if not torch.cuda.is_available() else "glibc"
-        self._pending = self.active == "split"
-
-    @property
-    def keeps_grads(self) -> bool:
-        """split: gradients stay allocated from step to step (zero_grad), validation included."""
-        return self.active == "split"
-
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        """split: zero each gradient in place, so it stays in the mapping of the first step, except those of 64 MiB
-        and more (wte's): freed, since each step's new one gets a mapping of its own anyway, and keeping it would
-        make backward hold two at once. Other policies: set every gradient to None."""
-        if not self.keeps_grads:
-            optimizer.zero_grad(set_to_none=True)
-            return
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                if local.numel() * local.element_size() >= STEP_THRESHOLD:
-                    p.grad = None
-                else:
-                    local.zero_()
-
-    def before_loss(self) -> None:
-        """split: the heap's free pages go back to the system before the loss, a step's high point (its logits and
-        their exponentials are mapped then): the heap holds the saved activations and no freed buffers at that moment.
-        Backward touches the pages it reuses again."""
-        if self.active == "split" and not self._pending:
-            trim_heap()
-
-    def start(self) -> None:
-        if self.active in ("split", "mmap"):
+    def __init__(self, policy: str = "split"):
+        if policy not in POLICIES:
+            raise UserError(f"HeapSplit(policy={policy!r}): choose one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.active = not torch.cuda.is_available()
+        self._pending = self.active and policy == "split"  # the run-long state is not all there yet
+        self._hook = None
+        self._grads: list = []  # (parameter, its gradient) held from one optimizer step to the next backward
+        if self.active:  # from here on: cli.py builds the trainer's callbacks before the model
             set_mmap_threshold(STATE_THRESHOLD)
 
-    def state_ready(self) -> None:
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.active and self.policy == "split" and self._hook is None:
+            self._hook = pl_module.model.register_forward_hook(self._before_loss)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _before_loss(self, module, args, output) -> None:
+        """After the model's forward, before the loss: the heap's free pages go back to the system (training only:
+        the first optimizer step has returned)."""
+        if not self._pending and module.training:
+            trim_heap()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        """split: hold this step's gradients for the next one. Lightning frees them (zero_grad before the next
+        backward, and before a validation); held here, each is zeroed and handed back before the next backward
+        (on_before_backward), so it stays in the mapping of the first step rather than coming back from the heap.
+        Gradients of 64 MiB and more (wte's) are left to be freed: each new one gets a mapping of its own anyway,
+        and keeping it would make backward hold two at once."""
+        if self.active and self.policy == "split":
+            self._grads = [(p, p.grad) for p in pl_module.parameters()
+                           if p.grad is not None and _local(p.grad).nbytes < STEP_THRESHOLD]
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        for p, g in self._grads:
+            if p.grad is None:  # freed by zero_grad, as it should be: the same buffer, zeroed
+                _local(g).zero_()
+                p.grad = g
+        self._grads = []
+
+    def _state_ready(self) -> None:
         if self._pending:
             self._pending = False
             set_mmap_threshold(STEP_THRESHOLD)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step > 0:  # the first optimizer step has returned: the optimizer state exists
+            self._state_ready()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "validate":  # not a fit's validation, which may come before the first step
+            self._state_ready()
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._state_ready()

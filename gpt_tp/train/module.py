@@ -9,19 +9,15 @@ from contextlib import nullcontext
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.distributed.tensor.parallel import loss_parallel
 
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.malloc import MallocPolicy
 from gpt_tp.train.optim import check_schedule, get_lr, make_adamw
 from gpt_tp.hardware import detect_peak_flops, mfu as hardware_mfu
-from gpt_tp.parallel import (
-    check_ac_mode, check_plan, clip_grad_norm, enable_async_tp, materialize, parallelize, validate_layout,
-)
+from gpt_tp.parallel import TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, materialize, parallelize
+from gpt_tp.sizing import validate_layout
 from gpt_tp.train.ranks import data_parallel_rank_size
 
 
@@ -44,6 +40,8 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
 
 
 class GPTModule(L.LightningModule):
+    tp_plan = TP_PLAN  # the plan configure_model applies; benchmarks/plans.py subclasses name the reference plans
+
     def __init__(
         self,
         model: str | GPTConfig = "gpt2",
@@ -62,9 +60,6 @@ class GPTModule(L.LightningModule):
         init_from: str | None = None,
         peak_flops: float | None = None,
         activation_checkpointing: str = "none",
-        tp_plan: str = "gpt_tp",
-        tp_overlap_chunks: int = 1,
-        malloc: str = "split",
     ):
         """
         Args:
@@ -86,22 +81,9 @@ class GPTModule(L.LightningModule):
             activation_checkpointing: per block, "none", "full" (keep the block input, recompute the block in
                 backward) or "selective" (keep matmul and attention outputs, recompute the rest); applied after TP,
                 before compile and FSDP2 (gpt_tp.parallel.apply_ac). The same losses and gradients in every mode.
-            tp_plan: the tensor-parallel plan: "gpt_tp" (gpt_tp.parallel.TP_PLAN); "gpt_tp_ordered", "dtensor" and
-                "torch" (torch's styles and loss_parallel) are the references gpt_tp.perf.scaling measures it against.
-            tp_overlap_chunks: k > 1 runs each MLP in k chunks whose all-gathers and reduce-scatters overlap the
-                matmuls (gpt_tp.parallel.overlap; eager, gpt_tp plans); 1 runs it in one piece.
-            malloc: on a machine without CUDA, where glibc places CPU buffers (gpt_tp.train.malloc): "split" (weights,
-                gradients and optimizer state in mappings of their own, per-step buffers in the heap), "mmap" (every
-                buffer from 128 KiB up in its own mapping: lower peak RSS, slower steps) or "glibc" (its defaults).
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
-        check_plan(tp_plan, tp_overlap_chunks)
-        self._malloc = MallocPolicy(malloc)
-        self._malloc.start()  # before the weights exist
-        if tp_overlap_chunks > 1 and compile:
-            raise UserError(f"model.tp_overlap_chunks={tp_overlap_chunks} runs eager blocks: set model.compile=false "
-                            "or model.tp_overlap_chunks=1")
         check_schedule(max_lr, min_lr, warmup_steps)
         self.save_hyperparameters()
         config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
@@ -133,8 +115,7 @@ class GPTModule(L.LightningModule):
             enable_async_tp(self.device_mesh["tensor_parallel"])
         param_dtype = torch.bfloat16 if str(self.trainer.precision) == "bf16-mixed" else None  # FSDP2's gathers
         parallelize(self.model, self.device_mesh, compile=self.hparams.compile, param_dtype=param_dtype,
-                    activation_checkpointing=self.hparams.activation_checkpointing,
-                    tp_plan=self.hparams.tp_plan, overlap_chunks=self.hparams.tp_overlap_chunks)
+                    activation_checkpointing=self.hparams.activation_checkpointing, plan=self.tp_plan)
         materialize(self.model, self.device)
 
     def _lr(self, step: int) -> float:
@@ -199,47 +180,16 @@ class GPTModule(L.LightningModule):
             self._t_last = time.perf_counter()
         self._seq_len = x.shape[1]
         logits = self.model(x)
-        self._malloc.before_loss()
-        loss = self._loss(logits, y)
+        loss = self.compute_loss(logits, y)
         del logits
         detached = loss.detach()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         self._tokens += x.numel()
         return loss
 
-    def _torch_loss(self) -> bool:
-        """The "torch" reference plan trains with torch's loss_parallel (forward and backward inside it)."""
-        return self.hparams.tp_plan == "torch" and self.device_mesh is not None and self.device_mesh["tensor_parallel"].size() > 1
-
-    def _loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self._torch_loss():
-            with loss_parallel():
-                return F.cross_entropy(logits.flatten(0, 1), y.flatten()).full_tensor()  # (B T, V) vocab-sharded, (B T,)
+    def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss: the vocab-parallel cross-entropy (a plain one on one device)."""
         return cross_entropy(logits, y)
-
-    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
-        with loss_parallel() if self._torch_loss() else nullcontext():
-            super().backward(loss, *args, **kwargs)
-
-    def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
-        self._malloc.zero_grad(optimizer)
-
-    def optimizer_step(self, *args, **kwargs) -> None:
-        super().optimizer_step(*args, **kwargs)
-        self._malloc.state_ready()  # the optimizer state exists now
-
-    def on_validation_model_zero_grad(self) -> None:
-        """Lightning frees the gradients before validating; under model.malloc=split they stay where they are (the
-        next step zeroes them in place)."""
-        if not self._malloc.keeps_grads:
-            super().on_validation_model_zero_grad()
-
-    def on_validation_start(self) -> None:
-        if self.trainer.state.fn == "validate":  # not a fit's validation, which may come before the first step
-            self._malloc.state_ready()
-
-    def on_predict_start(self) -> None:
-        self._malloc.state_ready()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Runs once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware),

@@ -1,6 +1,7 @@
-"""Train a small GPTModule on one CPU process under a model.malloc policy and report, as JSON, where glibc put
-its buffers: the share of the run-long tensors (weights, gradients, AdamW state; those of 128 KiB and more) that
-lie in the main heap, whether each gradient kept its buffer from step to step, and whether a 1 MiB buffer
+"""Train a small GPTModule on one CPU process with gpt_tp.train.malloc.HeapSplit(POLICY) (glibc: without it) and
+report, as JSON, where glibc put its buffers: the share of the run-long tensors (weights and AdamW state; those of
+128 KiB and more) that lie in the main heap, the share of the gradients there after each step, whether each
+gradient kept its buffer from step to step, and whether a 1 MiB buffer
 allocated before / after the first optimizer step came from the heap (a fit with sanity validation), or, with
 `validate`, whether one allocated during a validate run did. With `trim`: 24 MiB of buffers freed in the heap
 below one kept above them before step 2, and how much resident memory a malloc_trim at the start of the loss
@@ -13,7 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from gpt_tp.train.malloc import trim_heap
+from gpt_tp.train.malloc import HeapSplit, trim_heap
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
 
@@ -49,17 +50,17 @@ class Holes(GPTModule):
             self.kept = max(bufs, key=lambda t: t.data_ptr())  # the highest: the freed ones lie below it
             del bufs
 
-    def _loss(self, logits, y):
+    def compute_loss(self, logits, y):
         if self.report is not None and "further_trim" not in self.report:
             before = rss_bytes()
             trim_heap()
             self.report["further_trim"] = before - rss_bytes()
-        return super()._loss(logits, y)
+        return super().compute_loss(logits, y)
 
 
 class Where(Callback):
     def __init__(self):
-        self.grad_ptrs, self.probe = [], {}
+        self.probe, self.grads_in_heap, self.grad_ptrs = {}, [], []
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.probe.setdefault("before_first_step", in_heap(torch.ones(1 << 18)))  # 1 MiB
@@ -69,17 +70,20 @@ class Where(Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.probe.setdefault("after_first_step", in_heap(torch.ones(1 << 18)))
+        grads = [p.grad for p in module.parameters() if p.grad.numel() * p.grad.element_size() >= 128 * 1024]
+        self.grads_in_heap.append(sum(map(in_heap, grads)) / len(grads))  # after each step, of the 9 big gradients
         self.grad_ptrs.append([p.grad.data_ptr() for p in module.parameters()])
 
 
 def main(policy: str, mode: str | None) -> None:
     torch.manual_seed(0)
+    heap = [] if policy == "glibc" else [HeapSplit(policy)]  # before the model, as cli.py builds them
     module = (Holes if mode == "trim" else GPTModule)({"n_layer": 2, "n_head": 4, "n_embd": 256, "block_size": 64},
-                                                      malloc=policy, total_batch_size=None, warmup_steps=1, max_steps=4)
+                                                      total_batch_size=None, warmup_steps=1, max_steps=4)
     where = Where()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
-                        val_check_interval=2, inference_mode=False, callbacks=[where])
+                        val_check_interval=2, inference_mode=False, callbacks=[*heap, where])
     data = SyntheticDataModule(batch_size=2, seq_len=64)
     if mode == "trim":
         trainer.fit(module, data)
@@ -91,9 +95,10 @@ def main(policy: str, mode: str | None) -> None:
         return
     trainer.fit(module, data)  # a sanity validation before the first step, one after step 2
     opt = module.optimizers().optimizer
-    state = [t for p in module.parameters() for t in (p, p.grad, *opt.state[p].values())
-             if t is not None and t.dim() and t.numel() * t.element_size() >= 128 * 1024]
+    big = lambda t: t is not None and t.dim() and t.numel() * t.element_size() >= 128 * 1024  # noqa: E731
+    state = [t for p in module.parameters() for t in (p, *opt.state[p].values()) if big(t)]
     print(json.dumps({"state_in_heap": sum(map(in_heap, state)) / len(state), "n_state": len(state),
+                      "grads_in_heap": where.grads_in_heap,
                       "grads_kept": all(ptrs == where.grad_ptrs[0] for ptrs in where.grad_ptrs), **where.probe}))
 
 

@@ -24,9 +24,11 @@ from gpt_tp.entry import run
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import get_lr, make_adamw
-from gpt_tp.parallel import clip_grad_norm, parallelize
-from gpt_tp.perf.collectives import CollectiveRecorder, groups_of
-from gpt_tp.perf.synthetic import SyntheticTokens
+from gpt_tp.eval.paritycheck import load_plan
+from gpt_tp.parallel import TP_PLAN, clip_grad_norm, parallelize
+from benchmarks.collectives import CollectiveRecorder, groups_of
+from benchmarks.plans import reduce_dtensor_partial_grads
+from benchmarks.synthetic import SyntheticTokens
 
 
 def full(t):
@@ -72,8 +74,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--plan", default="gpt_tp", help="model.tp_plan")
-    ap.add_argument("--chunks", type=int, default=1, help="model.tp_overlap_chunks")
+    ap.add_argument("--plan", help="module:attribute of another plan (default gpt_tp's TP_PLAN)")
     ap.add_argument("--skip-naive", action="store_true", help="leave out the naive recipe's errors")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -86,7 +87,8 @@ def main():
     torch.manual_seed(1234)
     config = GPTConfig.from_name("tiny")
     ref = GPT(config)
-    model = parallelize(copy.deepcopy(ref), mesh, tp_plan=args.plan, overlap_chunks=args.chunks)
+    plan = TP_PLAN if args.plan is None else load_plan(args.plan, config)
+    model = parallelize(copy.deepcopy(ref), mesh, plan=plan)
     params = [id(p) for p in model.parameters()]
     assert parallelize(model, mesh) is model and [id(p) for p in model.parameters()] == params  # idempotent
     res = {
@@ -120,6 +122,7 @@ def main():
             loss = loss / dp
         res["losses"].append(loss.item())
         res["ref_losses"].append(loss_ref.item())
+        reduce_dtensor_partial_grads(model)  # torch_recipe's Partial LayerNorm gradients (none in other plans)
         res["norms"].append(clip_grad_norm(model, 1.0).item())  # the step's gradient sync, then the clip
         res["ref_norms"].append(clip_grad_norm(ref, 1.0).item())
         if step == 0:  # both clipped by (almost) the same factor: the relative differences are the gradients'

@@ -20,14 +20,13 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from gpt_tp.parallel import sizes
-from gpt_tp.perf import memory
-from gpt_tp.perf.audit import measure_state_bytes
+from gpt_tp.sizing import AC_MODES, memory, sizes
+from benchmarks.audit import measure_state_bytes
 from gpt_tp.entry import run, torchrun_mesh
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.optim import make_adamw
-from gpt_tp.parallel import AC_MODES, parallelize, reduce_partial_grads
+from gpt_tp.parallel import parallelize, reduce_partial_grads
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

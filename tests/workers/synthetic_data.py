@@ -1,9 +1,9 @@
-"""A LightningDataModule of generated batches (gpt_tp.perf.synthetic.SyntheticTokens) for the tests: no files."""
+"""A LightningDataModule of generated batches (benchmarks.synthetic.SyntheticTokens) for the tests: no files."""
 
 import lightning as L
 from torch.utils.data import DataLoader
 
-from gpt_tp.perf.synthetic import SyntheticTokens
+from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.train.ranks import data_parallel_rank_size
 
 

@@ -1,5 +1,5 @@
 """The planner's memory model: bytes per device of one data-parallel x tensor-parallel layout, checked against
-measurements in tests/test_planner.py. Parameter shapes and state bytes per rank come from gpt_tp.parallel.sizes.
+measurements in tests/test_planner.py. Parameter shapes and state bytes per rank come from gpt_tp.sizing.sizes.
 
 Memory per device (bytes; t = TP, d = DP, B = micro-batch per DP rank, T = sequence, C = width, L = layers, V = vocab):
   params     sum over parameters of ceil(rows_tp / d) x cols_tp x param bytes: TP splits the matmuls, the vocab-
@@ -51,18 +51,9 @@ from dataclasses import dataclass
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB
 from gpt_tp.model import GPTConfig
-from gpt_tp.parallel import AC_MODES, sizes
+from gpt_tp.sizing import sizes
+from gpt_tp.sizing.sizes import AC_MODES, PRECISIONS
 
-# precision -> (parameter/grad/optimizer bytes, residual-stream activation bytes, matmul activation bytes,
-#               log-softmax bytes, bytes of the autocast weight copies kept for backward)
-PRECISIONS = {
-    "32-true": (4, 4, 4, 4, 0),
-    "32": (4, 4, 4, 4, 0),
-    "bf16-mixed": (4, 4, 2, 4, 2),
-    "16-mixed": (4, 4, 2, 4, 2),
-    "bf16-true": (2, 2, 2, 2, 0),
-    "16-true": (2, 2, 2, 2, 0),
-}
 
 
 class PlanError(UserError):
@@ -99,7 +90,7 @@ def _precision(precision: str) -> tuple[int, int, int, int, int]:
 def _gather_bytes(precision: str, dp: int) -> int:
     """Bytes per element of the weights the forward uses: FSDP2 (dp > 1) under bf16-mixed all-gathers them in bf16
     (gpt_tp.parallel.parallelize's param_dtype), everywhere else they are the parameters themselves."""
-    return 2 if dp > 1 and str(precision) == "bf16-mixed" else _precision(precision)[0]
+    return sizes.fsdp_gather_bytes(precision) if dp > 1 else _precision(precision)[0]
 
 
 def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: int, m: int, sdpa: str, ac: str) -> int:

@@ -6,7 +6,7 @@ GPTConfig.flops_per_token.)
 Shapes follow gpt_tp.parallel.TP_PLAN: column-parallel matmuls (c_attn, c_fc) split their output rows and biases
 over t, row-parallel ones (the two c_proj) split their input columns and keep their bias whole, the embedding is
 vocab-parallel (V / t rows; lm_head is the same tensor), LayerNorms and wpe stay whole. Every TP size must divide
-the heads, the widths and the vocabulary (gpt_tp.parallel.validate_layout); `padded_vocab` gives the vocabulary
+the heads, the widths and the vocabulary (gpt_tp.sizing.validate_layout); `padded_vocab` gives the vocabulary
 that a TP size divides. FSDP2 then splits dim 0 of every TP-local tensor over d ranks, padded to equal chunks.
 """
 
@@ -17,6 +17,21 @@ from typing import NamedTuple
 from gpt_tp.model import GPTConfig
 
 TP, DP = "tensor_parallel", "data_parallel"
+
+# trainer.precision -> bytes of (parameters / gradients / optimizer state, residual-stream activations, matmul
+# activations, log-softmax, the autocast weight copies kept for backward): the one list of precisions gpt_tp sizes
+PRECISIONS = {
+    "32-true": (4, 4, 4, 4, 0),
+    "32": (4, 4, 4, 4, 0),
+    "bf16-mixed": (4, 4, 2, 4, 2),
+    "16-mixed": (4, 4, 2, 4, 2),
+    "bf16-true": (2, 2, 2, 2, 0),
+    "16-true": (2, 2, 2, 2, 0),
+}
+
+# model.activation_checkpointing: per block, keep everything ("none"), only its input ("full"), or its input and
+# its matmul and attention outputs ("selective"; gpt_tp.parallel.apply_ac)
+AC_MODES = ("none", "full", "selective")
 
 
 class LocalParam(NamedTuple):
@@ -76,7 +91,7 @@ def numel(params: list[LocalParam], dp: int = 1) -> int:
 
 def state_bytes(config: GPTConfig, dp: int, tp: int, param_bytes: int = 4) -> dict[str, int]:
     """Parameters, gradients (in the parameter dtype) and AdamW's two moments per rank, in bytes, and their total
-    (compare gpt_tp.perf.audit.measure_state_bytes)."""
+    (compare benchmarks.audit.measure_state_bytes)."""
     n = numel(local_params(config, tp), dp)
     out = {"params": n * param_bytes, "grads": n * param_bytes, "optimizer": 2 * n * param_bytes}
     return {**out, "total": sum(out.values())}
@@ -123,8 +138,21 @@ def counts(rows: list[dict]) -> dict[str, dict[str, int]]:
 
 
 def check_precision(precision: str) -> None:
-    if precision not in ("32-true", "bf16-mixed"):
-        raise ValueError(f"precision={precision!r}: choose one of 32-true, bf16-mixed")
+    if str(precision) not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+
+
+def matmul_bytes(precision: str) -> int:
+    """Bytes per element of a matmul's activations (and of the gathers that feed it) in this precision."""
+    check_precision(precision)
+    return PRECISIONS[str(precision)][2]
+
+
+def fsdp_gather_bytes(precision: str) -> int:
+    """Bytes per element of the weights FSDP2 all-gathers: bf16 under bf16-mixed (MixedPrecisionPolicy's
+    param_dtype, gpt_tp.parallel.parallelize), else the parameters' own."""
+    check_precision(precision)
+    return 2 if str(precision) == "bf16-mixed" else PRECISIONS[str(precision)][0]
 
 
 def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp: int, precision: str) -> list[dict]:
@@ -145,7 +173,7 @@ def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp
     if tp <= 1:
         return []
     L, act = config.n_layer, batch_size * seq_len * config.n_embd
-    mm = 2 if precision == "bf16-mixed" else 4  # matmul outputs, and LayerNorm outputs cast before their gather
+    mm = matmul_bytes(precision)  # matmul outputs, and LayerNorm outputs cast before their gather
     emb = mm if dp > 1 else 4
     partial = numel([p for p in local_params(config, tp) if p.sequence_partial], dp)
     return [
@@ -173,7 +201,7 @@ def fsdp_collectives(config: GPTConfig, dp: int, tp: int, precision: str) -> lis
         return []
     L = config.n_layer
     block, root = fsdp_unit_bytes(config, dp, tp, 4)
-    gblock, groot = fsdp_unit_bytes(config, dp, tp, 2 if precision == "bf16-mixed" else 4)
+    gblock, groot = fsdp_unit_bytes(config, dp, tp, fsdp_gather_bytes(precision))
     return [collective(DP, "all_gather", dp, 2 * L + 1, 2 * L * gblock + groot),
             collective(DP, "reduce_scatter", dp, L + 1, L * block + root)]
 

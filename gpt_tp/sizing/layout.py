@@ -15,7 +15,8 @@ class LayoutError(UserError):
         self.quantities = quantities
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """1 <= d <= n with n % d == 0, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -24,7 +25,7 @@ def valid_tp_sizes(config: GPTConfig, seq_len: int | None = None) -> list[int]:
     g = gcd(config.n_head, config.n_embd, 4 * config.n_embd, config.vocab_size)
     if seq_len is not None:
         g = gcd(g, seq_len)
-    return _divisors(g)
+    return divisors(g)
 
 
 def fitting_layouts(config: GPTConfig, world_size: int, seq_len: int | None = None) -> list[tuple[int, int]]:
@@ -62,7 +63,7 @@ def validate_layout(
         if value % tp:
             raise LayoutError(
                 f"tensor-parallel size {tp} must divide {name}={value} ({why}); it divides by "
-                f"{', '.join(map(str, _divisors(value)[:12]))}. Valid tensor-parallel sizes for this model: "
+                f"{', '.join(map(str, divisors(value)[:12]))}. Valid tensor-parallel sizes for this model: "
                 f"{', '.join(map(str, valid_tp_sizes(config, seq_len)))}. {_layouts_text(config, world_size, seq_len)}",
                 ("tp", name.removeprefix("4 * ")),
             )

@@ -1,17 +1,18 @@
 """Audit one training step on a data-parallel x tensor-parallel mesh: what it communicates and stores, measured,
-against gpt_tp.parallel.sizes, the model the planner, the cost model and the benchmark use.
+against gpt_tp.sizing.sizes, the model the planner, the cost model and the benchmark use.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.perf.audit --model gpt2
-    python -m torch.distributed.run --standalone --nproc_per_node=4 -m gpt_tp.perf.audit --model tiny --dp 2
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmarks.audit --model gpt2
+    python -m torch.distributed.run --standalone --nproc_per_node=4 -m benchmarks.audit --model tiny --dp 2
 
-One full float32 step (forward, vocab-parallel loss, backward, gradient sync and clipping, fused AdamW) runs with
-every collective recorded, by phase and by process group, with its bytes. The audit holds:
-  - the collectives, count and bytes per (group, kind), equal gpt_tp.parallel.sizes.step_collectives: on the TP
+One float32 training step, the benchmark's (benchmarks.step.train_step: forward, vocab-parallel loss, backward,
+gradient sync and clipping, fused AdamW), runs with every collective recorded, by phase and by process group,
+with its bytes. The audit holds:
+  - the collectives, count and bytes per (group, kind), equal gpt_tp.sizing.sizes.step_collectives: on the TP
     group Megatron's sequence parallelism, all_gather 6L + 3, reduce_scatter 4L + 2, all_reduce 3 (with the
-    derivation in gpt_tp.parallel.sizes.tp_collectives); on the DP group FSDP2's all_gather 2L + 1 and
+    derivation in gpt_tp.sizing.sizes.tp_collectives); on the DP group FSDP2's all_gather 2L + 1 and
     reduce_scatter L + 1 and no all-reduce; one grad-norm all-reduce over the whole mesh;
   - no collective inside the optimizer step;
-  - parameters, gradients and AdamW state held by this rank equal gpt_tp.parallel.sizes.state_bytes.
+  - parameters, gradients and AdamW state held by this rank equal gpt_tp.sizing.sizes.state_bytes.
 Rank 0 prints the figures (and writes them with --json); the command exits 1, naming what differs, when one does
 not hold.
 """
@@ -19,40 +20,36 @@ not hold.
 import json
 import os
 from collections import Counter
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from benchmarks.collectives import CollectiveRecorder, groups_of
+from benchmarks.step import build, train_step
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
-from gpt_tp.model import GPT, SIZES, GPTConfig
-from gpt_tp.parallel import clip_grad_norm, parallelize, sizes
-from gpt_tp.parallel.loss import cross_entropy
-from gpt_tp.perf.collectives import CollectiveRecorder, groups_of
-from gpt_tp.train.optim import make_adamw
+from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.sizing import sizes
 
 
-def measure_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor, groups: dict[str, tuple[str, int]],
-                        max_norm: float = 1.0) -> tuple[dict[str, dict], list[dict]]:
-    """Run one full training step (forward, vocab-parallel loss, backward, grad reduction, clip, optimizer step) and
-    return the collectives it issued: ({phase or 'total' or 'by_group': {kind or group: ...}} counts, and the rows
-    of gpt_tp.parallel.sizes.step_collectives with their bytes). `groups`: gpt_tp.perf.collectives.groups_of(mesh).
-    Gradients are left in place."""
-    phases, records = {}, []
+def measure_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor,
+                        groups: dict[str, tuple[str, int]]) -> tuple[dict[str, dict], list[dict]]:
+    """Run one float32 training step (benchmarks.step.train_step) and return the collectives it issued: ({phase, 'total'
+    or 'by_group': {kind or group: count}}, and the rows of gpt_tp.sizing.sizes.step_collectives with their bytes).
+    `groups`: benchmarks.collectives.groups_of(mesh). The gradients stay in place."""
+    recorders: dict[str, CollectiveRecorder] = {}
 
-    def record(phase, fn):
-        rec = CollectiveRecorder(groups)
-        with rec:
-            out = fn()
-        phases[phase] = Counter(kind for _, kind, _, _ in rec.records)
-        records.extend(rec.records)
-        return out
+    @contextmanager
+    def phase(name):
+        recorders[name] = CollectiveRecorder(groups)
+        with recorders[name]:
+            yield
 
-    loss = record("forward", lambda: cross_entropy(model(x), y))
-    record("backward", loss.backward)
-    record("grad_sync_and_clip", lambda: clip_grad_norm(model, max_norm))
-    record("optimizer", optimizer.step)
+    train_step(model, optimizer, x, y, phase=phase)
+    records = [r for rec in recorders.values() for r in rec.records]
+    phases = {name: Counter(kind for _, kind, _, _ in rec.records) for name, rec in recorders.items()}
     phases["total"] = sum(phases.values(), Counter())
     rows = sizes.merge([sizes.collective(label, kind, size, 1, nbytes) for label, kind, size, nbytes in records])
     out = {k: dict(v) for k, v in phases.items()}
@@ -93,7 +90,7 @@ def differences(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python -m gpt_tp.perf.audit", description=__doc__)
+    ap = ArgumentParser(prog="python -m benchmarks.audit", description=__doc__)
     ap.add_argument("--model", default="gpt2", choices=list(SIZES), help="a named size (default gpt2)")
     ap.add_argument("--layers", type=int, help="override the number of blocks")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel size; TP is the rest of the processes (default 1)")
@@ -113,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     dp, tp = args.dp, max(1, world // args.dp)
     mesh, device = torchrun_mesh(dp, tp, "cpu")
     torch.manual_seed(0)
-    model = parallelize(GPT(config), mesh)
-    opt = make_adamw(model, lr=1e-4, fused=True)
+    model, opt = build(config, mesh, device)
     x = torch.randint(0, min(config.vocab_size, 50257), (args.batch_size, args.seq_len))
     collectives, rows = measure_collectives(model, opt, x, torch.roll(x, -1, 1), groups_of(mesh))
     modeled_rows = sizes.step_collectives(config, args.batch_size, args.seq_len, dp, tp)

@@ -1,7 +1,8 @@
-"""One benchmark run, one process of it: started by gpt_tp.perf.bench under torchrun with a spec file.
+"""One benchmark run, one process of it: started by benchmarks.bench under torchrun with a spec file.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=<dp x tp> -m gpt_tp.perf.bench_worker <spec.json>
+    python -m torch.distributed.run --standalone --nproc_per_node=<dp x tp> -m benchmarks.bench_worker <spec.json>
 
+The model is parallelized with the spec's `plan` (module:attribute, gpt_tp.eval.paritycheck.load_plan), then
 `warmup` untimed steps, then `steps` timed ones on generated tokens; the step time is the slowest rank's. One
 more step runs under a CollectiveRecorder. Rank 0 writes the result to the spec's `result` file; a rank that fails
 writes its error next to it (<result>.rank<N>.error) for the launcher, then raises.
@@ -16,13 +17,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from benchmarks.collectives import CollectiveRecorder, groups_of
+from benchmarks.step import build, peak_memory, stats, sync, train_step
+from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
+from gpt_tp.eval.paritycheck import load_plan
 from gpt_tp.hardware import mfu
 from gpt_tp.model import GPTConfig
 from gpt_tp.parallel import enable_async_tp
-from gpt_tp.perf.collectives import CollectiveRecorder, groups_of
-from gpt_tp.perf.step import build, peak_memory, stats, sync, train_step
-from gpt_tp.perf.synthetic import SyntheticTokens
 
 
 def measure(spec: dict) -> None:
@@ -36,7 +38,7 @@ def measure(spec: dict) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     config = GPTConfig(**spec["config"])
     torch.manual_seed(spec["seed"])
-    model, opt = build(config, mesh, device, spec["compile"], spec["precision"])
+    model, opt = build(config, mesh, device, spec["compile"], spec["precision"], load_plan(spec["plan"], config))
     if spec.get("async_tp"):
         enable_async_tp(mesh["tensor_parallel"])
     dp_rank = mesh["data_parallel"].get_local_rank()
@@ -76,7 +78,8 @@ def measure(spec: dict) -> None:
         tokens = B * T * dp
         tok_s = tokens / statistics.median(times)
         result = {
-            **{k: spec[k] for k in ("name", "dp", "tp", "precision", "compile", "batch_size", "seq_len", "device", "threads")},
+            **{k: spec[k] for k in ("name", "dp", "tp", "plan", "precision", "compile", "batch_size", "seq_len", "device",
+                                    "threads")},
             "async_tp": bool(spec.get("async_tp")),
             "model": spec["model"],
             "world_size": world,
@@ -96,8 +99,8 @@ def measure(spec: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = ArgumentParser(prog="python -m gpt_tp.perf.bench_worker", description=__doc__)
-    ap.add_argument("spec", help="the run's spec file, written by python -m gpt_tp.perf.bench")
+    ap = ArgumentParser(prog="python -m benchmarks.bench_worker", description=__doc__)
+    ap.add_argument("spec", help="the run's spec file, written by python -m benchmarks.bench")
     spec = json.loads(Path(ap.parse_args(argv).spec).read_text())
     try:
         measure(spec)

@@ -1,10 +1,10 @@
 """Collectives measured as a step runs: every collective issued inside a CollectiveRecorder, with its process group
-and the bytes of its full tensor, summed into the rows gpt_tp.parallel.sizes.step_collectives models."""
+and the bytes of its full tensor, summed into the rows gpt_tp.sizing.sizes.step_collectives models."""
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpt_tp.parallel import sizes
+from gpt_tp.sizing import sizes
 
 # collectives by the op's name (functional and c10d in-place ops alike) -> kind
 KINDS = {
@@ -96,7 +96,7 @@ class CollectiveRecorder(TorchDispatchMode):
 
     def summary(self) -> list[dict]:
         """Per (mesh dim, kind): count, bytes (full tensors) and wire_bytes (sent per rank, ring algorithm), in the
-        rows of gpt_tp.parallel.sizes.step_collectives."""
+        rows of gpt_tp.sizing.sizes.step_collectives."""
         return sizes.merge([sizes.collective(label, kind, size, 1, nbytes) for label, kind, size, nbytes in self.records])
 
 

@@ -1,29 +1,21 @@
 """Layout planner: which data-parallel x tensor-parallel layouts can train this GPT on these devices, and how much
-memory each needs per device.
-
-    python -m gpt_tp.perf.planner --model gpt2-xl --devices-per-node 8 --memory-gib 24 --batch-size 4 --seq-len 1024
-    python -m gpt_tp.perf.planner --config configs/tp2.yaml --memory-gib 24
-    python -m gpt_tp.perf.planner --config configs/tp2.yaml --config my.yaml --model.model.n_layer 4 --memory-gib 24
-
-Arguments other than its own flags are those of `python cli.py fit`, read by the trainer's parser.
+memory each needs per device (the command: python -m gpt_tp.train.plan; cli.py's `auto` sizes: resolve_layout).
 
 Rules (the same as gpt_tp.parallel): TP stays inside a node (it talks every layer), so TP divides the devices per node
 and is a valid TP size of the model (it divides heads, widths, vocabulary and T); DP = world size / TP runs FSDP2, which
 shards parameters, gradients and AdamW state over DP as well. Among the layouts that fit, the smallest TP wins: TP costs
 four collectives per layer on the critical path, DP costs one reduce-scatter/all-gather per block that overlaps compute.
 
-Memory per device: gpt_tp.perf.memory (the model and its terms); shapes and state bytes: gpt_tp.parallel.sizes.
+Memory per device: gpt_tp.sizing.memory (the model and its terms); shapes and state bytes: gpt_tp.sizing.sizes.
 """
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from gpt_tp.entry import ArgumentParser
-from gpt_tp.hardware import GIB, detect_device_memory_gib
-from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.parallel import AC_MODES, LayoutError, valid_tp_sizes
-from gpt_tp.parallel.sizes import padded_vocab
-from gpt_tp.perf.memory import PRECISIONS, Memory, PlanError, fits, memory_per_device
+from gpt_tp.hardware import GIB
+from gpt_tp.model import GPTConfig
+from gpt_tp.sizing.layout import LayoutError, divisors, valid_tp_sizes
+from gpt_tp.sizing.memory import Memory, PlanError, fits, memory_per_device
+from gpt_tp.sizing.sizes import PRECISIONS, padded_vocab
 
 
 @dataclass
@@ -52,10 +44,6 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.devices_per_node * self.num_nodes
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _invalid_reason(config: GPTConfig, tp: int, seq_len: int) -> str:
@@ -104,7 +92,7 @@ def plan(
         m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac)
         return m, fits(m, device_memory_gib, usable_fraction)
 
-    for tp in _divisors(devices_per_node):
+    for tp in divisors(devices_per_node):
         lay = Layout(dp=world // tp, tp=tp)
         if tp not in valid:
             lay.reason = _invalid_reason(config, tp, seq_len)
@@ -122,7 +110,7 @@ def plan(
             f"{config.vocab_size}, seq_len={seq_len}): {', '.join(map(str, sorted(valid)))}; "
             + "; ".join(lay.reason for lay in bad)
         )
-        for tp in _divisors(config.n_head):  # TP sizes a node of this size allows with whole heads, other V or T
+        for tp in divisors(config.n_head):  # TP sizes a node of this size allows with whole heads, other V or T
             if 1 < tp <= devices_per_node and tp not in valid and config.n_embd % tp == 0:
                 needs = []
                 if config.vocab_size % tp:
@@ -196,77 +184,3 @@ def resolve_layout(
         f"no data_parallel_size x tensor_parallel_size layout for {world_size} devices "
         f"(given dp={dp}, tp={tp}) works for this model:\n{format_plan(p)}"
     )
-
-
-def training_settings(args: list[str]) -> dict:
-    """Model, batch and device settings of `python cli.py fit *args` (every --config file, then the overrides), read
-    by the trainer's own parser (gpt_tp.train.config.read_training_config)."""
-    from gpt_tp.train.config import read_training_config  # imports Lightning: only when a training config is given
-
-    t = read_training_config(args)
-    return {"config": t.model, "devices_per_node": t.devices, "num_nodes": t.num_nodes, "batch_size": t.batch_size,
-            "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing}
-
-
-def main(argv: list[str] | None = None) -> Plan:
-    ap = ArgumentParser(
-        prog="python -m gpt_tp.perf.planner",
-        description="List the DP x TP layouts of a GPT-2 on a cluster, with estimated memory per device, and pick "
-        "the one with the smallest tensor-parallel size that fits.\n\nAny other arguments are those of `python cli.py "
-        "fit` (--config FILE, repeatable, and overrides such as --data.batch_size 8 or --model.model.n_layer 4): the "
-        "model, devices, nodes, batch size, seq_len, precision and activation checkpointing are read from them as the "
-        "trainer reads them; the flags below win over them.",
-    )
-    ap.add_argument("--model", choices=list(SIZES), help="named model size (default gpt2)")
-    ap.add_argument("--vocab-size", type=int, help="override the vocabulary (e.g. padded for a TP size)")
-    ap.add_argument("--devices-per-node", type=int, help="GPUs per node (TP stays within a node)")
-    ap.add_argument("--nodes", type=int, help="number of nodes (default 1)")
-    ap.add_argument("--memory-gib", type=float, help="memory per device in GiB (default: CUDA device 0's, else no limit)")
-    ap.add_argument("--batch-size", type=int, help="micro-batch per data-parallel rank (data.batch_size; default 16)")
-    ap.add_argument("--seq-len", type=int, help="sequence length T (data.seq_len; default the model's block_size, at most 1024)")
-    ap.add_argument("--precision", choices=list(PRECISIONS), help="trainer.precision (default bf16-mixed)")
-    ap.add_argument("--sdpa", choices=["flash", "math"], default="flash", help="attention kernel (math keeps T x T scores)")
-    ap.add_argument("--ac", choices=AC_MODES, help="activation checkpointing per block (model.activation_checkpointing; default none)")
-    ap.add_argument("--overhead-gib", type=float, default=1.5, help="CUDA context + NCCL + allocator slack per device")
-    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
-    args, training = ap.parse_known_args(argv)
-    if any(not a.startswith("-") for a in training[:1]):
-        ap.error(f"unrecognized arguments: {' '.join(training)}")
-
-    settings = {
-        "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
-        "seq_len": None, "precision": "bf16-mixed", "ac": "none",
-    }
-    if training:
-        settings = training_settings(training)
-    if args.model:
-        settings["config"] = GPTConfig.from_name(args.model)
-    if args.vocab_size is not None:
-        settings["config"].vocab_size = args.vocab_size
-    for key, val in [("devices_per_node", args.devices_per_node), ("num_nodes", args.nodes), ("batch_size", args.batch_size),
-                     ("seq_len", args.seq_len), ("precision", args.precision), ("ac", args.ac)]:
-        if val is not None:
-            settings[key] = val
-    if settings["devices_per_node"] is None:
-        raise PlanError("give --devices-per-node (or a --config with a number in trainer.devices)")
-    if settings["seq_len"] is None:
-        settings["seq_len"] = min(1024, settings["config"].block_size)
-    memory = args.memory_gib if args.memory_gib is not None else detect_device_memory_gib()
-    p = plan(settings.pop("config"), **settings, device_memory_gib=memory, sdpa=args.sdpa, overhead_gib=args.overhead_gib)
-    if args.json:
-        rows = [
-            {"dp": lay.dp, "tp": lay.tp, "fits": lay.fits, "reason": lay.reason,
-             "memory": None if lay.memory is None else {**asdict(lay.memory), "total": lay.memory.total}}
-            for lay in p.layouts
-        ]
-        choice = None if p.choice is None else {"dp": p.choice.dp, "tp": p.choice.tp}
-        print(json.dumps({"layouts": rows, "choice": choice, "notes": p.notes}, indent=1))
-    else:
-        print(format_plan(p))
-    return p
-
-
-if __name__ == "__main__":
-    from gpt_tp.entry import run
-
-    run(main)

@@ -1,20 +1,25 @@
-r"""Benchmark: what a training step costs per layout (DP x TP), precision and compile setting, and why.
+r"""Benchmark: what a training step costs per layout (DP x TP), plan, precision and compile setting, and why.
 
-    python -m gpt_tp.perf.bench --model gpt2 --layouts 1x1,1x2,2x2 --precision bf16-mixed --compile off,on \
+    python -m benchmarks.bench --model gpt2 --layouts 1x1,1x2,2x2 --precision bf16-mixed --compile off,on \
         --batch-size 16 --seq-len 1024 --out bench_out
+    python -m benchmarks.bench --model gpt2 --layouts 1x2 --compile off \
+        --plan gpt_tp.parallel:TP_PLAN,benchmarks.plans:overlap2 --out bench_out/overlap
 
-Every run is one torchrun job of dp x tp processes (gpt_tp.perf.bench_worker) training on generated tokens:
-`--warmup` steps, then `--steps` timed ones. Each step is the real training step (gpt_tp.perf.step: forward,
-vocab-parallel cross-entropy, backward, the flat sequence-partial gradient all-reduce, grad-norm clipping at 1.0,
-fused AdamW) with no host sync inside; the step time is the slowest rank's. One more step runs under a
-gpt_tp.perf.collectives.CollectiveRecorder, which records every collective with its size. Reported per run:
-tokens/s (global batch / median step time), step time min/median/max, MFU (GPTConfig.flops_per_token over the
-device's peak, gpt_tp.hardware), peak memory per rank (CUDA max_memory_allocated on GPU, max RSS on CPU) and the
-collectives per step by mesh dim and kind with bytes (the rows gpt_tp.parallel.sizes.step_collectives models).
-Written to <out>/bench.md, <out>/bench.json and <out>/bench.png.
+Every run is one torchrun job of dp x tp processes (benchmarks.bench_worker) training on generated tokens:
+`--warmup` steps, then `--steps` timed ones. Each step is the training step without Lightning
+(benchmarks.step.train_step: forward, vocab-parallel cross-entropy, backward, the flat sequence-partial gradient
+all-reduce, grad-norm clipping at 1.0, fused AdamW) with no host sync inside; the step time is the slowest rank's.
+One more step runs under a benchmarks.collectives.CollectiveRecorder, which records every collective with its
+size. Reported per run: tokens/s (global batch / median step time), step time min/median/max, MFU
+(GPTConfig.flops_per_token over the device's peak, gpt_tp.hardware), peak memory per rank (CUDA
+max_memory_allocated on GPU, max RSS on CPU) and the collectives per step by mesh dim and kind with bytes (the
+rows gpt_tp.sizing.sizes.step_collectives models for gpt_tp's plan). Written to <out>/bench.md, <out>/bench.json
+and <out>/bench.png.
 
 Layouts are DPxTP: "1x2" is TP=2, "2x1" is DP=2 (FSDP2), "2x2" both. --batch-size is the micro-batch per
-data-parallel rank, so every layout gives each TP group the same work.
+data-parallel rank, so every layout gives each TP group the same work. --plan takes module:attribute plans (a dict
+of module path -> ParallelStyle, as for python -m gpt_tp.eval.paritycheck --plan), default gpt_tp's TP_PLAN;
+the plans of benchmarks/plans.py that overlap their collectives (overlap2, overlap3) run eager only.
 """
 
 import argparse
@@ -23,17 +28,23 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from benchmarks.step import runs
 from gpt_tp.entry import ArgumentParser
 from gpt_tp.entry import run as run_command
 from gpt_tp.errors import UserError
+from gpt_tp.eval.paritycheck import load_plan
 from gpt_tp.hardware import PEAK_FLOPS, resolve_peak_flops
 from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.sizing import LayoutError, validate_layout
+from gpt_tp.sizing.sizes import PRECISIONS
 
-PRECISIONS = ("32-true", "bf16-mixed")
+ROOT = Path(__file__).resolve().parents[1]  # the repository, on the workers' PYTHONPATH
+GPT_TP_PLAN = "gpt_tp.parallel:TP_PLAN"
 
 
 class BenchError(UserError):
@@ -74,11 +85,7 @@ def config_from_args(args) -> GPTConfig:
 
 
 def specs_from_args(args) -> list[dict]:
-    """Validate every flag and return one spec per run (layout x precision x compile)."""
-    from dataclasses import asdict
-
-    from gpt_tp.parallel import LayoutError, validate_layout
-
+    """Validate every flag and return one spec per run (layout x plan x precision x compile)."""
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -88,8 +95,12 @@ def specs_from_args(args) -> list[dict]:
     layouts = parse_layouts(args.layouts)
     precisions = [p.strip() for p in args.precision.split(",")]
     for p in precisions:
-        if p not in PRECISIONS:
-            raise BenchError(f"--precision: {p!r} is not one of {', '.join(PRECISIONS)}")
+        if not runs(p):
+            raise BenchError(f"--precision: {p!r} is not one the benchmark step runs: "
+                             f"{', '.join(q for q in PRECISIONS if runs(q))}")
+    plans = [p.strip() for p in args.plan.split(",")]
+    for p in plans:
+        load_plan(p, config)  # one error line for a plan that does not load
     compiles = parse_onoff(args.compile, "--compile")
     if args.async_tp and (device != "cuda" or not all(compiles)):
         raise BenchError("--async-tp needs CUDA GPUs and --compile on (it is an Inductor pass over symmetric memory); "
@@ -106,15 +117,16 @@ def specs_from_args(args) -> list[dict]:
             raise BenchError(f"--layouts {dp}x{tp} needs {dp * tp} GPUs, this machine has {torch.cuda.device_count()}")
     specs = []
     for dp, tp in layouts:
-        for precision in precisions:
-            for comp in compiles:
-                name = f"dp{dp}xtp{tp} {precision}{' compile' if comp else ''}"
-                specs.append(dict(
-                    name=name, dp=dp, tp=tp, precision=precision, compile=comp, async_tp=args.async_tp and tp > 1,
-                    device=device, threads=args.threads, model=args.model, config=asdict(config),
-                    batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
-                    seed=args.seed, peak_flops=peak,
-                ))
+        for plan in plans:
+            for precision in precisions:
+                for comp in compiles:
+                    name = f"dp{dp}xtp{tp}{'' if plan == GPT_TP_PLAN else ' ' + plan} {precision}{' compile' if comp else ''}"
+                    specs.append(dict(
+                        name=name, dp=dp, tp=tp, plan=plan, precision=precision, compile=comp,
+                        async_tp=args.async_tp and tp > 1, device=device, threads=args.threads, model=args.model,
+                        config=asdict(config), batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps,
+                        warmup=args.warmup, seed=args.seed, peak_flops=peak,
+                    ))
     return specs
 
 
@@ -123,9 +135,10 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
 
     The result file rank 0 writes is the result, whatever torchrun's exit status: a process that aborts while
     exiting after it was written (see gpt_tp.entry) loses no measurement; the status is kept in 'exit_note'.
-    Without a result, the error is the one each failed worker wrote (gpt_tp.perf.bench_worker), else torchrun's."""
+    Without a result, the error is the one each failed worker wrote (benchmarks.bench_worker), else torchrun's."""
     nproc = spec["dp"] * spec["tp"]
-    safe = spec["name"].replace(" ", "_")
+    safe = spec["name"].replace(" ", "_").replace(":", "_")
+    workdir = workdir.resolve()
     spec = {**spec, "result": str(workdir / f"{safe}.json")}
     result = Path(spec["result"])
     for stale in [result, *_error_files(result)]:  # left by an earlier bench into the same --out
@@ -133,10 +146,9 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
     spec_file = workdir / f"{safe}.spec.json"
     spec_file.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gpt_tp.perf.bench_worker", str(spec_file)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
+           "-m", "benchmarks.bench_worker", str(spec_file)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]),
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     # a session of its own, so that a timeout (or Ctrl-C) stops torchrun and all its workers
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -159,7 +171,7 @@ def launch(spec: dict, workdir: Path, timeout: float) -> dict:
 
 
 def _error_files(result: Path) -> list[Path]:
-    """The error each failed worker wrote (gpt_tp.perf.bench_worker), by rank."""
+    """The error each failed worker wrote (benchmarks.bench_worker), by rank."""
     files = result.parent.glob(f"{result.name}.rank*.error")
     return sorted(files, key=lambda f: int(f.name.rsplit(".rank", 1)[1].split(".")[0]))
 
@@ -256,13 +268,15 @@ def run_all(args) -> list[dict]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = ArgumentParser(prog="python -m gpt_tp.perf.bench", description=__doc__)
+    ap = ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
     ap.add_argument("--model", default="gpt2", help=f"model size: {', '.join(SIZES)} (default gpt2, 124M)")
     ap.add_argument("--layers", type=int, help="override the number of blocks (quick runs)")
     ap.add_argument("--block-size", type=int, help="override block_size")
     ap.add_argument("--layouts", default="1x1,1x2", help="comma-separated DPxTP layouts (default 1x1,1x2)")
-    ap.add_argument("--precision", default=None, help=f"comma-separated, from {', '.join(PRECISIONS)} "
-                    "(default bf16-mixed on GPU, 32-true on CPU)")
+    ap.add_argument("--plan", default=GPT_TP_PLAN, help="comma-separated module:attribute plans (default "
+                    f"{GPT_TP_PLAN}; e.g. benchmarks.plans:overlap2, eager only)")
+    ap.add_argument("--precision", default=None, help="comma-separated, from "
+                    f"{', '.join(p for p in PRECISIONS if runs(p))} (default bf16-mixed on GPU, 32-true on CPU)")
     ap.add_argument("--compile", default="off", help="torch.compile per block: off, on or off,on (default off)")
     ap.add_argument("--async-tp", action="store_true", help="async TP (GPU, TP>1, compile on only)")
     ap.add_argument("--batch-size", type=int, default=4, help="micro-batch rows per data-parallel rank (default 4)")

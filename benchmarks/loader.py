@@ -1,7 +1,7 @@
 """Measure the training data loader's throughput, and the token-id check of a shard, on one CPU core.
 
-    python -m gpt_tp.perf.loader                                  # data/sample, B=64, T=1024 (build-nanogpt's 124M run)
-    python -m gpt_tp.perf.loader --data-dir edu_fineweb10B --seconds 20
+    python -m benchmarks.loader                                  # data/sample, B=64, T=1024 (build-nanogpt's 124M run)
+    python -m benchmarks.loader --data-dir edu_fineweb10B --seconds 20
 
 Prints tokens/s of (x, y) int64 batches through GPTDataModule's DataLoader in the main process (num_workers=0),
 pinned to one core with one torch thread, and the ratio to what one GPU consumes training GPT-2 124M (about 0.5M
@@ -62,7 +62,7 @@ def check_rate(n: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = ArgumentParser(prog="python -m gpt_tp.perf.loader", description=__doc__)
+    ap = ArgumentParser(prog="python -m benchmarks.loader", description=__doc__)
     ap.add_argument("--data-dir", default="data/sample", help="a folder of shards (default data/sample)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=1024)

@@ -1,11 +1,11 @@
 """Parity check: is the tensor-parallel model the same model as the single-device one?
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.perf.paritycheck --config configs/cpu.yaml
-    torchrun --nproc_per_node=4 -m gpt_tp.perf.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.eval.paritycheck --config configs/cpu.yaml
+    torchrun --nproc_per_node=4 -m gpt_tp.eval.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
 
 Every rank builds the model from one seed, keeps an unsharded copy (it must fit on one device) and shards the
-other with gpt_tp's plan (TP -> FSDP2, as in training) or with --plan module:attribute (a dict of module path ->
-ParallelStyle, or a function config -> such a dict). Then one batch goes through both: the sharded model gets
+other with gpt_tp's plan or with --plan module:attribute (a dict of module path -> ParallelStyle, or a function
+config -> such a dict), through the training's own gpt_tp.parallel.parallelize (TP -> FSDP2). Then one batch goes through both: the sharded model gets
 its data-parallel slice, the copy the whole batch. It prints the loss of each, their difference, and per
 parameter the worst difference between the gathered sharded weight / gradient and the copy's, relative to the
 copy's largest value. Exit code 0 within --tol, 1 beyond it (or if the sharded model fails to run), 2 on bad input.
@@ -16,15 +16,14 @@ import copy
 import json
 import sys
 from dataclasses import replace
-from importlib import import_module
 from pathlib import Path
 
 import torch
 
-from gpt_tp.entry import ArgumentParser, run, torchrun_mesh, torchrun_world
+from gpt_tp.entry import ArgumentParser, import_attribute, run, torchrun_mesh, torchrun_world
 from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.parallel import LayoutError, validate_layout
+from gpt_tp.sizing import LayoutError, validate_layout
 
 
 class ParityInputError(UserError):
@@ -35,43 +34,15 @@ def load_plan(spec: str, config: GPTConfig) -> dict:
     """--plan module:attribute -> {module path: ParallelStyle}; a callable attribute is called with the config."""
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise ParityInputError(f"--plan={spec!r} must be module:attribute, e.g. gpt_tp.parallel:TP_PLAN")
     try:
-        mod = import_module(mod_name)
-    except ImportError as e:
-        raise ParityInputError(f"--plan={spec!r}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
-    if not hasattr(mod, attr):
-        raise ParityInputError(f"--plan={spec!r}: module {mod_name!r} has no attribute {attr!r}")
-    plan = getattr(mod, attr)
+        plan = import_attribute(spec, "--plan", "gpt_tp.parallel:TP_PLAN")
+    except UserError as e:
+        raise ParityInputError(str(e)) from None
     if callable(plan) and not isinstance(plan, dict):
         plan = plan(config)
     if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, ParallelStyle) for k, v in plan.items()):
         raise ParityInputError(f"--plan={spec!r} is not a dict of module path -> ParallelStyle (like gpt_tp.parallel.TP_PLAN)")
     return plan
-
-
-def apply_plan(model, mesh, plan: dict | None):
-    """gpt_tp.parallel.parallelize for the default plan; for a custom one the same steps with that plan."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    from gpt_tp.parallel import parallelize
-
-    if plan is None:
-        return parallelize(model, mesh)
-    tp_mesh, dp_mesh = mesh["tensor_parallel"], mesh["data_parallel"]
-    validate_layout(model.config, tp=tp_mesh.size(), dp=dp_mesh.size())
-    if tp_mesh.size() > 1:
-        parallelize_module(model, tp_mesh, plan)
-        model.tie_weights()
-    if dp_mesh.size() > 1:
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.transformer.h:
-            fully_shard(block, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
-    return model
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -92,22 +63,22 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from gpt_tp.parallel.loss import cross_entropy
     from gpt_tp.model import GPT
-    from gpt_tp.parallel import reduce_partial_grads
-    from gpt_tp.perf.synthetic import SyntheticTokens
+    from gpt_tp.parallel import TP_PLAN, parallelize, reduce_partial_grads
+    from gpt_tp.parallel.loss import cross_entropy
 
     dp = mesh["data_parallel"].size()
     dp_rank = mesh["data_parallel"].get_local_rank()
     torch.manual_seed(seed)
     with torch.device(device):
         ref = GPT(config)
-    model = apply_plan(copy.deepcopy(ref), mesh, plan)
+    model = parallelize(copy.deepcopy(ref), mesh, plan=TP_PLAN if plan is None else plan)
     ref_params = dict(ref.named_parameters())  # the tied lm_head appears once, as wte
     weights = {n: rel_diff(_full(p.detach()), ref_params[n].detach()) for n, p in model.named_parameters() if n in ref_params}
 
-    x, y = SyntheticTokens(batch_size * dp, seq_len, vocab=min(config.vocab_size, 50257), seed=seed).batch(0)
-    x, y = x.to(device), y.to(device)
+    g = torch.Generator().manual_seed(seed)  # the same tokens on every rank: random ids of GPT-2's vocabulary
+    tokens = torch.randint(0, min(config.vocab_size, 50257), (batch_size * dp, seq_len + 1), generator=g)
+    x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (dp B, T) each
     rows = slice(dp_rank * batch_size, (dp_rank + 1) * batch_size)
     loss_ref = F.cross_entropy(ref(x).flatten(0, 1), y.flatten())  # torch's own loss on the unsharded copy
     loss_ref.backward()
@@ -206,7 +177,7 @@ def settings(args, world: int) -> dict:
 
 
 def parser() -> ArgumentParser:
-    ap = ArgumentParser("torchrun --nproc_per_node=N -m gpt_tp.perf.paritycheck", __doc__)
+    ap = ArgumentParser("torchrun --nproc_per_node=N -m gpt_tp.eval.paritycheck", __doc__)
     ap.add_argument("--config", action="append", help="a training YAML (python cli.py fit --config ...): model, layout, "
                     "batch shape, read as the trainer reads it; repeat it to stack files as cli.py does")
     ap.add_argument("--model", help=f"a named size: {', '.join(SIZES)} (default tiny); replaces the --config's model")

@@ -1,0 +1,89 @@
+"""Command: the layout planner's table, for a named model or for `python cli.py fit`'s own arguments.
+
+    python -m gpt_tp.train.plan --model gpt2-xl --devices-per-node 8 --memory-gib 24 --batch-size 4 --seq-len 1024
+    python -m gpt_tp.train.plan --config configs/tp2.yaml --memory-gib 24
+    python -m gpt_tp.train.plan --config configs/tp2.yaml --config my.yaml --model.model.n_layer 4 --memory-gib 24
+
+Arguments other than its own flags are those of `python cli.py fit`, read by the trainer's parser
+(gpt_tp.train.config.read_training_config). The rules and the memory model: gpt_tp.sizing.
+"""
+
+import json
+from dataclasses import asdict
+
+from gpt_tp.entry import ArgumentParser, run
+from gpt_tp.hardware import detect_device_memory_gib
+from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.sizing import AC_MODES, PRECISIONS, Plan, PlanError, format_plan, plan
+
+
+def training_settings(args: list[str]) -> dict:
+    """Model, batch and device settings of `python cli.py fit *args` (every --config file, then the overrides), read
+    by the trainer's own parser."""
+    from gpt_tp.train.config import read_training_config  # imports Lightning: only when a training config is given
+
+    t = read_training_config(args)
+    return {"config": t.model, "devices_per_node": t.devices, "num_nodes": t.num_nodes, "batch_size": t.batch_size,
+            "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing}
+
+
+def main(argv: list[str] | None = None) -> Plan:
+    ap = ArgumentParser(
+        prog="python -m gpt_tp.train.plan",
+        description="List the DP x TP layouts of a GPT-2 on a cluster, with estimated memory per device, and pick "
+        "the one with the smallest tensor-parallel size that fits.\n\nAny other arguments are those of `python cli.py "
+        "fit` (--config FILE, repeatable, and overrides such as --data.batch_size 8 or --model.model.n_layer 4): the "
+        "model, devices, nodes, batch size, seq_len, precision and activation checkpointing are read from them as the "
+        "trainer reads them; the flags below win over them.",
+    )
+    ap.add_argument("--model", choices=list(SIZES), help="named model size (default gpt2)")
+    ap.add_argument("--vocab-size", type=int, help="override the vocabulary (e.g. padded for a TP size)")
+    ap.add_argument("--devices-per-node", type=int, help="GPUs per node (TP stays within a node)")
+    ap.add_argument("--nodes", type=int, help="number of nodes (default 1)")
+    ap.add_argument("--memory-gib", type=float, help="memory per device in GiB (default: CUDA device 0's, else no limit)")
+    ap.add_argument("--batch-size", type=int, help="micro-batch per data-parallel rank (data.batch_size; default 16)")
+    ap.add_argument("--seq-len", type=int, help="sequence length T (data.seq_len; default the model's block_size, at most 1024)")
+    ap.add_argument("--precision", choices=list(PRECISIONS), help="trainer.precision (default bf16-mixed)")
+    ap.add_argument("--sdpa", choices=["flash", "math"], default="flash", help="attention kernel (math keeps T x T scores)")
+    ap.add_argument("--ac", choices=AC_MODES, help="activation checkpointing per block (model.activation_checkpointing; default none)")
+    ap.add_argument("--overhead-gib", type=float, default=1.5, help="CUDA context + NCCL + allocator slack per device")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args, training = ap.parse_known_args(argv)
+    if any(not a.startswith("-") for a in training[:1]):
+        ap.error(f"unrecognized arguments: {' '.join(training)}")
+
+    settings = {
+        "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
+        "seq_len": None, "precision": "bf16-mixed", "ac": "none",
+    }
+    if training:
+        settings = training_settings(training)
+    if args.model:
+        settings["config"] = GPTConfig.from_name(args.model)
+    if args.vocab_size is not None:
+        settings["config"].vocab_size = args.vocab_size
+    for key, val in [("devices_per_node", args.devices_per_node), ("num_nodes", args.nodes), ("batch_size", args.batch_size),
+                     ("seq_len", args.seq_len), ("precision", args.precision), ("ac", args.ac)]:
+        if val is not None:
+            settings[key] = val
+    if settings["devices_per_node"] is None:
+        raise PlanError("give --devices-per-node (or a --config with a number in trainer.devices)")
+    if settings["seq_len"] is None:
+        settings["seq_len"] = min(1024, settings["config"].block_size)
+    memory = args.memory_gib if args.memory_gib is not None else detect_device_memory_gib()
+    p = plan(settings.pop("config"), **settings, device_memory_gib=memory, sdpa=args.sdpa, overhead_gib=args.overhead_gib)
+    if args.json:
+        rows = [
+            {"dp": lay.dp, "tp": lay.tp, "fits": lay.fits, "reason": lay.reason,
+             "memory": None if lay.memory is None else {**asdict(lay.memory), "total": lay.memory.total}}
+            for lay in p.layouts
+        ]
+        choice = None if p.choice is None else {"dp": p.choice.dp, "tp": p.choice.tp}
+        print(json.dumps({"layouts": rows, "choice": choice, "notes": p.notes}, indent=1))
+    else:
+        print(format_plan(p))
+    return p
+
+
+if __name__ == "__main__":
+    run(main)
