@@ -1,5 +1,6 @@
 """Meta-device init on real gloo processes: every rank cuts its shards from rank 0's init."""
 
+import pytest
 from conftest import read_json, run_torchrun
 
 
