@@ -42,9 +42,9 @@ class TorchRecipe(GPTModule):
         with loss_parallel():
             super().backward(loss, *args, **kwargs)
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        reduce_dtensor_partial_grads(self.model)
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+    def on_before_optimizer_step(self, optimizer) -> None:
+        reduce_dtensor_partial_grads(self.model)  # before GPTModule takes the grad norm
+        super().on_before_optimizer_step(optimizer)
 
 
 def load(spec: str) -> type[GPTModule]:

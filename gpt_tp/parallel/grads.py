@@ -44,11 +44,10 @@ def _sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(squares).sum() if squares else torch.zeros(())
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
-    """The step's gradient sync and clipping, for every layout: sum the sequence-partial gradients over TP
-    (reduce_partial_grads), take the global norm with one all-reduce of the squared-norm shares over the whole
-    (dp, tp) mesh, and scale the gradients down to max_norm if it is set. Returns the norm before clipping as a
-    plain scalar tensor, without a host sync."""
+def grad_norm(model: nn.Module) -> torch.Tensor:
+    """The step's gradient sync and global norm, for every layout: sum the sequence-partial gradients over TP
+    (reduce_partial_grads), then one all-reduce of the squared-norm shares over the whole (dp, tp) mesh. Returns
+    the norm as a plain scalar tensor, without a host sync. Call it once per optimizer step."""
     reduce_partial_grads(model)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     sq = _sum_of_squares(grads)
@@ -58,7 +57,13 @@ def clip_grad_norm(model: nn.Module, max_norm: float | None) -> torch.Tensor:
         if mesh.ndim > 1 and mesh.size() != dist.get_world_size():
             raise RuntimeError(f"the grad norm reduces over the whole job, but the mesh {mesh} does not span it")
         dist.all_reduce(sq, group=mesh.get_group() if mesh.ndim == 1 else None)
-    norm = sq.sqrt()
+    return sq.sqrt()
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float | None, norm: torch.Tensor | None = None) -> torch.Tensor:
+    """Scale the gradients down to max_norm (if set) by their global norm: `norm` from grad_norm, or taken here
+    (grad_norm: the step's gradient sync). Returns the norm before clipping."""
+    norm = grad_norm(model) if norm is None else norm
     if max_norm:
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)
     return norm

@@ -28,6 +28,7 @@ included.
 import os
 import shutil
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,10 +38,12 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.constants import default_pg_timeout
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.collective import one_does
+from gpt_tp.train.lightning_internals import mark_saved
 from gpt_tp.errors import UserError
 
 if TYPE_CHECKING:
@@ -158,9 +161,8 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
     for cb in callbacks:
         if not isinstance(cb, ModelCheckpoint):
             continue
-        # Lightning does not restore this: with gradient accumulation, the micro-batches after the resume still see
-        # the loaded global step and would save it again mid-accumulation, as `<step>-v1.ckpt`
-        cb._last_global_step_saved = checkpoint.get("global_step", cb._last_global_step_saved)
+        if "global_step" in checkpoint:
+            mark_saved(cb, checkpoint["global_step"])  # not restored by Lightning (gpt_tp.train.lightning_internals)
         state = states.get(cb.state_key)
         if (
             cb.save_last and cb.dirpath and "{" not in cb.CHECKPOINT_NAME_LAST and isinstance(state, dict)
@@ -171,6 +173,13 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
 
 class ModelParallel(ModelParallelStrategy):
     """ModelParallelStrategy with crash-safe saves, checked loads, and single-device loading (see module doc)."""
+
+    def __init__(self, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
+                 save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
+                 timeout: timedelta | None = default_pg_timeout) -> None:
+        super().__init__(data_parallel_size, tensor_parallel_size, save_distributed_checkpoint, process_group_backend,
+                         timeout)
+        self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
 
     def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:
         """Run `action` on every rank, then share its outcome (gpt_tp.collective.one_does): if it failed on any
@@ -187,7 +196,7 @@ class ModelParallel(ModelParallelStrategy):
         one_does(act, doer=True)
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
-        if not self._save_distributed_checkpoint:
+        if not self.distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         final = Path(self.broadcast(str(filepath)))
         tmp = final.with_name(final.name + PARTIAL)

@@ -64,13 +64,14 @@ class GPTCLI(TrainingCLI):
         except (MisconfigurationException, ModuleNotFoundError) as e:  # a trainer.* value (devices=0, an accelerator not installed)
             raise UserError(f"{e} (check the trainer.* settings)") from e
 
-    def _parse_ckpt_path(self) -> None:
-        """gpt_tp's checkpoints are folders: a file given to --ckpt_path is refused before Lightning unpickles it."""
+    def parse_arguments(self, parser, args) -> None:
+        """gpt_tp's checkpoints are folders: a file given to --ckpt_path is refused here, before Lightning would
+        unpickle it for its hyper-parameters."""
+        super().parse_arguments(parser, args)
         sub = self.config.get("subcommand")
         ckpt = self.config[sub].get("ckpt_path") if sub else None
         if ckpt and os.path.isfile(ckpt):
             check_checkpoint(ckpt)  # raises CheckpointError: a file, not a distributed checkpoint folder
-        super()._parse_ckpt_path()
 
     # ---- checks before any process group or model shard exists (in the launching process: errors print once) ----
     def _check_layout(self) -> int:

@@ -53,8 +53,9 @@ REMOVED = {
 }
 
 
-def parse(parser: LightningArgumentParser, args: list[str] | None):
-    """parser.parse_args (args None: the command line); a bad flag or value is a UserError naming it."""
+def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | None = None):
+    """parser.parse_args (args None: the command line); a bad flag or value is a UserError naming it and the help
+    of `python cli.py <sub>` (sub: the subcommand in args, or the one these arguments are for)."""
     try:
         return parser.parse_args(args)
     except ArgumentError as e:
@@ -63,7 +64,7 @@ def parse(parser: LightningArgumentParser, args: list[str] | None):
         if removed:
             raise UserError(removed) from None
         argv = sys.argv[1:] if args is None else args
-        sub = next((a for a in argv if a in TrainingCLI.subcommands()), None)
+        sub = sub or next((a for a in argv if a in TrainingCLI.subcommands()), None)
         raise UserError(f"{message} (see python cli.py {sub + ' ' if sub else ''}--help)") from None
 
 
@@ -206,16 +207,19 @@ class TrainingConfig:
     """seed_everything."""
 
 
-class _Parsed(Exception):
-    """Ends a parse-only TrainingCLI after its arguments are parsed: LightningCLI would go on to seed and build."""
-
-    def __init__(self, config):
-        self.config = config
-
-
 class _ParseOnly(TrainingCLI):
+    """TrainingCLI that parses `cli.py fit`'s arguments and stops: no seeding, no classes built, nothing run."""
+
+    def __init__(self, args: list[str]):
+        super().__init__(args=args, run=False)
+
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        raise _Parsed(parse(parser, args))
+        self.config = parse(parser, args, sub="fit")
+        self.seed = self.config.get("seed_everything")
+        self.config["seed_everything"] = False  # LightningCLI seeds unless it is false: a parse seeds nothing
+
+    def instantiate_classes(self) -> None:
+        """Parse only."""
 
 
 def read_training_config(args: list[str]) -> TrainingConfig:
@@ -225,10 +229,8 @@ def read_training_config(args: list[str]) -> TrainingConfig:
     for flag, value in zip(args, args[1:]):
         if flag in ("--config", "-c") and not Path(value).is_file():
             raise UserError(f"--config {value}: no such file (give a training YAML such as configs/cpu.yaml)")
-    try:
-        _ParseOnly(args=["fit", *args])
-    except _Parsed as parsed:
-        cfg = parsed.config.fit
+    parsed = _ParseOnly(args)
+    cfg = parsed.config
     check_config(cfg)
     model = built_config(cfg.model.model, cfg.model.init_from)
     strategy = cfg.trainer.strategy
@@ -252,5 +254,5 @@ def read_training_config(args: list[str]) -> TrainingConfig:
         max_steps=cfg.trainer.max_steps, total_batch_size=cfg.model.total_batch_size,
         activation_checkpointing=cfg.model.activation_checkpointing, compile=cfg.model.compile,
         async_tp=cfg.model.async_tp, meta_init=cfg.model.meta_init, init_from=cfg.model.init_from,
-        seed=cfg.seed_everything,
+        seed=parsed.seed,
     )

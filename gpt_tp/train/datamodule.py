@@ -160,9 +160,9 @@ class GPTDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.train_data: TokenBatches | None = None
         self.val_data: TokenBatches | None = None
-        self._start = 0  # global train batches consumed before this run (from a checkpoint)
-        self._mark = None  # (position, trainer progress) when the train loader last started
-        self._yielded = 0  # batches the train loader returned since it last started
+        self._start = 0  # global train batches consumed when the train loader last started (or from a checkpoint)
+        self._consumed = 0  # training batches the trainer took since then
+        self._yielded = 0  # batches the train loader returned since then
 
     def data_parallel(self) -> tuple[int, int]:
         """(rank, size) of this process among data-parallel replicas (TP ranks share a rank)."""
@@ -206,35 +206,25 @@ class GPTDataModule(L.LightningDataModule):
             return []
         return DataLoader(self.val_data, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory)
 
-    def _progress(self) -> int | None:
-        """Training batches the trainer's loop has processed (ran ``training_step`` on), or None.
-
-        This, not the number of batches the loader produced, is what was consumed: Lightning
-        fetches one batch ahead and DataLoader workers run further ahead.
-        """
-        trainer = getattr(self, "trainer", None)
-        try:
-            return int(trainer.fit_loop.epoch_loop.batch_progress.total.processed)
-        except AttributeError:
-            return None
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """Count the training batches the trainer takes for its steps: Lightning moves a batch to the device just
+        before the step that uses it, while its loader runs one batch ahead (DataLoader workers further)."""
+        trainer = self.trainer
+        if trainer is not None and trainer.training:
+            self._consumed += 1
+        return batch
 
     def _train_position_at_iter(self) -> int:
-        pos = self.train_position()
-        self._mark, self._yielded = (pos, self._progress()), 0
-        return pos
+        self._start, self._consumed, self._yielded = self.train_position(), 0, 0
+        return self._start
 
     def _count_yield(self) -> None:
         self._yielded += 1
 
     def train_position(self) -> int:
-        """Global training batches consumed so far: the index of the next batch to train on."""
-        if self._mark is None:
-            return self._start
-        pos, progress_then = self._mark
-        now = self._progress()
-        if progress_then is not None and now is not None:
-            return pos + now - progress_then
-        return pos + self._yielded  # no trainer: batches returned to the caller
+        """Global training batches consumed so far: the index of the next batch to train on (without a trainer: the
+        batches the loader returned)."""
+        return self._start + (self._consumed if self.trainer is not None else self._yielded)
 
     def state_dict(self) -> dict:
         """Saved in checkpoints by Lightning: the training position and the batch geometry."""
@@ -256,4 +246,4 @@ class GPTDataModule(L.LightningDataModule):
         if state_dict.get("seed", self.seed) != self.seed:
             rank_zero_warn(f"checkpoint data seed {state_dict['seed']} differs from seed {self.seed}: "
                            "later epochs will be ordered differently")
-        self._start, self._mark, self._yielded = k, None, 0
+        self._start, self._consumed, self._yielded = k, 0, 0

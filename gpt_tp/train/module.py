@@ -2,23 +2,23 @@
 
 import dataclasses
 import math
-import random
 import time
 from contextlib import nullcontext
 
 import lightning as L
-import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import check_schedule, get_lr, make_adamw
 from gpt_tp.hardware import detect_peak_flops, mfu as hardware_mfu
-from gpt_tp.parallel import TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, materialize, parallelize
+from gpt_tp.parallel import (
+    TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize,
+)
 from gpt_tp.sizing import validate_layout
 from gpt_tp.train.ranks import data_parallel_rank_size
+from gpt_tp.train.rng import RNGStates
 
 
 
@@ -153,12 +153,17 @@ class GPTModule(L.LightningModule):
         for group in sched.optimizer.param_groups:
             group["lr"] = lr
 
+    def configure_callbacks(self) -> list:
+        """What every run of this module needs, whatever the trainer's own callbacks: every rank's RNG state kept
+        in checkpoints and put back on resume."""
+        return [RNGStates()]
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
     # ---- training --------------------------------------------------------------------------------------------
     def _dp_size(self) -> int:
-        return data_parallel_rank_size(self._trainer)[1]
+        return data_parallel_rank_size(self.trainer)[1]
 
     def _check_batch(self, x: torch.Tensor) -> None:
         """Before the first step: T fits the model and the TP degree, and the batch adds up to total_batch_size."""
@@ -172,7 +177,6 @@ class GPTModule(L.LightningModule):
         self._batch_checked = True
 
     def training_step(self, batch, batch_idx):
-        self._restore_rng_state()
         x, y = batch
         if not self._batch_checked:
             self._check_batch(x)
@@ -191,12 +195,17 @@ class GPTModule(L.LightningModule):
         """The training loss: the vocab-parallel cross-entropy (a plain one on one device)."""
         return cross_entropy(logits, y)
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Once per optimizer step, after the accumulated backward: the gradient sync and global norm (DTensor-aware),
+        the finite check and the step's metrics."""
+        self._grad_norm = grad_norm(self.model)
+        self._log_step(self._grad_norm, optimizer)
+
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Runs once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware),
-        clipping at trainer.gradient_clip_val, the finite check, and the step's metrics."""
+        """Clipping at trainer.gradient_clip_val, by the norm on_before_optimizer_step took."""
         if gradient_clip_algorithm not in (None, "norm"):
             raise UserError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
-        self._log_step(clip_grad_norm(self.model, gradient_clip_val), optimizer)
+        clip_grad_norm(self.model, gradient_clip_val, self._grad_norm)
 
     def _log_step(self, grad_norm: torch.Tensor, optimizer) -> None:
         dp = self._dp_size()
@@ -236,42 +245,6 @@ class GPTModule(L.LightningModule):
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
         self.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
         self._loss_sum, self._tokens, self._t_last = None, 0, now
-
-    # ---- checkpoint extras: every rank's RNG state (meta.pt is written by rank 0 only) ----------------------
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()  # as tensors and ints: loadable with weights_only
-        numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
-        state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        states = [state]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            states = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(states, state)
-        checkpoint["rng_states"] = states
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Keep this rank's saved RNG state for the first training step after the resume (_restore_rng_state): the
-        loop draws from the global generator between loading and that step (a DataLoader iterator takes its base
-        seed from it) that the saved run made before its save, so restoring at load would shift every dropout mask."""
-        states = checkpoint.get("rng_states")
-        if not states:
-            return
-        if len(states) != self.trainer.world_size:
-            rank_zero_warn(f"checkpoint saved on {len(states)} processes, resumed on {self.trainer.world_size}: RNG states not restored")
-            return
-        self._rng_state = states[self.trainer.global_rank]
-
-    def _restore_rng_state(self) -> None:
-        state, self._rng_state = getattr(self, "_rng_state", None), None
-        if state is None:
-            return
-        random.setstate(state["python"])
-        n = state["numpy"]
-        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-        torch.set_rng_state(state["torch"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
 
     # ---- predict: continue prompts (python cli.py predict; gpt_tp.train.predict) -------------------------------------
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:

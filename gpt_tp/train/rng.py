@@ -1,0 +1,63 @@
+"""RNGStates: every rank's random state in the checkpoint, put back at the first training step after a resume, so a
+resumed run draws the dropout masks the uninterrupted run would have drawn (GPTModule.configure_callbacks adds it)."""
+
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+def rng_state() -> dict:
+    """This process's Python, NumPy, torch (and CUDA) generator states, as tensors and plain values: a checkpoint
+    holding them loads with torch.load(weights_only=True)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss,
+                   "gauss": gauss}
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RNGStates(Callback):
+    """Saves every rank's state under the checkpoint's "rng_states" (gathered: the checkpoint's meta.pt is written by
+    rank 0 only) and, on a fit's resume, puts this rank's back at the start of the first training batch: the loop
+    draws from the global generator between loading and that step (a DataLoader iterator takes its base seed from
+    it) as the saved run did before its save, so restoring at load would shift every dropout mask."""
+
+    def __init__(self):
+        self._pending: dict | None = None
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        states = [rng_state()]
+        if dist.is_available() and dist.is_initialized():
+            states = [None] * dist.get_world_size()
+            dist.all_gather_object(states, rng_state())
+        checkpoint["rng_states"] = states
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        states = checkpoint.get("rng_states")
+        if not states or trainer.state.fn != "fit":  # validate and predict draw nothing to continue
+            return
+        if len(states) != trainer.world_size:
+            rank_zero_warn(f"checkpoint saved on {len(states)} processes, resumed on {trainer.world_size}: "
+                           "RNG states not restored")
+            return
+        self._pending = states[trainer.global_rank]
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._pending is not None:
+            set_rng_state(self._pending)
+            self._pending = None
