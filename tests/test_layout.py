@@ -3,8 +3,7 @@
 import pytest
 
 from gpt_tp.model import GPTConfig
-from gpt_tp.train.module import check_total_batch
-from gpt_tp.sizing import LayoutError, fitting_layouts, valid_tp_sizes, validate_layout
+from gpt_tp.sizing import LayoutError, check_total_batch, fitting_layouts, valid_tp_sizes, validate_layout
 
 
 def test_messages_name_no_flag():

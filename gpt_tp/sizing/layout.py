@@ -67,3 +67,32 @@ def validate_layout(
                 f"{', '.join(map(str, valid_tp_sizes(config, seq_len)))}. {_layouts_text(config, world_size, seq_len)}",
                 ("tp", name.removeprefix("4 * ")),
             )
+
+
+def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) -> None:
+    """B x T x dp x accum must be the tokens per optimizer step the run asks for (None skips the check)."""
+    if total is None or B * T * dp * accum == total:
+        return
+    per_step = B * T * dp
+    hint = (
+        f"set trainer.accumulate_grad_batches={total // per_step}"
+        if total % per_step == 0
+        else f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}"
+    )
+    raise UserError(
+        f"model.total_batch_size={total} tokens, but data.batch_size={B} x data.seq_len={T} x data-parallel size "
+        f"{dp} x trainer.accumulate_grad_batches={accum} = {per_step * accum}: {hint} "
+        f"(or set model.total_batch_size=null to skip this check)"
+    )
+
+
+def check_run(config: GPTConfig, tp: int, dp: int, seq_len: int | None, batch_size: int | None = None,
+              accum: int = 1, total_batch_size: int | None = None, world_size: int | None = None) -> None:
+    """The one check of a run's shapes, before launch (cli.py) and at the first batch of a run that bypasses it
+    (GPTModule): T fits the model's block_size, the model splits as dp x tp (validate_layout: a LayoutError naming
+    the quantities at fault), and with a batch size, B x T x dp x accum is total_batch_size."""
+    if seq_len is not None and seq_len > config.block_size:
+        raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
+    validate_layout(config, tp=tp, dp=dp, world_size=world_size, seq_len=seq_len)
+    if batch_size is not None:
+        check_total_batch(total_batch_size, batch_size, seq_len, dp, accum)

@@ -20,10 +20,9 @@ from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.parallel.apply import check_compiled_ac
-from gpt_tp.sizing import LayoutError, resolve_layout, validate_layout
+from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
-from gpt_tp.train.module import check_total_batch
 from gpt_tp.train.progress import StepProgressBar
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
@@ -87,10 +86,9 @@ class GPTCLI(TrainingCLI):
             dp, tp = int(args.data_parallel_size), int(args.tensor_parallel_size)
         config = self.model.config  # resolved, init_from's folder included
         seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
-        if seq_len is not None and seq_len > config.block_size:
-            raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
-        try:
-            validate_layout(config, tp=tp, dp=dp, world_size=world, seq_len=seq_len)
+        batch = (cfg.data.batch_size, self.trainer.accumulate_grad_batches, cfg.model.total_batch_size)
+        try:  # with the batch's arithmetic for a fit
+            check_run(config, tp, dp, seq_len, *(batch if self.subcommand == "fit" else ()), world_size=world)
         except LayoutError as e:
             raise LayoutError(f"{', '.join(self._layout_flags(e.quantities, dp, tp, seq_len))}: {e}", e.quantities) from None
         check_compiled_ac(cfg.model.activation_checkpointing, cfg.model.compile, tp)
@@ -139,12 +137,11 @@ class GPTCLI(TrainingCLI):
 
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]
-        dp = self._check_layout()
+        self._check_layout()
         find_shards(cfg.data.data_dir, "train")
         if cfg.data.val_batches:
             find_shards(cfg.data.data_dir, "val")
         accum = self.trainer.accumulate_grad_batches
-        check_total_batch(cfg.model.total_batch_size, cfg.data.batch_size, cfg.data.seq_len, dp, accum)
         interval, max_steps = cfg.trainer.val_check_interval, self.trainer.max_steps
         if isinstance(interval, int) and cfg.data.val_batches and max_steps > 0 and interval > max_steps * accum:
             rank_zero_warn(

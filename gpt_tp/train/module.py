@@ -16,27 +16,10 @@ from gpt_tp.hardware import detect_peak_flops, mfu as hardware_mfu
 from gpt_tp.parallel import (
     TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize,
 )
-from gpt_tp.sizing import validate_layout
+from gpt_tp.sizing import check_run
 from gpt_tp.train.ranks import data_parallel_rank_size
 from gpt_tp.train.rng import RNGStates
 
-
-
-def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) -> None:
-    """B x T x dp x accum must be the tokens per optimizer step the run asks for (None skips the check)."""
-    if total is None or B * T * dp * accum == total:
-        return
-    per_step = B * T * dp
-    hint = (
-        f"set trainer.accumulate_grad_batches={total // per_step}"
-        if total % per_step == 0
-        else f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}"
-    )
-    raise UserError(
-        f"model.total_batch_size={total} tokens, but data.batch_size={B} x data.seq_len={T} x data-parallel size "
-        f"{dp} x trainer.accumulate_grad_batches={accum} = {per_step * accum}: {hint} "
-        f"(or set model.total_batch_size=null to skip this check)"
-    )
 
 
 class GPTModule(L.LightningModule):
@@ -166,14 +149,11 @@ class GPTModule(L.LightningModule):
         return data_parallel_rank_size(self.trainer)[1]
 
     def _check_batch(self, x: torch.Tensor) -> None:
-        """Before the first step: T fits the model and the TP degree, and the batch adds up to total_batch_size."""
-        B, T = x.shape
-        if T > self.config.block_size:
-            raise UserError(f"data.seq_len={T} exceeds model.block_size={self.config.block_size}")
-        if self.device_mesh is not None:
-            tp, dp = self.device_mesh["tensor_parallel"].size(), self.device_mesh["data_parallel"].size()
-            validate_layout(self.config, tp=tp, dp=dp, seq_len=T)
-        check_total_batch(self.hparams.total_batch_size, B, T, self._dp_size(), self.trainer.accumulate_grad_batches)
+        """At the first step, for runs that bypass cli.py (which checks the same before launch): check_run."""
+        tp, dp = (1, self._dp_size()) if self.device_mesh is None else (
+            self.device_mesh["tensor_parallel"].size(), self.device_mesh["data_parallel"].size())
+        check_run(self.config, tp, dp, x.shape[1], x.shape[0], self.trainer.accumulate_grad_batches,
+                  self.hparams.total_batch_size)
         self._batch_checked = True
 
     def training_step(self, batch, batch_idx):
