@@ -80,7 +80,8 @@ class Memory:
         return self.states + self.activations + self.transient + self.overhead
 
 
-def _precision(precision: str) -> tuple[int, int, int, int, int]:
+def precision_bytes(precision: str) -> tuple[int, int, int, int, int]:
+    """The bytes of sizes.PRECISIONS for trainer.precision; a PlanError naming the known ones for any other."""
     p = str(precision)
     if p not in PRECISIONS:
         raise PlanError(f"precision={p!r} is not known to the planner; use one of {', '.join(PRECISIONS)}")
@@ -90,7 +91,7 @@ def _precision(precision: str) -> tuple[int, int, int, int, int]:
 def _gather_bytes(precision: str, dp: int) -> int:
     """Bytes per element of the weights the forward uses: FSDP2 (dp > 1) under bf16-mixed all-gathers them in bf16
     (gpt_tp.parallel.parallelize's param_dtype), everywhere else they are the parameters themselves."""
-    return sizes.fsdp_gather_bytes(precision) if dp > 1 else _precision(precision)[0]
+    return sizes.fsdp_gather_bytes(precision) if dp > 1 else precision_bytes(precision)[0]
 
 
 def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: int, m: int, sdpa: str, ac: str) -> int:
@@ -118,7 +119,7 @@ def activation_bytes(
     (a/t) x T x T attention probabilities). ac: the activation checkpointing mode (gpt_tp.parallel.apply_ac).
     Under FSDP2 with bf16-mixed (dp > 1) the residual stream is bf16 (the gathered weights are) and autocast keeps
     no weight copies."""
-    _, r, m, lsm, wcopy = _precision(precision)
+    _, r, m, lsm, wcopy = precision_bytes(precision)
     if sdpa not in ("flash", "math"):
         raise PlanError(f"sdpa={sdpa!r}: use 'flash' (GPU flash / memory-efficient kernels, CPU) or 'math'")
     if ac not in AC_MODES:
@@ -152,7 +153,7 @@ def transient_bytes(
       gradients; by then the head's activations are freed.
     Plus, under FSDP2, the root unit (wte, wpe, ln_f), which stays gathered through the step.
     Weights are gathered in 2 bytes under bf16-mixed (_gather_bytes)."""
-    _, r, m, _, _ = _precision(precision)
+    _, r, m, _, _ = precision_bytes(precision)
     g = _gather_bytes(precision, dp)
     r = 2 if g == 2 and r == 4 else r
     at_loss = batch_size * seq_len * (config.vocab_size // tp) * (m + (4 if m < 4 else 0))
@@ -174,7 +175,7 @@ def memory_per_device(
     sdpa: str = "flash", overhead_gib: float = 1.5, ac: str = "none",
 ) -> Memory:
     """The memory estimate of one layout, per device."""
-    s = sizes.state_bytes(config, dp, tp, _precision(precision)[0])
+    s = sizes.state_bytes(config, dp, tp, precision_bytes(precision)[0])
     a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)
     return Memory(
         params=s["params"], grads=s["grads"], optimizer=s["optimizer"], activations=sum(a.values()),

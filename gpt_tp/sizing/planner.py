@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from gpt_tp.hardware import GIB
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing.layout import LayoutError, divisors, valid_tp_sizes
-from gpt_tp.sizing.memory import Memory, PlanError, fits, memory_per_device
-from gpt_tp.sizing.sizes import PRECISIONS, padded_vocab
+from gpt_tp.sizing.memory import Memory, PlanError, fits, memory_per_device, precision_bytes
+from gpt_tp.sizing.sizes import padded_vocab
 
 
 @dataclass
@@ -82,8 +82,7 @@ def plan(
     """Every TP size that divides the devices per node, with its memory estimate, validity and fit; and the choice:
     the valid layout with the smallest TP that fits (all fit when device_memory_gib is None)."""
     _check_inputs(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, overhead_gib, usable_fraction)
-    if str(precision) not in PRECISIONS:
-        raise PlanError(f"precision={precision!r} is not known to the planner; use one of {', '.join(PRECISIONS)}")
+    precision_bytes(precision)  # a PlanError naming the known precisions
     out = Plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, str(precision), ac)
     world = devices_per_node * num_nodes
     valid = set(valid_tp_sizes(config, seq_len))

@@ -73,8 +73,9 @@ class GPTCLI(TrainingCLI):
             check_checkpoint(ckpt)  # raises CheckpointError: a file, not a distributed checkpoint folder
 
     # ---- checks before any process group or model shard exists (in the launching process: errors print once) ----
-    def _check_layout(self) -> int:
-        """The layout fits the model; returns the data-parallel size."""
+    def _check_layout(self) -> None:
+        """The layout, the sequence length and (for a fit) the batch fit the model (check_run), the folders the
+        run writes to can be written."""
         if self.trainer.num_devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
             # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.trainer.num_devices))
@@ -101,7 +102,6 @@ class GPTCLI(TrainingCLI):
         if ckpt is not None and ckpt not in CKPT_ALIASES and not os.path.exists(ckpt):
             raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
         self._check_log_folders()
-        return dp
 
     def _layout_flags(self, quantities: tuple[str, ...], dp: int, tp: int, seq_len: int | None) -> list[str]:
         """The settings behind a LayoutError's quantities, as flag=value."""

@@ -17,7 +17,7 @@ from gpt_tp.parallel import (
     TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize,
 )
 from gpt_tp.sizing import check_run
-from gpt_tp.train.ranks import data_parallel_rank_size
+from gpt_tp.train.ranks import data_parallel_rank_size, parallel_layout
 from gpt_tp.train.rng import RNGStates
 
 
@@ -150,8 +150,7 @@ class GPTModule(L.LightningModule):
 
     def _check_batch(self, x: torch.Tensor) -> None:
         """At the first step, for runs that bypass cli.py (which checks the same before launch): check_run."""
-        tp, dp = (1, self._dp_size()) if self.device_mesh is None else (
-            self.device_mesh["tensor_parallel"].size(), self.device_mesh["data_parallel"].size())
+        tp, _, dp, _ = parallel_layout(self.trainer, self)
         check_run(self.config, tp, dp, x.shape[1], x.shape[0], self.trainer.accumulate_grad_batches,
                   self.hparams.total_batch_size)
         self._batch_checked = True
