@@ -49,3 +49,15 @@ def test_runs_cli_fit_side_by_side_and_pairs_the_ratios(tmp_path):
 def test_bad_flags_are_one_error_line(args, message):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", *args], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "usage: python -m benchmarks.fit --plan module:attribute fit --config"),
+    (["--plan", "ordered", "fit"], "--plan='ordered' must be module:attribute, e.g. benchmarks.plans:ordered"),
+    (["--plan", "benchmarks.plans:nope", "fit"], "--plan='benchmarks.plans:nope': module 'benchmarks.plans' has no attribute 'nope'"),
+    (["--plan", "benchmarks.plans:overlap_plan", "fit"], "--plan='benchmarks.plans:overlap_plan' is neither a plan dict nor a GPTModule subclass"),
+])
+def test_fit_with_a_plan_refuses_a_bad_plan_in_one_line(args, message):
+    """python -m benchmarks.fit: a missing or wrong --plan is one error line, exit 2, before cli.py parses anything."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.fit", *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
