@@ -38,11 +38,11 @@ def ckpt(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("bad_inputs")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "cli.py", "fit", "--config", CPU, *ONE_DEVICE, "--trainer.max_steps", "1",
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "fit", "--config", CPU, *ONE_DEVICE, "--trainer.max_steps", "1",
                            "--data.val_batches", "0", "--model.total_batch_size", "null",
                            "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
                            "--trainer.callbacks.dirpath", str(tmp / "ckpt"), "--trainer.callbacks.save_last", "true"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = tmp / "ckpt" / "last.ckpt"
     assert export_main([str(saved), "--out", str(tmp / "hf"), "--format", "hf"]) == 0
@@ -191,10 +191,49 @@ def test_bad_prompts(user_run, tmp_path):
     (tmp_path / "blank.txt").write_text("\n  \n\n")
     assert f"--prompts_file {tmp_path}/blank.txt: holds no prompt" in user_run(cli_main(*predict, "--prompts_file", str(tmp_path / "blank.txt")))
     assert "--prompts_file nope.txt: no such file" in user_run(cli_main(*predict, "--prompts_file", "nope.txt"))
-    (tmp_path / "long.txt").write_text(" ".join(["word"] * 200) + "\n")
-    line = user_run(cli_main(*predict, "--prompts_file", str(tmp_path / "long.txt")))
-    assert "200 tokens, but the model's block_size is 128; shorten it to under 128 tokens" in line
     assert "--max_new_tokens=0, --num_samples=1 and --top_k=50 must be >= 1" in user_run(cli_main(*predict, "--max_new_tokens", "0"))
+
+
+def test_long_prompt_slides_its_window(ckpt, tmp_path, enc):
+    """A prompt nearly as long as block_size (121 of 128 tokens) still gets the 40 new tokens asked for: the
+    context slides to its last block_size tokens, as nanoGPT's generate does."""
+    prompt = "word" + " word" * 120
+    assert len(enc.encode(prompt)) == 121
+    out = tmp_path / "pred.jsonl"
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "predict", "--config", CPU, *ONE_DEVICE, "--ckpt_path",
+                           str(ckpt[0]), "--prompt", prompt, "--max_new_tokens", "40", "--top_k", "1", "--output", str(out)],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["text"].startswith(prompt)
+    assert len(enc.encode(row["text"][len(prompt):])) >= 30  # about 40 (re-encoding may merge a few); not ~7
+
+
+# ---- validate and predict never score the random init -------------------------------------------------------------
+def test_untrained_weights_refused(user_run, tmp_path):
+    for sub in ("validate", "predict"):
+        line = user_run(cli_main(sub, "--config", CPU, *ONE_DEVICE))
+        assert f"cli.py {sub} would use untrained weights: give --ckpt_path (a checkpoint folder, or 'last') or --model.init_from" in line
+    empty = tmp_path / "ckpt"
+    line = user_run(cli_main("validate", "--config", CPU, *ONE_DEVICE[:-4], "--trainer.devices", "1",
+                             "--trainer.strategy.init_args.tensor_parallel_size", "1",
+                             "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
+                             "--trainer.callbacks.dirpath", str(empty), "--ckpt_path", "last"))
+    assert f"--ckpt_path last: no checkpoint in {empty} yet; give a checkpoint folder, or train one first" in line
+    assert not empty.exists()
+
+
+# ---- checkpoint folders are checked before launch, not at the first save --------------------------------------------
+def test_checkpoint_folder_under_a_file(user_run, tmp_path):
+    (tmp_path / "plain").write_text("mine")
+    before = snapshot(tmp_path)
+    line = user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE[:-4], "--trainer.devices", "1",
+                             "--trainer.strategy.init_args.tensor_parallel_size", "1",
+                             "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
+                             "--trainer.callbacks.dirpath", str(tmp_path / "plain" / "ckpt")))
+    assert f"ModelCheckpoint dirpath: cannot create the checkpoint folder {tmp_path}/plain/ckpt (Not a directory)" in line
+    assert snapshot(tmp_path) == before
 
 
 # ---- an output that names a folder: refused, the folder unchanged ------------------------------------------------

@@ -5,8 +5,10 @@ mistake prints once. `auto` layouts are planned before launch by gpt_tp.sizing's
 Subcommands: fit, validate (val loss, and HellaSwag where its callback is configured), predict (continue prompts).
 A user's mistake prints one line, `error: ...`, and exits with code 2 (gpt_tp.entry)."""
 
+import glob
 import os
 import sys
+import warnings
 
 import torch
 from lightning.pytorch import Trainer
@@ -102,6 +104,15 @@ class GPTCLI(TrainingCLI):
         if ckpt is not None and ckpt not in CKPT_ALIASES and not os.path.exists(ckpt):
             raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
         self._check_log_folders()
+        if self.subcommand == "fit":
+            self._check_checkpoint_folders(folders)
+        if ckpt == "last" and folders and not any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders):
+            if self.subcommand != "fit":
+                raise UserError(f"--ckpt_path last: no checkpoint in {', '.join(sorted(folders))} yet; give a "
+                                "checkpoint folder, or train one first with cli.py fit")
+            # a first run under Slurm resumes with `last` before any save: Lightning's warning would advise save_last
+            warnings.filterwarnings("ignore", message=".*there is no last checkpoint available")
+            print(f"gpt_tp: no checkpoint in {', '.join(sorted(folders))}: starting from step 0", file=sys.stderr)
 
     def _layout_flags(self, quantities: tuple[str, ...], dp: int, tp: int, seq_len: int | None) -> list[str]:
         """The settings behind a LayoutError's quantities, as flag=value."""
@@ -135,6 +146,26 @@ class GPTCLI(TrainingCLI):
                 raise UserError(f"trainer.logger: the log folder {save_dir} is not writable; set the logger's save_dir "
                                 "to a writable folder")
 
+    def _check_weights(self) -> None:
+        """validate and predict score or continue with trained weights only, never the random init."""
+        cfg = self.config[self.subcommand]
+        if cfg.get("ckpt_path") is None and cfg.model.init_from is None:
+            raise UserError(f"cli.py {self.subcommand} would use untrained weights: give --ckpt_path (a checkpoint "
+                            "folder, or 'last') or --model.init_from (a Hugging Face GPT-2 folder)")
+
+    def _check_checkpoint_folders(self, folders: set[str]) -> None:
+        """Create each checkpoint folder before launch: one that cannot be made or written fails now, not at the
+        first save, every_n_train_steps into the run."""
+        for folder in sorted(folders):
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"ModelCheckpoint dirpath: cannot create the checkpoint folder {folder} ({e.strerror}); "
+                                "set its dirpath to a writable folder") from e
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise UserError(f"ModelCheckpoint dirpath: the checkpoint folder {folder} is not writable; set its "
+                                "dirpath to a writable folder")
+
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]
         self._check_layout()
@@ -152,9 +183,12 @@ class GPTCLI(TrainingCLI):
     def before_validate(self) -> None:
         self._check_layout()
         find_shards(self.config[self.subcommand].data.data_dir, "val")
+        self._check_weights()
 
     def before_predict(self) -> None:
         self._check_layout()
+        self.datamodule.prompts.read()  # the prompts' mistakes, once, before any rank starts
+        self._check_weights()
 
 
 def main(args: list[str] | None = None, model_class: type | None = None) -> GPTCLI:

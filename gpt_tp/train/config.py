@@ -1,7 +1,7 @@
 """The training configuration, read the way `python cli.py fit` reads it.
 
-TrainingCLI is gpt_tp's LightningCLI: GPTModule, GPTDataModule, GPTTrainer and gpt_tp's trainer defaults, with the
-subcommands fit, validate and predict; a bad flag or value is a UserError (one ``error:`` line, exit 2). cli.py runs
+TrainingCLI is gpt_tp's LightningCLI: GPTModule, GPTDataModule and gpt_tp's trainer defaults, with the
+subcommands fit, validate and predict (whose prompt flags it links into the data module and PromptWriter); a bad flag or value is a UserError (one ``error:`` line, exit 2). cli.py runs
 it; read_training_config parses the arguments of `cli.py fit` with the same parser (every --config file in order,
 then the command-line overrides, over the classes' defaults) and returns the settings the tools need, without
 building a Trainer, a model or a process group.
@@ -22,7 +22,7 @@ from gpt_tp.model import GPTConfig
 from gpt_tp.model.hf import read_hf_config
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.train.module import GPTModule
-from gpt_tp.train.predict import GPTTrainer
+from gpt_tp.train.predict import PROMPT_FLAGS, Prompts, PromptWriter
 
 
 def default_loggers(save_dir: str = "logs") -> list:
@@ -35,11 +35,13 @@ def default_loggers(save_dir: str = "logs") -> list:
 
 
 class TrainingParser(LightningArgumentParser):
-    """LightningCLI's parser, raising jsonargparse's ArgumentError instead of printing its usage block and exiting."""
+    """LightningCLI's parser, raising jsonargparse's ArgumentError instead of printing its usage block and exiting.
+    prompt_flags: this parser is the predict subcommand's (TrainingCLI passes it through `parser_kwargs`)."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, prompt_flags: bool = False, **kwargs):
         kwargs.setdefault("exit_on_error", False)
         super().__init__(*args, **kwargs)
+        self.prompt_flags = prompt_flags
 
 
 # settings that are no longer model options, and where they went
@@ -68,6 +70,11 @@ def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | No
         raise UserError(f"{message} (see python cli.py {sub + ' ' if sub else ''}--help)") from None
 
 
+def prompt_settings(*values) -> dict:
+    """The predict flags' values as data.prompts' fields (jsonargparse builds the Prompts from them)."""
+    return dict(zip(PROMPT_FLAGS, values))
+
+
 class TrainingCLI(LightningCLI):
     """gpt_tp's LightningCLI: its model, data module, trainer and trainer defaults; fit, validate and predict."""
 
@@ -76,7 +83,6 @@ class TrainingCLI(LightningCLI):
         super().__init__(
             model_class,
             GPTDataModule,
-            trainer_class=GPTTrainer,
             trainer_defaults={
                 "logger": default_loggers(),
                 "inference_mode": False,  # DTensors do not support inference_mode on GPUs
@@ -84,6 +90,7 @@ class TrainingCLI(LightningCLI):
             },
             save_config_kwargs={"overwrite": True},
             parser_class=TrainingParser,
+            parser_kwargs={"predict": {"prompt_flags": True}},
             auto_configure_optimizers=False,  # GPTModule.configure_optimizers: AdamW + warmup/cosine
             args=args,
             run=run,
@@ -94,6 +101,17 @@ class TrainingCLI(LightningCLI):
     def subcommands() -> dict[str, set[str]]:
         """fit, validate and predict; `test` is not offered (gpt_tp's data has a train and a val split only)."""
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "test"}
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """predict: --prompt ... --seed linked into data.prompts, --output into the PromptWriter callback."""
+        if not getattr(parser, "prompt_flags", False):
+            return
+        parser.add_class_arguments(Prompts, None, as_group=True)
+        parser.link_arguments(PROMPT_FLAGS, "data.prompts", compute_fn=prompt_settings)
+        parser.add_argument("--output", type=str | None, default=None,
+                            help="also write {prompt, sample, text} JSON lines to this file (rank 0)")
+        parser.add_lightning_class_args(PromptWriter, "prompt_writer")
+        parser.link_arguments("output", "prompt_writer.output")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.config = parse(parser, args)

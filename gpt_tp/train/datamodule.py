@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gpt_tp.data.shards import GPT2_VOCAB, DataError, TokenStream, find_shards
+from gpt_tp.train.predict import PromptBatches, Prompts
 from gpt_tp.train.ranks import data_parallel_rank_size, model_vocab
 
 
@@ -136,6 +137,7 @@ class GPTDataModule(L.LightningDataModule):
         dp_rank, dp_size: data-parallel rank and size; None = take them from the trainer's strategy
             (``distributed_sampler_kwargs``: the data-parallel mesh for ModelParallelStrategy), or 0 of 1.
         pin_memory: pin batches for faster host-to-GPU copies.
+        prompts: what ``predict`` continues (``cli.py predict`` links its --prompt ... --seed flags here).
 
     The training stream is endless (the trainer stops at ``max_steps``). ``state_dict`` records how
     many training batches the training loop has consumed, so a run resumed from a checkpoint
@@ -144,7 +146,8 @@ class GPTDataModule(L.LightningDataModule):
 
     def __init__(self, data_dir: str = "data/sample", batch_size: int = 16, seq_len: int = 1024,
                  val_batches: int = 20, seed: int = 1337, num_workers: int = 0,
-                 dp_rank: int | None = None, dp_size: int | None = None, pin_memory: bool = False):
+                 dp_rank: int | None = None, dp_size: int | None = None, pin_memory: bool = False,
+                 prompts: Prompts | None = None):
         super().__init__()
         if val_batches < 0 or num_workers < 0:
             raise DataError(f"val_batches and num_workers must be >= 0, got {val_batches} and {num_workers}")
@@ -158,6 +161,7 @@ class GPTDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.pin_memory = pin_memory
+        self.prompts = prompts or Prompts()
         self.train_data: TokenBatches | None = None
         self.val_data: TokenBatches | None = None
         self._start = 0  # global train batches consumed when the train loader last started (or from a checkpoint)
@@ -205,6 +209,9 @@ class GPTDataModule(L.LightningDataModule):
         if self.val_data is None:
             return []
         return DataLoader(self.val_data, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory)
+
+    def predict_dataloader(self) -> PromptBatches:
+        return PromptBatches(self.prompts)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Count the training batches the trainer takes for its steps: Lightning moves a batch to the device just

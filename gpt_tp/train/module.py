@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-import time
 from contextlib import nullcontext
 
 import lightning as L
@@ -11,15 +10,15 @@ import torch
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.optim import check_schedule, get_lr, make_adamw
-from gpt_tp.hardware import detect_peak_flops, mfu as hardware_mfu
+from gpt_tp.train.optim import check_schedule, fused_with_scaler, get_lr, make_adamw
 from gpt_tp.parallel import (
     TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize,
 )
 from gpt_tp.sizing import check_run
 from gpt_tp.train.ranks import data_parallel_rank_size, parallel_layout
+from gpt_tp.train.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
-
+from gpt_tp.train.throughput import StepThroughput
 
 
 class GPTModule(L.LightningModule):
@@ -84,8 +83,6 @@ class GPTModule(L.LightningModule):
             self.model.load_state_dict(hf_state)
         self._batch_checked = False
         self._loss_sum = None  # sum of micro-batch losses since the last optimizer step
-        self._tokens = 0  # tokens this rank processed since the last optimizer step
-        self._t_last = None
 
     # ---- model setup -----------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -112,16 +109,7 @@ class GPTModule(L.LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        fused = h.fused
-        if self._grad_scaler() is not None:
-            # Lightning unscales the gradients before clipping only for optimizers that do not unscale inside their
-            # step; a fused AdamW would be clipped on the scaled gradients
-            if fused:
-                raise UserError(
-                    "model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be clipped "
-                    "before the gradient scaler unscales them; set model.fused=null, or use trainer.precision=bf16-mixed"
-                )
-            fused = False
+        fused = fused_with_scaler(h.fused, self._grad_scaler() is not None)
         opt = make_adamw(self.model, h.max_lr, h.weight_decay, tuple(h.betas), h.eps, fused)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: self._lr(step) / h.max_lr)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -138,16 +126,13 @@ class GPTModule(L.LightningModule):
 
     def configure_callbacks(self) -> list:
         """What every run of this module needs, whatever the trainer's own callbacks: every rank's RNG state kept
-        in checkpoints and put back on resume."""
-        return [RNGStates()]
+        in checkpoints and put back on resume; tokens/s and MFU per step."""
+        return [RNGStates(), StepThroughput()]
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
     # ---- training --------------------------------------------------------------------------------------------
-    def _dp_size(self) -> int:
-        return data_parallel_rank_size(self.trainer)[1]
-
     def _check_batch(self, x: torch.Tensor) -> None:
         """At the first step, for runs that bypass cli.py (which checks the same before launch): check_run."""
         tp, _, dp, _ = parallel_layout(self.trainer, self)
@@ -159,15 +144,11 @@ class GPTModule(L.LightningModule):
         x, y = batch
         if not self._batch_checked:
             self._check_batch(x)
-        if self._t_last is None:
-            self._t_last = time.perf_counter()
-        self._seq_len = x.shape[1]
         logits = self.model(x)
         loss = self.compute_loss(logits, y)
         del logits
         detached = loss.detach()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
-        self._tokens += x.numel()
         return loss
 
     def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -175,10 +156,30 @@ class GPTModule(L.LightningModule):
         return cross_entropy(logits, y)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Once per optimizer step, after the accumulated backward: the gradient sync and global norm (DTensor-aware),
-        the finite check and the step's metrics."""
+        """Once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware), the loss
+        averaged over DP as build-nanogpt does, the finite check (before the step and any save) and their metrics."""
         self._grad_norm = grad_norm(self.model)
-        self._log_step(self._grad_norm, optimizer)
+        loss = self._loss_sum / self.trainer.accumulate_grad_batches
+        self._loss_sum = None
+        dp = data_parallel_rank_size(self.trainer)[1]
+        if dp > 1:
+            group = self.device_mesh["data_parallel"].get_group() if self.device_mesh is not None else None  # DDP: all
+            loss = loss.clone()
+            torch.distributed.all_reduce(loss, group=group)
+            loss = loss / dp
+        loss, norm = torch.stack([loss, self._grad_norm.float()]).tolist()  # the step's one host sync
+        # fp16: an overflow in the scaled gradients makes the norm inf; the scaler then skips this optimizer step and
+        # lowers its scale (the scaler's own recovery, not a failure). A non-finite loss is a failure in any precision.
+        scaler_skips = self._grad_scaler() is not None and math.isfinite(loss)
+        if not (math.isfinite(loss) and (math.isfinite(norm) or scaler_skips)):
+            raise RuntimeError(
+                f"non-finite training at step {self.global_step}: loss={loss}, grad_norm={norm}. The run is stopped so "
+                f"no checkpoint holds NaNs; resume from the last good checkpoint with a lower model.max_lr, check the "
+                f"data, or use bf16 rather than fp16 precision."
+            )
+        self.log_dict({"train/loss": loss, "train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": norm},
+                      on_step=True, on_epoch=False, rank_zero_only=True)
+        self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clipping at trainer.gradient_clip_val, by the norm on_before_optimizer_step took."""
@@ -186,49 +187,8 @@ class GPTModule(L.LightningModule):
             raise UserError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
         clip_grad_norm(self.model, gradient_clip_val, self._grad_norm)
 
-    def _log_step(self, grad_norm: torch.Tensor, optimizer) -> None:
-        dp = self._dp_size()
-        loss = self._loss_sum / self.trainer.accumulate_grad_batches
-        if dp > 1:  # each data-parallel rank saw its own micro-batches: average their losses (as build-nanogpt)
-            loss = loss.clone()
-            group = self.device_mesh["data_parallel"].get_group() if self.device_mesh is not None else None  # DDP: all
-            torch.distributed.all_reduce(loss, group=group)
-            loss = loss / dp
-        loss, grad_norm = torch.stack([loss, grad_norm.float()]).tolist()  # the step's one host sync
-        step = self.global_step
-        scaler_skips = self._grad_scaler() is not None and math.isfinite(loss)
-        # fp16: an overflow in the scaled gradients makes the norm inf; the scaler then skips this optimizer step and
-        # lowers its scale (the scaler's own recovery, not a failure). A non-finite loss is a failure in any precision.
-        if not (math.isfinite(loss) and (math.isfinite(grad_norm) or scaler_skips)):
-            raise RuntimeError(
-                f"non-finite training at step {step}: loss={loss}, grad_norm={grad_norm}. The run is stopped so no "
-                f"checkpoint holds NaNs; resume from the last good checkpoint with a lower model.max_lr, check the "
-                f"data, or use bf16 rather than fp16 precision."
-            )
-        now = time.perf_counter()
-        tokens = self._tokens * dp
-        tok_s = tokens / (now - self._t_last) if self._t_last is not None else float("nan")
-        peak = self.hparams.peak_flops or detect_peak_flops(self.device)
-        mfu = hardware_mfu(self.config.flops_per_token(self._seq_len), tok_s, peak, self.trainer.world_size)
-        mfu = float("nan") if mfu is None else mfu
-        self.log_dict(
-            {
-                "train/loss": loss,
-                "train/lr": optimizer.param_groups[0]["lr"],
-                "train/grad_norm": grad_norm,
-                "train/tokens_per_sec": tok_s,
-                "train/mfu": mfu,
-            },
-            on_step=True, on_epoch=False, rank_zero_only=True,
-        )
-        self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
-        self.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
-        self._loss_sum, self._tokens, self._t_last = None, 0, now
-
     # ---- predict: continue prompts (python cli.py predict; gpt_tp.train.predict) -------------------------------------
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
-        from gpt_tp.train.predict import continue_prompt
-
         return continue_prompt(self, batch)
 
     # ---- validation ------------------------------------------------------------------------------------------

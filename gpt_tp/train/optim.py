@@ -31,6 +31,17 @@ def check_schedule(max_lr: float, min_lr: float, warmup_steps: int) -> None:
                         "need max_lr > 0, min_lr >= 0 and warmup_steps >= 0")
 
 
+def fused_with_scaler(fused: bool | None, grad_scaler: bool) -> bool | None:
+    """model.fused under fp16 (16-mixed, grad_scaler): Lightning unscales the gradients before clipping only for an
+    optimizer that does not unscale inside its step, so a fused AdamW would be clipped on the scaled gradients."""
+    if not grad_scaler:
+        return fused
+    if fused:
+        raise UserError("model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be clipped "
+                        "before the gradient scaler unscales them; set model.fused=null, or use trainer.precision=bf16-mixed")
+    return False
+
+
 def make_adamw(
     model: nn.Module,
     lr: float,

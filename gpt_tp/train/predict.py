@@ -1,62 +1,74 @@
-"""`python cli.py predict`: continue prompts with a trained model (a checkpoint, init_from weights, or the init).
+"""`python cli.py predict`: continue prompts with a trained model (a checkpoint or init_from weights).
 
-Prompts come from `--prompt` (one, or a JSON list) and `--prompts_file` (one prompt a line), else the text sampler's default.
-Every rank runs every prompt (TP ranks share the forwards; DP replicas repeat them), drawing from a generator seeded
-per prompt, so every rank produces the same text, and the same text as the single-device run. Rank 0 prints the
-continuations and, with `--output FILE`, writes them as JSON lines {"prompt", "sample", "text"}.
+The predict subcommand's flags are LightningCLI arguments: --prompt, --prompts_file, --max_new_tokens, --num_samples,
+--top_k and --seed are linked into the data module's `prompts` (a `Prompts`), whose predict_dataloader yields one
+batch a prompt; --output is linked into `PromptWriter`, a BasePredictionWriter. Every rank runs every prompt (TP
+ranks share the forwards; DP replicas repeat them), drawing from a generator seeded per prompt, so every rank produces
+the same text, and the same text as the single-device run. Rank 0 prints the continuations and, with `--output FILE`,
+writes them as JSON lines {"prompt", "sample", "text"}.
 """
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gpt_tp.collective import one_does
 from gpt_tp.errors import UserError
 from gpt_tp.train.generate import PROMPT, sample_texts
 
 
-def read_prompts(prompt: list[str] | None = None, prompts_file: str | None = None) -> list[str]:
-    """The prompts of a predict run: --prompt values, then the non-empty lines of --prompts_file; the default prompt if neither."""
-    prompts = list(prompt or [])
-    if prompts_file is not None:
-        path = Path(prompts_file)
-        if not path.is_file():
-            raise UserError(f"--prompts_file {prompts_file}: no such file (give a text file with one prompt a line)")
-        prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not prompts:
-            raise UserError(f"--prompts_file {prompts_file}: holds no prompt (one prompt a line)")
-    if any(not p.strip() for p in prompts):
-        raise UserError("--prompt: an empty prompt; give text to continue")
-    return prompts or [PROMPT]
+@dataclass
+class Prompts:
+    """What `cli.py predict` continues, and how.
+
+    Args:
+        prompt: a prompt to continue, or a JSON list of them ('["To be", "ROMEO:"]'); default: the text sampler's prompt.
+        prompts_file: a text file with one prompt a line, after any --prompt.
+        max_new_tokens: tokens to add to each prompt; a context longer than the model's block_size slides (its last
+            block_size tokens), as nanoGPT's generate does.
+        num_samples: continuations per prompt.
+        top_k: sample from the k most likely tokens (1: greedy).
+        seed: the sampling generator's seed, per prompt: the same seed and weights give the same text on any layout.
+    """
+
+    prompt: list[str] | str | None = None
+    prompts_file: str | None = None
+    max_new_tokens: int = 32
+    num_samples: int = 1
+    top_k: int = 50
+    seed: int = 42
+
+    def read(self) -> list[str]:
+        """The prompts: --prompt values, then the non-empty lines of --prompts_file; the default prompt if neither."""
+        if self.max_new_tokens < 1 or self.num_samples < 1 or self.top_k < 1:
+            raise UserError(f"--max_new_tokens={self.max_new_tokens}, --num_samples={self.num_samples} and "
+                            f"--top_k={self.top_k} must be >= 1")
+        prompts = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt or [])
+        if self.prompts_file is not None:
+            path = Path(self.prompts_file)
+            if not path.is_file():
+                raise UserError(f"--prompts_file {path}: no such file (give a text file with one prompt a line)")
+            prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            if not prompts:
+                raise UserError(f"--prompts_file {path}: holds no prompt (one prompt a line)")
+        if any(not p.strip() for p in prompts):
+            raise UserError("--prompt: an empty prompt; give text to continue")
+        return prompts or [PROMPT]
 
 
-def prompt_tokens(enc, prompt: str, block_size: int) -> int:
-    """The prompt's token count; UserError where it leaves no room for a new token within the model's block_size."""
-    n = len(enc.encode(prompt))
-    if n >= block_size:
-        raise UserError(f"--prompt {prompt[:40]!r}...: {n} tokens, but the model's block_size is {block_size}; "
-                        f"shorten it to under {block_size} tokens")
-    return n
-
-
-def check_prompts(prompts: list[str], block_size: int, output: str | None) -> None:
-    """Before any rank starts: every prompt fits the model (prompt_tokens) and --output names a file, not a folder."""
-    from gpt_tp.data.tokenizer import get_encoding
-
-    enc = get_encoding()
-    for prompt in prompts:
-        prompt_tokens(enc, prompt, block_size)
-    if output is not None and Path(output).is_dir():
-        raise UserError(f"--output {output} is a folder; give the name of a file for the JSON lines")
+# the predict subcommand's flags linked into GPTDataModule(prompts=Prompts(...)), in Prompts' field order
+PROMPT_FLAGS = tuple(Prompts.__dataclass_fields__)
 
 
 class PromptBatches:
     """One batch a prompt. A plain iterable, not a DataLoader: Lightning adds no distributed sampler, so every rank
     sees every prompt (and not a list, which Lightning would take as one loader per element)."""
 
-    def __init__(self, prompts: list[str], **settings):
-        self.batches = [{"prompt": p, **settings} for p in prompts]
+    def __init__(self, prompts: Prompts):
+        settings = {k: v for k, v in asdict(prompts).items() if k not in ("prompt", "prompts_file")}
+        self.batches = [{"prompt": p, **settings} for p in prompts.read()]
 
     def __iter__(self):
         return iter(self.batches)
@@ -73,54 +85,45 @@ def continue_prompt(pl_module, batch: dict) -> list[dict]:
     enc = get_encoding()
     trainer = pl_module.trainer
     prompt = batch["prompt"]
-    block = block_size_of(pl_module)
-    n_prompt = prompt_tokens(enc, prompt, block)
     texts = sample_texts(
-        pl_module, enc, prompt, num_samples=batch["num_samples"], max_length=min(block, n_prompt + batch["max_new_tokens"]),
-        top_k=batch["top_k"], seed=batch["seed"], block_size=block, tp=parallel_layout(trainer, pl_module)[0],
-        device=pl_module.device, forward_context=trainer.precision_plugin.forward_context,
+        pl_module, enc, prompt, num_samples=batch["num_samples"],
+        max_length=len(enc.encode(prompt)) + batch["max_new_tokens"], top_k=batch["top_k"], seed=batch["seed"],
+        block_size=block_size_of(pl_module), tp=parallel_layout(trainer, pl_module)[0], device=pl_module.device,
+        forward_context=trainer.precision_plugin.forward_context,
     )
     return [{"prompt": prompt, "sample": i, "text": t} for i, t in enumerate(texts)]
 
 
-def write_predictions(rows: list[dict], output: str | None) -> None:
-    """Rank 0: print each continuation; with `output`, also write them as JSON lines."""
-    for r in rows:
-        print(f"prompt {r['prompt']!r} sample {r['sample']}: {r['text']}", flush=True)
-    if output is not None:
-        path = Path(output)
+class PromptWriter(BasePredictionWriter):
+    """Rank 0 prints each continuation as its prompt finishes and, with `output`, writes them all as JSON lines at the
+    end (to `<output>.partial`, then renamed). A failed write ends every rank with the same line.
+
+    Args:
+        output: also write {"prompt", "sample", "text"} JSON lines to this file (cli.py predict's --output).
+    """
+
+    def __init__(self, output: str | None = None):
+        super().__init__(write_interval="batch")
+        if output is not None and Path(output).is_dir():
+            raise UserError(f"--output {output} is a folder; give the name of a file for the JSON lines")
+        self.output = output
+        self.rows: list[dict] = []
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self.rows = []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.rows += prediction
+        if trainer.is_global_zero:
+            for r in prediction:
+                print(f"prompt {r['prompt']!r} sample {r['sample']}: {r['text']}", flush=True)
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        if self.output is not None:
+            one_does(lambda: self._write(Path(self.output)))
+
+    def _write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".partial")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows), encoding="utf-8")
         tmp.replace(path)
-
-
-class GPTTrainer(Trainer):
-    """Lightning's Trainer whose predict, without dataloaders, continues prompts (the `predict` subcommand's flags)."""
-
-    def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions=None, ckpt_path=None, *,
-                prompt: list[str] | str | None = None, prompts_file: str | None = None, output: str | None = None,
-                max_new_tokens: int = 32, num_samples: int = 1, top_k: int = 50, seed: int = 42):
-        """Continue prompts with the model and print them (rank 0); --output FILE also writes them as JSON lines.
-
-        Args:
-            prompt: a prompt to continue, or a JSON list of them ('["To be", "ROMEO:"]'); default: the text sampler's prompt.
-            prompts_file: a text file with one prompt a line, after any --prompt.
-            output: also write {"prompt", "sample", "text"} JSON lines to this file (rank 0).
-            max_new_tokens: tokens to add to each prompt (fewer where the model's block_size ends first).
-            num_samples: continuations per prompt.
-            top_k: sample from the k most likely tokens (1: greedy).
-            seed: the sampling generator's seed, per prompt: the same seed and weights give the same text on any layout.
-        """
-        if dataloaders is None:
-            if max_new_tokens < 1 or num_samples < 1 or top_k < 1:
-                raise UserError(f"--max_new_tokens={max_new_tokens}, --num_samples={num_samples} and --top_k={top_k} must be >= 1")
-            settings = {"max_new_tokens": max_new_tokens, "num_samples": num_samples, "top_k": top_k, "seed": seed}
-            prompts = read_prompts([prompt] if isinstance(prompt, str) else prompt, prompts_file)
-            if model is not None:
-                check_prompts(prompts, model.config.block_size, output)
-            dataloaders = PromptBatches(prompts, **settings)
-        out = super().predict(model, dataloaders, None, True if return_predictions is None else return_predictions, ckpt_path)
-        if out is not None:  # rank 0 writes; a failure there ends every rank with it
-            one_does(lambda: write_predictions([row for batch in out for row in batch], output))
-        return out

@@ -1,0 +1,40 @@
+"""StepThroughput: tokens/s and MFU per optimizer step (GPTModule.configure_callbacks adds it).
+
+Lightning's ThroughputMonitor measures per micro-batch, synchronizes CUDA after every one, logs under its own names
+and gives MFU only for devices it knows. This callback keeps gpt_tp's names (train/tokens_per_sec, train/mfu, tok/s on
+the bar), times whole optimizer steps whatever the accumulation, and takes FLOPs from GPTConfig.flops_per_token and
+the peak from model.peak_flops or gpt_tp.hardware's table. Its timing needs no sync of its own: GPTModule reads the
+step's loss and grad norm to the host once a step.
+"""
+
+import math
+import time
+
+from lightning.pytorch.callbacks import Callback
+
+from gpt_tp.hardware import detect_peak_flops, mfu
+from gpt_tp.train.ranks import data_parallel_rank_size
+
+
+class StepThroughput(Callback):
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._step, self._t, self._tokens = trainer.global_step, None, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        x = batch[0]  # (B, T) token ids
+        if self._t is None:
+            self._t = time.perf_counter()
+        self._tokens += x.numel()
+        self._seq_len = x.shape[1]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step:  # inside an accumulation window
+            return
+        now = time.perf_counter()
+        tok_s = self._tokens * data_parallel_rank_size(trainer)[1] / (now - self._t)
+        peak = pl_module.hparams.peak_flops or detect_peak_flops(pl_module.device)
+        step_mfu = mfu(pl_module.config.flops_per_token(self._seq_len), tok_s, peak, trainer.world_size)
+        pl_module.log_dict({"train/tokens_per_sec": tok_s, "train/mfu": math.nan if step_mfu is None else step_mfu},
+                           on_step=True, on_epoch=False, rank_zero_only=True)
+        pl_module.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
+        self._step, self._t, self._tokens = trainer.global_step, now, 0
