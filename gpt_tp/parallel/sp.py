@@ -1,18 +1,6 @@
-"""Sequence parallelism on plain local tensors: the styles of gpt_tp's TP_PLAN.
-
-Every parameter is a DTensor on the TP mesh (what FSDP2, clip_grad_norm, fused AdamW and DCP checkpoints see), but
-the forward runs on `param.to_local()` with plain torch ops, and the communication is explicit: functional
-collectives (torch.ops._c10d_functional, differentiable and traceable by torch.compile) along the leading dim.
-No DTensor op is dispatched inside a block.
-
-Gathers and reduce-scatters work on dim 0. Gathering rank r's (B, T/n, C) slices along dim 0 gives an
-(n B, T/n, C) buffer in "token-major" order (rank, row, position): every token once, but not in (B, T) order.
-The MLP and the row-parallel matmuls are token-wise, so they run on that buffer as it is, and the reduce-scatter
-along dim 0 hands rank r back exactly its own tokens. Only attention needs (B, T) order: its input is gathered in
-order (one rearranging copy of (B, T, C)), and its output (B, T, C/n) is rearranged to token-major before c_proj
-(a copy n times smaller than rearranging c_proj's output). The column-parallel layers gather their own input and
-keep only the slice for backward (_ColParallel), so every activation a block keeps is n times smaller than at TP=1.
-"""
+"""Sequence parallelism on plain local tensors: the styles of gpt_tp's TP_PLAN. Parameters are DTensors on the TP
+mesh, but each block computes on their local shards with explicit functional collectives along dim 0, in
+"token-major" order where that saves a copy. See docs/performance.md, "The layout"."""
 
 import torch
 import torch.nn as nn
@@ -81,14 +69,10 @@ def _local(p: torch.Tensor | None) -> torch.Tensor | None:
 
 class _RowParallel(torch.autograd.Function):
     """A row-parallel layer: y = x W^T (partial sums over this rank's K slice), reduce-scattered along dim 0 into
-    this rank's (B, T/n, C) token slice, plus the replicated bias b, added once to that slice.
-
-    reorder_input: x (B, T, K) in (B, T) order (attention's output) is put in token-major order for the matmul by a
-    copy that is not kept; backward saves x itself, which attention keeps for its own backward anyway, and redoes
-    the copy, so attention's output is held once, not twice. Otherwise x is token-major already (the MLP's).
-    Backward: the output gradient all-gathered (the reduce-scatter's conjugate) is y's gradient; b's gradient is
-    its sum over all tokens, the same on every rank: a true Replicate gradient, with no collective of its own.
-    Under autocast the matmuls of backward run in the forward's dtype, and each gradient comes back in its input's."""
+    this rank's (B, T/n, C) token slice, plus the replicated bias b, added once to that slice. reorder_input: x is
+    attention's (B, T, K) output, put in token-major order by a copy that is not kept (backward saves x, which
+    attention keeps anyway, and redoes it). b's gradient is the same on every rank: no collective of its own.
+    Under autocast backward's matmuls run in the forward's dtype, and each gradient comes back in its input's."""
 
     @staticmethod
     def forward(ctx, x, w, b, n: int, group: str, reorder_input: bool) -> torch.Tensor:
@@ -120,14 +104,10 @@ class _RowParallel(torch.autograd.Function):
 
 class _ColParallel(torch.autograd.Function):
     """A column-parallel layer fed by a sequence all-gather: y = all_gather(x) W^T + b, with x this rank's
-    (B, T/n, C) token slice and W, b this rank's rows. The gathered input is not kept: backward saves the slice
-    (n times smaller) and gathers it again (Megatron-LM's sequence parallelism): that all-gather is issued before
-    the input-gradient matmul and waited for after it, and the input gradient's reduce-scatter back to the slice is
-    issued before the weight-gradient matmul.
-
-    in_order: the gathered buffer is put in (B, T) order (attention, lm_head); otherwise it stays token-major,
-    (n B, T/n, C) (the MLP). Under autocast the slice is cast before the gather, so the gather moves and backward
-    keeps 2-byte elements; backward's matmuls run in that dtype and each gradient comes back in its input's."""
+    (B, T/n, C) token slice and W, b this rank's rows. Backward keeps only the slice and gathers it again (Megatron-LM's
+    sequence parallelism), overlapping that gather with the input-gradient matmul and the input gradient's
+    reduce-scatter with the weight-gradient matmul. in_order: the gathered buffer is put in (B, T) order (attention,
+    lm_head); otherwise it stays token-major (the MLP). Under autocast the slice is cast before the gather."""
 
     @staticmethod
     def forward(ctx, x, w, b, n: int, group: str, in_order: bool) -> torch.Tensor:
