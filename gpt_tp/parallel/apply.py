@@ -67,17 +67,10 @@ def parallelize(
     activation_checkpointing: str = "none", plan: dict[str, ParallelStyle] = TP_PLAN,
 ) -> GPT:
     """Apply TP (on mesh["tensor_parallel"]), then activation checkpointing per block, then torch.compile per block,
-    then FSDP2 (on mesh["data_parallel"]).
-
-    The fixed order matters: checkpointing wraps the TP-annotated blocks, so recomputation replays their
-    collectives; compile must see the TP-annotated (and checkpointed) blocks; FSDP2 wraps the compiled blocks,
-    gathers a block's weights again before its backward (and so before its recomputation), and composes with the
-    TP DTensors into one 2-D (dp, tp) mesh. mesh=None (one device) only checkpoints and compiles.
-    param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and reduce-scatters gradients in float32.
-    plan: module path -> ParallelStyle; gpt_tp's TP_PLAN unless another is given (benchmarks/plans.py, a plan of
-    one's own checked with python -m gpt_tp.eval.paritycheck --plan).
-    Idempotent: an already-parallelized model is left as is.
-    """
+    then FSDP2 (on mesh["data_parallel"]): why this order, docs/train.md, "How the model is split". mesh=None (one
+    device) only checkpoints and compiles. param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and
+    reduce-scatters gradients in float32. plan: module path -> ParallelStyle, TP_PLAN unless another is given.
+    Idempotent: an already-parallelized model is left as is."""
     if is_parallelized(model):
         return model
     tp_size = mesh["tensor_parallel"].size() if mesh is not None else 1
