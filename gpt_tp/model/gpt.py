@@ -2,7 +2,7 @@
 rows are ordered per head and every reshape infers the number of heads, so a TP shard runs the same code
 (docs/train.md, "How the model is split"). The loss lives outside the model (gpt_tp/train/module.py)."""
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -86,10 +86,6 @@ SIZES = {
     # tests and the CPU demo: 4 heads so TP=2 and TP=4 both split whole heads
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=128),
 }
-
-
-def config_fields() -> list[str]:
-    return [f.name for f in fields(GPTConfig)]
 
 
 class CausalSelfAttention(nn.Module):
