@@ -1,13 +1,5 @@
-"""HellaSwag (val) accuracy during training (HellaSwagCallback) and of saved weights (the command).
-
-The file and its download: gpt_tp/eval/hellaswag_data.py. The scoring (build-nanogpt's, correct under tensor
-and data parallelism): gpt_tp/eval/hellaswag_score.py.
-
-Command line (one process, or torchrun for TP/DP), see docs/eval.md:
-    python -m gpt_tp.eval.hellaswag --hf-dir gpt2_hf           # a Hugging Face GPT-2 directory
-    python -m gpt_tp.eval.hellaswag --ckpt_path checkpoints/last.ckpt   # a Lightning checkpoint (DCP folder or file)
-    torchrun --nproc_per_node 2 -m gpt_tp.eval.hellaswag --hf-dir gpt2_hf --tp 2
-"""
+"""HellaSwag (val) accuracy during training (HellaSwagCallback) and of saved weights (the command, one process or
+torchrun for TP/DP; docs/eval.md). The file and its download: hellaswag_data.py; the scoring: hellaswag_score.py."""
 
 import json
 import os
