@@ -134,11 +134,7 @@ class Preemption(Callback):
         for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
             logger.save()
         if self._leave_after == "sigterm":
-            # Everything is saved, and Slurm sends SIGKILL KillWait seconds after SIGTERM: leave now rather than run
-            # end-of-training hooks (more checkpoints, collectives) into the kill.
-            _say(f"rank {trainer.global_rank}: checkpoint saved after SIGTERM: exiting")
-            sys.stdout.flush()
-            os._exit(EXIT_SIGTERM)
+            _exit_now(trainer, "checkpoint saved after SIGTERM", EXIT_SIGTERM)
         self._leave_after = None
         self._requeue_and_exit(trainer)
 
@@ -152,11 +148,15 @@ class Preemption(Callback):
         if not trainer.strategy.reduce_boolean_decision(ok, all=True):
             trainer.should_stop = True
             return
-        # The job is requeued: Slurm is about to SIGTERM every task (and SIGKILL after KillWait). Everything is
-        # saved, so leave now rather than run end-of-training hooks (more checkpoints, collectives) into the kill.
-        _say(f"rank {trainer.global_rank}: checkpoint saved, job requeued: exiting")
-        sys.stdout.flush()
-        os._exit(0)
+        _exit_now(trainer, "checkpoint saved, job requeued", 0)  # Slurm is about to SIGTERM every task
+
+
+def _exit_now(trainer, what: str, code: int) -> None:
+    """Everything is saved and Slurm's SIGKILL follows its SIGTERM by KillWait seconds: leave now rather than run
+    end-of-training hooks (more checkpoints, collectives) into the kill."""
+    _say(f"rank {trainer.global_rank}: {what}: exiting")
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def is_collective_failure(exc: BaseException) -> bool:
