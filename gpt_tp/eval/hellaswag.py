@@ -116,20 +116,17 @@ def load_model(args):
                 config, sd = load_consolidated(p)
             except CheckpointError as e:
                 raise HellaSwagError(str(e)) from e
-            model = GPT(config)
-            model.load_state_dict(sd)
-            model.tie_weights()
-            return model
-        if not p.is_file():
+        elif not p.is_file():
             raise HellaSwagError(f"--ckpt_path {p} not found: give a Lightning checkpoint (.ckpt file or distributed checkpoint folder)")
-        try:
-            ckpt = torch.load(p, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
-            raise HellaSwagError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
-        if "state_dict" not in ckpt:
-            raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule")
-        config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
-        sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        else:
+            try:
+                ckpt = torch.load(p, map_location="cpu", weights_only=False)
+            except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
+                raise HellaSwagError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+            if "state_dict" not in ckpt:
+                raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule")
+            config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
+            sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     else:
         config, sd = GPTConfig.from_name(args.model), None
     model = GPT(config)
