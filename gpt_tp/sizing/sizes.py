@@ -71,14 +71,10 @@ def local_params(config: GPTConfig, tp: int) -> list[LocalParam]:
     return block_params(config, tp) * config.n_layer + root_params(config, tp)
 
 
-def fsdp_numel(shape: tuple[int, ...], dp: int) -> int:
-    """Elements FSDP2 allocates per rank for one tensor: dim 0 split into dp chunks, padded to equal size."""
-    return math.ceil(shape[0] / dp) * math.prod(shape[1:])
-
-
 def numel(params: list[LocalParam], dp: int = 1) -> int:
-    """Elements one rank holds of these parameters under FSDP2 over dp ranks (dp=1: the TP-local tensors)."""
-    return sum(fsdp_numel(p.shape, dp) for p in params)
+    """Elements one rank holds of these parameters under FSDP2 over dp ranks (dp=1: the TP-local tensors): each
+    tensor's dim 0 split into dp chunks, padded to equal size."""
+    return sum(math.ceil(p.shape[0] / dp) * math.prod(p.shape[1:]) for p in params)
 
 
 def state_bytes(config: GPTConfig, dp: int, tp: int, param_bytes: int = 4) -> dict[str, int]:
@@ -134,12 +130,6 @@ def check_precision(precision: str) -> None:
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
 
 
-def matmul_bytes(precision: str) -> int:
-    """Bytes per element of a matmul's activations (and of the gathers that feed it) in this precision."""
-    check_precision(precision)
-    return PRECISIONS[str(precision)][2]
-
-
 def fsdp_gather_bytes(precision: str) -> int:
     """Bytes per element of the weights FSDP2 all-gathers: bf16 under bf16-mixed (MixedPrecisionPolicy's
     param_dtype, gpt_tp.parallel.parallelize), else the parameters' own."""
@@ -155,7 +145,8 @@ def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp
     if tp <= 1:
         return []
     L, act = config.n_layer, batch_size * seq_len * config.n_embd
-    mm = matmul_bytes(precision)  # matmul outputs, and LayerNorm outputs cast before their gather
+    check_precision(precision)
+    mm = PRECISIONS[str(precision)][2]  # matmul outputs, and LayerNorm outputs cast before their gather
     emb = mm if dp > 1 else 4
     partial = numel([p for p in local_params(config, tp) if p.sequence_partial], dp)
     return [

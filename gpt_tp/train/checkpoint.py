@@ -81,11 +81,6 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
         )
 
 
-def global_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    """State-dict keys -> global (unsharded) shapes, DTensor or not."""
-    return {k: tuple(v.shape) for k, v in module.state_dict().items() if torch.is_tensor(v)}
-
-
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -186,7 +181,8 @@ class ModelParallel(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         path = Path(self.broadcast(str(checkpoint_path)))
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
-        check_checkpoint(path, global_shapes(self.lightning_module))
+        state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
+        check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
         if any(isinstance(p, DTensor) for p in self.model.parameters()):
             checkpoint = super().load_checkpoint(path, weights_only=True)
         else:
