@@ -50,10 +50,8 @@ def check_compiled_ac(mode: str, compile: bool, tp: int) -> None:
 
 
 def apply_ac(model: GPT, mode: str) -> None:
-    """Activation checkpointing per block (torch.utils.checkpoint, non-reentrant). "full": a block keeps only its
-    input and reruns its whole forward in backward; "selective": a block keeps its matmul and attention outputs
-    and reruns the rest; "none": nothing changes. Each block checkpoints itself (Block.checkpoint_activations), so
-    parameter names (checkpoints, exports) are the same in every mode."""
+    """Activation checkpointing per block (docs/train.md, "Model options"): "full", "selective" or "none". Each
+    block checkpoints itself (Block.checkpoint_activations), so parameter names are the same in every mode."""
     check_ac_mode(mode)
     if mode == "none":
         return

@@ -77,10 +77,8 @@ TP_PLAN: dict[str, ParallelStyle] = {
 
 
 def enable_async_tp(tp_mesh) -> None:
-    """Turn on asynchronous tensor parallelism for compiled blocks: Inductor's micro-pipelining pass
-    (torch._inductor.config._micro_pipeline_tp) fuses each all-gather with the matmul that consumes it, and each
-    matmul with the reduce-scatter after it, over symmetric memory on the TP group. Call before the first
-    compiled forward. Needs CUDA devices and torch.compile; refused elsewhere with the reason."""
+    """Turn on Inductor's micro-pipelining of TP collectives with their matmuls over symmetric memory
+    (torch._inductor.config._micro_pipeline_tp) before the first compiled forward; refused without CUDA or at TP=1."""
     if tp_mesh.device_type != "cuda":
         raise RuntimeError(
             f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on '{tp_mesh.device_type}'. "

@@ -142,8 +142,7 @@ class _ColParallel(torch.autograd.Function):
 
 class ColwiseLinear(nn.Linear):
     """Column-parallel Linear: weight rows and bias split over TP (Shard(0)). `gather`: None takes the gathered
-    activation as input; "in_order" / "token_major" take this rank's (B, T/n, C) slice and gather it
-    (_ColParallel)."""
+    activation; "in_order" / "token_major" gather this rank's (B, T/n, C) slice first (_ColParallel)."""
 
     tp: _TP
     gather: str | None
@@ -156,9 +155,8 @@ class ColwiseLinear(nn.Linear):
 
 
 class RowwiseLinear(nn.Linear):
-    """Row-parallel Linear: weight columns split (Shard(1)), bias replicated. The partial sums are reduce-scattered
-    along dim 0 into this rank's token slice. `reorder_input`: a (B, T, K) input (attention's output) is rearranged
-    to token-major before the matmul; otherwise the input is token-major already (the MLP's)."""
+    """Row-parallel Linear: weight columns split (Shard(1)), bias replicated; the partial sums are reduce-scattered
+    into this rank's token slice. `reorder_input`: the input is attention's (B, T, K) output (_RowParallel)."""
 
     tp: _TP
     reorder_input: bool
@@ -169,10 +167,8 @@ class RowwiseLinear(nn.Linear):
 
 
 class VocabParallelEmbedding(nn.Embedding):
-    """wte split over the vocabulary (Shard(0)): each rank looks up the ids it holds (zeros elsewhere) for every
-    token of the replicated (B, T) ids, and a reduce-scatter sums the ranks' rows into this rank's (B, T/n, C)
-    slice. The ids are put in token-major order first (a copy of integers, not of activations); the weight
-    gradient is this rank's (V/n, C) rows only."""
+    """wte split over the vocabulary (Shard(0)): each rank looks up the ids it holds (zeros elsewhere) in token-major
+    order, and a reduce-scatter sums the ranks' rows into this rank's (B, T/n, C) slice."""
 
     tp: _TP
 

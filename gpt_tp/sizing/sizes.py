@@ -166,10 +166,8 @@ def fsdp_unit_bytes(config: GPTConfig, dp: int, tp: int, dtype_bytes: int) -> tu
 
 
 def fsdp_collectives(config: GPTConfig, dp: int, tp: int, precision: str) -> list[dict]:
-    """The DP group's collectives of one step under FSDP2 (one unit per block, one root unit): each unit's
-    parameters all-gathered before its forward (L + 1), each block's again before its backward (L; the root stays
-    gathered), each unit's float32 gradients reduce-scattered (L + 1). Under bf16-mixed the parameters are gathered
-    in bf16 (MixedPrecisionPolicy). The sequence-partial gradients are reduce-scattered as they are: no all-reduce."""
+    """The DP group's collectives of one step under FSDP2 (one unit per block, one root unit): all_gather 2L + 1
+    (each unit before forward, each block again before backward), reduce_scatter L + 1 of float32 gradients."""
     if dp <= 1:
         return []
     L = config.n_layer

@@ -78,11 +78,9 @@ class HeapSplit(Callback):
             trim_heap()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        """split: hold this step's gradients for the next one. Lightning frees them (zero_grad before the next
-        backward, and before a validation); held here, each is zeroed and handed back before the next backward
-        (on_before_backward), so it stays in the mapping of the first step rather than coming back from the heap.
-        Gradients of 64 MiB and more (wte's) are left to be freed: each new one gets a mapping of its own anyway,
-        and keeping it would make backward hold two at once."""
+        """split: hold this step's gradients, which Lightning frees before the next backward, and hand them back zeroed
+        (on_before_backward), so each stays in the first step's mapping; those of STEP_THRESHOLD and more (wte's) are
+        left to be freed, or backward would hold two at once."""
         if self.active and self.policy == "split":
             self._grads = [(p, p.grad) for p in pl_module.parameters()
                            if p.grad is not None and _local(p.grad).nbytes < STEP_THRESHOLD]
