@@ -79,10 +79,8 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
 
 
 def _claim_once(message: str) -> bool:
-    """True for the first process of this run to report ``message``: ranks hitting the same error print it once.
-
-    Processes of one run share the rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT under Lightning's
-    launcher and Slurm); a marker file in the temp folder, created exclusively, picks one of them per node."""
+    """True for the first process of this run to report ``message``: a marker file in the temp folder, named from the
+    rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT) and the message, created exclusively, picks one per node."""
     run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT")
     if run is None:
         return True

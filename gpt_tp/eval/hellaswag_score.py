@@ -111,16 +111,12 @@ def evaluate(
     enc=None,
     vocab_limit: int | None = -1,
 ) -> dict:
-    """Score `examples` with model(idx (B, T)) -> logits (B, T, V) (plain or vocab-sharded DTensor).
-
-    This DP rank scores examples dp_rank, dp_rank + dp, ... in batches of `batch_size` examples (4 rows each);
-    counts are summed over dp_group (None: the default group) when dp_size > 1. Rows are padded to a multiple of
-    lcm(tp, pad_to). Logits of ids >= vocab_limit are masked (-1: the tokenizer's size, 50257; None: keep all).
-    Every token id must have an embedding row (gpt_tp.data.shards.check_token_ids against the model's vocabulary,
-    where it has a config). Call it on every rank of the job: all take part in every forward's collectives.
-    Returns {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"} (the totals are global), plus
-    "examples" (this rank's per-example index, label, sum/mean losses, pred, pred_norm) with details=True.
-    """
+    """Score `examples` with model(idx (B, T)) -> logits (B, T, V) (plain or vocab-sharded DTensor). Call it on every
+    rank of the job: all take part in every forward's collectives. This DP rank scores examples dp_rank, dp_rank + dp,
+    ... in batches of `batch_size` examples; counts are summed over dp_group (None: the default group) when dp_size > 1.
+    Rows are padded to a multiple of lcm(tp, pad_to); logits of ids >= vocab_limit are masked (-1: the tokenizer's
+    size, 50257; None: keep all). Returns {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"} (global
+    totals), plus "examples" (this rank's per-example index, label, losses and picks) with details=True."""
     if batch_size < 1:
         raise HellaSwagError(f"batch_size={batch_size} must be >= 1")
     enc = enc or get_encoding()
