@@ -79,8 +79,9 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
 
 
 def _claim_once(message: str) -> bool:
-    """True for the first process of this run to report ``message``: a marker file in the temp folder, named from the
-    rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT) and the message, created exclusively, picks one per node."""
+    """True for the first process of this run to report ``message``: a marker file in the temp folder, named from
+    the rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT) and the message, created exclusively, picks one
+    per node."""
     run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT")
     if run is None:
         return True
