@@ -1,5 +1,4 @@
-"""The model room: GPT-2 as plain single-device PyTorch (gpt.py) and Hugging Face GPT-2 files in and out (hf.py).
-It knows nothing of parallelism."""
+"""The model room: GPT-2 as plain single-device PyTorch and Hugging Face GPT-2 files; no parallelism."""
 
 from gpt_tp.model.gpt import GPT, SIZES, Block, CausalSelfAttention, GPTConfig, MLP  # noqa: F401
 from gpt_tp.model.hf import (  # noqa: F401
