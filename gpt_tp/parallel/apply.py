@@ -111,11 +111,9 @@ def _fill_local_shard(param: torch.Tensor, full: torch.Tensor) -> None:
 
 
 def materialize(model: GPT, device: torch.device) -> None:
-    """After building on the meta device and parallelizing: allocate the local shards and give them GPT-2's init
-    (not PyTorch's reset_parameters): the same numbers as the single-device init, since each parameter is drawn
-    at full size from the model's init_seed and cut to the local shard. In a process group the seed is rank 0's,
-    broadcast to every rank, so ranks whose random state differs still cut their shards from one init. Nothing
-    happens if no parameter is meta."""
+    """After building on the meta device and parallelizing: allocate the local shards and give them the single-device
+    init, each parameter drawn at full size from rank 0's init_seed and cut to the local shard. No-op without meta
+    parameters."""
     if not any(p.is_meta for p in model.parameters()):
         return
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:

@@ -68,11 +68,9 @@ def _local(p: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class _RowParallel(torch.autograd.Function):
-    """A row-parallel layer: y = x W^T (partial sums over this rank's K slice), reduce-scattered along dim 0 into
-    this rank's (B, T/n, C) token slice, plus the replicated bias b, added once to that slice. reorder_input: x is
-    attention's (B, T, K) output, put in token-major order by a copy that is not kept (backward saves x, which
-    attention keeps anyway, and redoes it). b's gradient is the same on every rank: no collective of its own.
-    Under autocast backward's matmuls run in the forward's dtype, and each gradient comes back in its input's."""
+    """A row-parallel layer: y = x W^T (partial sums over this rank's K slice), reduce-scattered along dim 0 into this
+    rank's (B, T/n, C) token slice, plus the replicated bias b. reorder_input: x is attention's (B, T, K) output, put
+    in token-major order by a copy that backward redoes rather than keeps; b's gradient needs no collective."""
 
     @staticmethod
     def forward(ctx, x, w, b, n: int, group: str, reorder_input: bool) -> torch.Tensor:
@@ -103,11 +101,9 @@ class _RowParallel(torch.autograd.Function):
 
 
 class _ColParallel(torch.autograd.Function):
-    """A column-parallel layer fed by a sequence all-gather: y = all_gather(x) W^T + b, with x this rank's
-    (B, T/n, C) token slice and W, b this rank's rows. Backward keeps only the slice and gathers it again (Megatron-LM's
-    sequence parallelism), overlapping that gather with the input-gradient matmul and the input gradient's
-    reduce-scatter with the weight-gradient matmul. in_order: the gathered buffer is put in (B, T) order (attention,
-    lm_head); otherwise it stays token-major (the MLP). Under autocast the slice is cast before the gather."""
+    """A column-parallel layer fed by a sequence all-gather: y = all_gather(x) W^T + b, x this rank's (B, T/n, C)
+    slice. Backward keeps only the slice and gathers it again (Megatron-LM), overlapped with the matmuls. in_order:
+    the gathered buffer is put in (B, T) order (attention, lm_head), else it stays token-major (the MLP)."""
 
     @staticmethod
     def forward(ctx, x, w, b, n: int, group: str, in_order: bool) -> torch.Tensor:
