@@ -1,11 +1,6 @@
-"""One rank acts for all, and every rank learns how it went.
-
-``one_does(fn, doer)`` runs ``fn`` on the ranks where ``doer`` is true (default: global rank 0) and then shares the
-outcome in one all-gather over the default process group: when ``fn`` raised on any doer, every rank raises that
-error. So no rank walks on into a collective or a barrier that its failed peer will never join, and every rank
-exits with the same error (gpt_tp.entry prints it once per run). Used for a download, a file written for the whole
-job, a log folder. Without a process group (one process) ``fn`` just runs.
-"""
+"""One rank acts for all, and every rank learns how it went: ``one_does(fn, doer)`` runs ``fn`` on the doer ranks
+(default: global rank 0), then one all-gather shares the outcome, and every rank raises a doer's error, so no rank
+walks on into a collective its failed peer will never join. Without a process group ``fn`` just runs."""
 
 import pickle
 from collections.abc import Callable

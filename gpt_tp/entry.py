@@ -1,15 +1,6 @@
-"""How every gpt_tp command starts and ends.
-
-- A user's mistake (gpt_tp.errors.UserError, a missing file) prints one line, ``error: ...``, once per run rather
-  than once per rank, and exits with code 2. Any other exception is a bug: its traceback is kept.
-- A distributed process leaves without the interpreter's shutdown. destroy_process_group() does not end gloo's
-  threads once DTensor has run: its redistribute-plan cache holds the DeviceMesh, and the mesh holds its
-  ProcessGroups, so their worker threads live on into interpreter finalization. A worker thread that then drops
-  its last work item (a tensor owned by a Python object) needs the GIL, Python ends that thread with
-  pthread_exit inside a noexcept C++ frame, and the process aborts with "terminate called without an active
-  exception" (SIGABRT) after it trained correctly. So: destroy the process group (stopping NCCL's watchdog),
-  flush the output, and leave with os._exit, which runs no finalizer and no C++ static destructor.
-"""
+"""How every gpt_tp command starts and ends: a user's mistake is one ``error:`` line, once per run, and exit code 2;
+a distributed process leaves through os._exit, without the interpreter's shutdown, where gloo's threads could
+abort it after it trained correctly (docs/scale.md, "How a distributed command exits")."""
 
 import argparse
 import hashlib
@@ -87,17 +78,10 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
     return mesh, dev
 
 
-def end_distributed() -> None:
-    """Destroy every process group while Python is fully alive (this joins gloo's threads and stops NCCL's watchdog)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _claim_once(message: str) -> bool:
-    """True for the first process of this run to report ``message``: ranks hitting the same error print it once.
-
-    Processes of one run share the rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT under Lightning's
-    launcher and Slurm); a marker file in the temp folder, created exclusively, picks one of them per node."""
+    """True for the first process of this run to report ``message``: a marker file in the temp folder, named from
+    the rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT) and the message, created exclusively, picks one
+    per node."""
     run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT")
     if run is None:
         return True
@@ -124,23 +108,20 @@ def report(message: str) -> None:
         print(f"error: {message}", file=sys.stderr, flush=True)
 
 
-def _is_user_error(e: BaseException) -> bool:
-    return isinstance(e, (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError))
+USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def _user_error_in(e: BaseException | None) -> BaseException | None:
     """The user's mistake that `e` is, or was raised from (jsonargparse wraps an exception raised while it builds a
     config's class, e.g. a callback refusing its arguments, in its own ValueError); None for a bug."""
-    while e is not None and not _is_user_error(e):
+    while e is not None and not isinstance(e, USER_ERRORS):
         e = e.__cause__
     return e
 
 
 def run(main: Callable[[], object]) -> None:
-    """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake.
-
-    A process with a process group destroys it (on success: after an error a peer may still be inside a
-    collective), flushes its output and leaves with os._exit (see the module doc)."""
+    """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake, 1
+    with the traceback for a bug. A distributed process then leaves through _leave (see the module doc)."""
     code = 0
     try:
         result = main()
@@ -172,7 +153,7 @@ def _leave(code: int) -> None:
         sys.exit(code)  # destroyed its group itself, which leaves the threads of a mesh's groups running)
     if initialized and (code == 0 or dist.get_world_size() == 1):
         # after an error a peer may still be inside a collective: joining the group could wait for its timeout
-        end_distributed()
+        dist.destroy_process_group()  # while Python is fully alive: joins gloo's threads, stops NCCL's watchdog
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

@@ -1,20 +1,7 @@
 """Tokenize a text dataset into GPT-2 token shards in build-nanogpt's format.
 
-    python -m gpt_tp.data.prepare                                   # FineWeb-Edu sample-10BT -> edu_fineweb10B/
-    python -m gpt_tp.data.prepare --config sample-100BT --out edu_fineweb100B
-    python -m gpt_tp.data.prepare --local corpus/*.jsonl --out my_shards --prefix mydata   # no internet needed
-
-Each non-empty document becomes ``[<|endoftext|>] + enc.encode_ordinary(text)`` with tiktoken's ``r50k_base``
-encoding, which is byte-identical to GPT-2's BPE (tiktoken's ``gpt2``). Documents are tokenized in
-worker processes and packed into ``uint16`` ``.npy`` shards of ``--shard-size`` tokens named
-``{prefix}_val_000000.npy``, ``{prefix}_train_000001.npy``, ... (shard 0 is the validation split), the
-same bytes build-nanogpt's fineweb.py writes for the same documents. A document that overflows a
-shard continues at the start of the next one.
-
-Rerunnable: each shard is written under a temporary name and renamed, then recorded in
-``{prefix}_prepare.json``; a rerun keeps the complete shards, skips the documents they hold without
-tokenizing them again, and carries on.
-"""
+Resumable: complete shards are recorded in ``{prefix}_prepare.json`` and kept by a rerun. Inputs, usage and
+errors: docs/data.md, "Preparing data"."""
 
 import argparse
 import json
@@ -102,10 +89,8 @@ def _write_json(path: Path, obj) -> None:
 
 
 def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
-    """Check the output folder and return the resume state (the shards already complete).
-
-    DataError if it holds shards of another format or dataset, or of a run with other settings.
-    """
+    """The resume state of the output folder (the shards already complete); DataError if it holds shards of
+    another format or dataset, or of a run with other settings."""
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file, not a folder: give a folder for the shards")
     ours = []
@@ -150,12 +135,8 @@ def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
 def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local=None, text_column="text",
             shard_size=DEFAULT_SHARD_SIZE, prefix=DEFAULT_PREFIX, workers=None, encoding=ENCODING,
             progress=True) -> dict:
-    """Tokenize the input into shards under ``out_dir``; return the final state (shards, totals).
-
-    Input: ``local`` files/folders (jsonl/json, parquet, or txt = one document per file), or else
-    the Hugging Face dataset ``dataset`` (default FineWeb-Edu) / ``config`` (default sample-10BT) /
-    ``split``, streamed.
-    """
+    """Tokenize ``local`` files/folders, or else the Hugging Face ``dataset`` / ``config`` / ``split`` (streamed;
+    default FineWeb-Edu sample-10BT), into shards under ``out_dir``; return the final state (shards, totals)."""
     if local and (dataset or config):
         raise DataError("--local reads local files: do not also give --dataset/--config")
     if not local:

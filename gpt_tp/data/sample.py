@@ -1,13 +1,7 @@
 """Build the bundled sample corpus data/sample/ from the public-domain Shakespeare plays.
 
-    python -m gpt_tp.data.sample --corpus DIR        # DIR: the 42 Project Gutenberg texts (*.txt, metadata.txt)
-
-Each play or poem (one ``*.txt`` file, Project Gutenberg text; data/sample/SOURCES.txt lists their sources) is one
-document, in sorted file order, tokenized with GPT-2's BPE by gpt_tp.data.prepare into shards of 100,000 tokens:
-``shakespeare_val_000000.npy`` (the first 100k tokens: All's Well That Ends Well, Antony and Cleopatra and the
-start of As You Like It) and ``shakespeare_train_000001.npy`` ... (the rest, about 1.47M tokens). The output is
-deterministic: rebuilding gives identical files.
-"""
+Each play or poem is one document, in sorted file order; the output is deterministic. See docs/data.md,
+"Bundled sample corpus"."""
 
 import shutil
 from pathlib import Path

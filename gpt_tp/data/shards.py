@@ -1,20 +1,5 @@
-"""Token shards and the stream that reads them (the LightningDataModule over it: gpt_tp.train.datamodule).
-
-Shard format (build-nanogpt's, read and written unchanged): a standard ``.npy`` file holding a
-1-D ``uint16`` array of GPT-2 token ids, named ``{prefix}_{split}_{index:06d}.npy`` with split
-``val`` or ``train``. Each document is ``[<|endoftext|>] + tokens``; documents run on across
-shard boundaries. build-nanogpt writes shard 0 as ``val`` and the rest as ``train``.
-
-Reading scheme (cleaner than build-nanogpt's DataLoaderLite, which drops each shard's tail):
-the shards of a split are one concatenated token stream, read through small memory maps of only
-the bytes a batch needs, so memory does not grow with shard size or count. Global batch ``k`` is
-the span of ``B*T*dp_size + 1`` tokens starting at ``k*B*T*dp_size`` (within an epoch); data-parallel
-rank ``r`` takes tokens ``[r*B*T, (r+1)*B*T + 1)`` of that span, so the ``dp_size`` ranks together
-see exactly what one device with batch ``B*dp_size`` would see. Tensor-parallel ranks are not
-data-parallel ranks: all ranks of one TP group get the identical batch. Epoch 0 reads the shards in
-file order from token 0 (as build-nanogpt); each later epoch reads them in a seed-determined
-permutation, starting at a seed-determined offset in ``[0, T)``, so windows do not repeat exactly.
-"""
+"""Token shards in build-nanogpt's format and the stream that reads them (the LightningDataModule over it:
+gpt_tp.train.datamodule). The format and the reading scheme: docs/data.md, "Shard format" and "GPTDataModule"."""
 
 import os
 import re
@@ -42,12 +27,9 @@ class DataError(UserError):
 
 
 def check_token_ids(ids, vocab_size: int, where: str) -> None:
-    """Raise DataError unless every id in ``ids`` (numpy array or torch tensor, any shape) lies in
-    ``0 .. min(50257, vocab_size) - 1``: a GPT-2 BPE id the model has an embedding row for.
-
-    The message names ``where``, the first bad position and its id, and the fix. One pass over the
-    data (its min and max); the position is searched only when an id is out of range.
-    """
+    """Raise DataError unless every id in ``ids`` (numpy array or torch tensor, any shape) is a GPT-2 BPE id the
+    model has a row for, ``0 .. min(50257, vocab_size) - 1``, naming ``where``, the first bad position, its id and
+    the fix. One pass (min and max); the position is searched only when an id is out of range."""
     limit = min(GPT2_VOCAB, int(vocab_size))
     if isinstance(ids, torch.Tensor):
         if ids.is_floating_point() or ids.is_complex():
@@ -92,11 +74,8 @@ def shard_name(prefix: str, split: str, index: int) -> str:
 
 
 def write_shard(path, tokens) -> None:
-    """Write ``tokens`` as a uint16 ``.npy`` shard (build-nanogpt format) at ``path``, atomically.
-
-    The array is written to ``path + ".tmp"`` and renamed, so a partly written shard never appears
-    under its final name. Raises DataError if a token id does not fit uint16.
-    """
+    """Write ``tokens`` as a uint16 ``.npy`` shard at ``path``, atomically (to ``path + ".tmp"``, then renamed);
+    DataError if a token id does not fit uint16."""
     path = os.fspath(path)
     arr = np.asarray(tokens)
     if arr.ndim != 1:
@@ -120,10 +99,8 @@ def write_shard(path, tokens) -> None:
 
 
 def shard_header(path) -> tuple[int, int]:
-    """Check that ``path`` is a 1-D little-endian uint16 ``.npy`` file; return (num_tokens, data offset).
-
-    Reads only the header, never the data. Raises DataError naming the file otherwise.
-    """
+    """(num_tokens, data offset) of ``path`` from its header alone; DataError naming the file unless it is a 1-D
+    little-endian uint16 ``.npy`` file of the size its header says."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -225,13 +202,9 @@ def find_shards(data_dir, split: str) -> list[Path]:
 
 
 class TokenStream:
-    """Several shards read as one concatenated token stream.
-
-    Opening checks every shard's header and token ids (``check_shard``: ids below
-    ``min(50257, vocab_size)``), so a bad shard raises DataError here, before any batch is read.
-    ``read(start, stop)`` maps only the bytes it needs (one small ``np.memmap`` per shard touched,
-    dropped right after copying), so resident memory does not depend on shard size or count.
-    """
+    """Several shards read as one concatenated token stream. Opening checks every shard (``check_shard``), so a
+    bad one raises DataError before any batch; ``read`` maps only the bytes it needs, so resident memory does not
+    depend on shard size or count."""
 
     def __init__(self, paths, vocab_size: int = GPT2_VOCAB):
         self.paths = [Path(p) for p in paths]

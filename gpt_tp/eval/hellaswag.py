@@ -1,13 +1,5 @@
-"""HellaSwag (val) accuracy during training (HellaSwagCallback) and of saved weights (the command).
-
-The file and its download: gpt_tp/eval/hellaswag_data.py. The scoring (build-nanogpt's, correct under tensor
-and data parallelism): gpt_tp/eval/hellaswag_score.py.
-
-Command line (one process, or torchrun for TP/DP), see docs/eval.md:
-    python -m gpt_tp.eval.hellaswag --hf-dir gpt2_hf           # a Hugging Face GPT-2 directory
-    python -m gpt_tp.eval.hellaswag --ckpt_path checkpoints/last.ckpt   # a Lightning checkpoint (DCP folder or file)
-    torchrun --nproc_per_node 2 -m gpt_tp.eval.hellaswag --hf-dir gpt2_hf --tp 2
-"""
+"""HellaSwag (val) accuracy during training (HellaSwagCallback) and of saved weights (the command, one process or
+torchrun for TP/DP; docs/eval.md). The file and its download: hellaswag_data.py; the scoring: hellaswag_score.py."""
 
 import json
 import os
@@ -124,20 +116,17 @@ def load_model(args):
                 config, sd = load_consolidated(p)
             except CheckpointError as e:
                 raise HellaSwagError(str(e)) from e
-            model = GPT(config)
-            model.load_state_dict(sd)
-            model.tie_weights()
-            return model
-        if not p.is_file():
+        elif not p.is_file():
             raise HellaSwagError(f"--ckpt_path {p} not found: give a Lightning checkpoint (.ckpt file or distributed checkpoint folder)")
-        try:
-            ckpt = torch.load(p, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
-            raise HellaSwagError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
-        if "state_dict" not in ckpt:
-            raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule")
-        config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
-        sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        else:
+            try:
+                ckpt = torch.load(p, map_location="cpu", weights_only=False)
+            except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
+                raise HellaSwagError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+            if "state_dict" not in ckpt:
+                raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule")
+            config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
+            sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     else:
         config, sd = GPTConfig.from_name(args.model), None
     model = GPT(config)

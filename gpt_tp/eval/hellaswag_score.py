@@ -1,21 +1,5 @@
-"""HellaSwag (val) accuracy the build-nanogpt way, correct under tensor and data parallelism.
-
-Each example is a context and four endings. Row i = context tokens + tokens of " " + ending i; the model's
-cross-entropy is taken over the ending tokens only. `acc` picks the ending with the lowest summed loss,
-`acc_norm` the one with the lowest mean loss per token (build-nanogpt's hellaswag.py reports both; its
-training loop logs acc_norm). GPT-2 124M scores acc 0.2859 / acc_norm 0.2955 on the 10,042 val examples.
-
-Parallelism:
-- TP: the logits are a DTensor sharded over the vocabulary. Per-token losses come from F.cross_entropy(...,
-  reduction="none") under loss_parallel(): a max, a sum of exponentials and the target logit are all-reduced
-  over the TP group, never the (rows, T, vocab) logits. Rows are padded (right, causal model: padding cannot
-  change earlier positions) to a multiple of the TP degree, which sequence parallelism requires.
-- DP: example i goes to data-parallel rank i % dp; the ranks of one TP group score the same examples. The counts
-  are a torchmetrics Metric (HellaSwagCounts) synced over the data-parallel group only (a sum over all ranks would
-  count every example tp times), so the total is exactly the number of examples. Every DP rank runs the same
-  number of forwards (a rank with fewer examples repeats a batch that counts nothing), since FSDP2 all-gathers
-  parameters in each forward.
-"""
+"""HellaSwag (val) accuracy the build-nanogpt way (acc: lowest summed ending loss; acc_norm: lowest mean), correct
+under tensor and data parallelism. Scoring, padding and the counts' sync: docs/eval.md, "HellaSwag"."""
 
 import math
 from contextlib import nullcontext
@@ -59,14 +43,9 @@ def pad_batch(rows: list[list[int]], masks: list[list[int]], multiple: int, max_
 def ending_losses(
     logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, vocab_limit: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed and mean cross-entropy over each row's masked (ending) tokens.
-
-    logits (R, T, V) may be a plain tensor or a DTensor sharded on the vocabulary (Shard(-1)); position t predicts
-    token t + 1. Targets outside the ending are ignore_index, and under loss_parallel() each rank all-reduces only
-    (R * T)-sized max / sum-exp / target-logit values, never the vocabulary. Ids >= vocab_limit are left out of the
-    softmax (gpt_tp.parallel.vocab.mask_padded_vocab; a DTensor shard by shard, without communication).
-    Returns (sum_loss (R,), mean_loss (R,)) as plain float tensors.
-    """
+    """Summed and mean cross-entropy over each row's masked (ending) tokens: (sum_loss (R,), mean_loss (R,)), plain
+    float tensors. logits (R, T, V) may be a DTensor sharded on the vocabulary (Shard(-1), under loss_parallel());
+    position t predicts token t + 1; ids >= vocab_limit are left out of the softmax (mask_padded_vocab)."""
     target = torch.full_like(tokens, -100)  # (R, T): -100 = ignored
     target[:, :-1] = torch.where(mask[:, 1:].bool(), tokens[:, 1:], -100)
     logits = logits.float()
@@ -132,16 +111,12 @@ def evaluate(
     enc=None,
     vocab_limit: int | None = -1,
 ) -> dict:
-    """Score `examples` with model(idx (B, T)) -> logits (B, T, V) (plain or vocab-sharded DTensor).
-
-    This DP rank scores examples dp_rank, dp_rank + dp, ... in batches of `batch_size` examples (4 rows each);
-    counts are summed over dp_group (None: the default group) when dp_size > 1. Rows are padded to a multiple of
-    lcm(tp, pad_to). Logits of ids >= vocab_limit are masked (-1: the tokenizer's size, 50257; None: keep all).
-    Every token id must have an embedding row (gpt_tp.data.shards.check_token_ids against the model's vocabulary,
-    where it has a config). Call it on every rank of the job: all take part in every forward's collectives.
-    Returns {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"} (the totals are global), plus
-    "examples" (this rank's per-example index, label, sum/mean losses, pred, pred_norm) with details=True.
-    """
+    """Score `examples` with model(idx (B, T)) -> logits (B, T, V) (plain or vocab-sharded DTensor). Call it on every
+    rank of the job: all take part in every forward's collectives. This DP rank scores examples dp_rank, dp_rank + dp,
+    ... in batches of `batch_size` examples; counts are summed over dp_group (None: the default group) when dp_size > 1.
+    Rows are padded to a multiple of lcm(tp, pad_to); logits of ids >= vocab_limit are masked (-1: the tokenizer's
+    size, 50257; None: keep all). Returns {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"} (global
+    totals), plus "examples" (this rank's per-example index, label, losses and picks) with details=True."""
     if batch_size < 1:
         raise HellaSwagError(f"batch_size={batch_size} must be >= 1")
     enc = enc or get_encoding()

@@ -3,13 +3,10 @@
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.eval.paritycheck --config configs/cpu.yaml
     torchrun --nproc_per_node=4 -m gpt_tp.eval.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
 
-Every rank builds the model from one seed, keeps an unsharded copy (it must fit on one device) and shards the
-other with gpt_tp's plan or with --plan module:attribute (a dict of module path -> ParallelStyle, or a function
-config -> such a dict), through the training's own gpt_tp.parallel.parallelize (TP -> FSDP2). Then one batch goes through both: the sharded model gets
-its data-parallel slice, the copy the whole batch. It prints the loss of each, their difference, and per
-parameter the worst difference between the gathered sharded weight / gradient and the copy's, relative to the
-copy's largest value. Exit code 0 within --tol, 1 beyond it (or if the sharded model fails to run), 2 on bad input.
-Runs in float32; a correct plan agrees to ~1e-6, a wrong one typically by O(1).
+One batch goes through the sharded model (gpt_tp's plan, or --plan module:attribute) and an unsharded copy built
+from the same seed, in float32; it prints both losses and the worst weight and gradient differences per parameter.
+Exit code 0 within --tol, 1 beyond it (or if the sharded model fails to run), 2 on bad input. See
+docs/performance.md, "Parity check".
 """
 
 import copy

@@ -1,15 +1,6 @@
-"""Plot a run's CSV log like build-nanogpt's play.ipynb: train and val loss, HellaSwag acc_norm over steps.
-
-    python -m gpt_tp.eval.plot logs/gpt_tp/version_0 -o run.png     # a run dir, a folder of runs, or a metrics.csv
-
-One run, one curve: a resumed or requeued run writes a new CSVLogger version (version_N+1) next to the one it
-continues. A version continues the run of the version before it when both saved the same hparams.yaml and its
-first logged step is later than that run's first logged step (a fresh run starts where the earlier one started).
-The versions of a run are joined; where they overlap, the later version wins from its first logged step on.
-
-Reference lines: OpenAI's GPT-2 124M checkpoint (val loss 3.2924 on FineWeb-Edu val, HellaSwag 0.2945) and
-GPT-3 124M's HellaSwag 0.337 (GPT-3 paper), as build-nanogpt draws them. Needs matplotlib.
-"""
+"""Plot a run's CSV log like build-nanogpt's play.ipynb: train and val loss, HellaSwag acc_norm over steps, with
+GPT-2 / GPT-3 124M reference lines; the CSVLogger versions of a resumed run are joined into one curve
+(docs/eval.md, "Plots"). Needs matplotlib."""
 
 import csv
 import math
@@ -53,7 +44,8 @@ def _first_step(metrics: dict[str, list[tuple[int, float]]]) -> int:
 
 
 def run_csvs(csv_path: str | Path) -> list[Path]:
-    """The metrics.csv files of the run that csv_path belongs to, oldest version first (see the module doc)."""
+    """The metrics.csv files of the run that csv_path belongs to, oldest version first: a version continues the one
+    before it when both saved the same hparams.yaml and it starts at a later step (a fresh run starts where it did)."""
     csv_path = Path(csv_path)
     if _version(csv_path.parent) is None:
         return [csv_path]

@@ -13,11 +13,9 @@ from gpt_tp.train.ranks import block_size_of, parallel_layout
 
 
 class TextSampleCallback(Callback):
-    """Every `every_n_steps` optimizer steps (and at the end of fit), sample `num_samples` continuations of
-    `prompt` up to `max_length` tokens with top-k sampling; rank 0 prints them, appends them to
-    <log_dir>/samples.txt and adds them to TensorBoard where a TensorBoardLogger is attached.
-    The generator is seeded with `seed` at every call: the same seed gives the same text for the same weights,
-    whatever the TP layout."""
+    """Every `every_n_steps` optimizer steps (and at the end of fit), `num_samples` top-k continuations of `prompt` up
+    to `max_length` tokens, the generator seeded with `seed` at every call; rank 0 prints them and writes them to the
+    run's logs (docs/eval.md, "Text samples")."""
 
     def __init__(self, prompt: str = PROMPT, every_n_steps: int = 250, num_samples: int = 4, max_length: int = 32,
                  top_k: int = 50, seed: int = 42, at_end: bool = True):

@@ -1,14 +1,8 @@
-"""GPT-2 as plain single-device PyTorch (build-nanogpt's model, laid out for tensor parallelism).
+"""GPT-2 as plain single-device PyTorch (build-nanogpt's model, laid out for tensor parallelism): c_attn's output
+rows are ordered per head and every reshape infers the number of heads, so a TP shard runs the same code
+(docs/train.md, "How the model is split"). The loss lives outside the model (gpt_tp/train/module.py)."""
 
-The model knows nothing of parallelism. Two layout choices make it shard cleanly (see gpt_tp/parallel/plan.py):
-- `c_attn` is one fused projection whose output rows are ordered per head, [h0: q k v | h1: q k v | ...],
-  so splitting its rows over TP ranks hands every rank whole heads with their own q, k and v.
-- every reshape infers the number of heads (`view(B, T, -1, ...)`), so a sharded module that holds
-  n_head / tp heads runs the same code unchanged.
-The parameter layout never depends on the TP degree. The loss lives outside the model (gpt_tp/train/module.py).
-"""
-
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -92,10 +86,6 @@ SIZES = {
     # tests and the CPU demo: 4 heads so TP=2 and TP=4 both split whole heads
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=128),
 }
-
-
-def config_fields() -> list[str]:
-    return [f.name for f in fields(GPTConfig)]
 
 
 class CausalSelfAttention(nn.Module):

@@ -50,10 +50,8 @@ def check_compiled_ac(mode: str, compile: bool, tp: int) -> None:
 
 
 def apply_ac(model: GPT, mode: str) -> None:
-    """Activation checkpointing per block (torch.utils.checkpoint, non-reentrant). "full": a block keeps only its
-    input and reruns its whole forward in backward; "selective": a block keeps its matmul and attention outputs
-    and reruns the rest; "none": nothing changes. Each block checkpoints itself (Block.checkpoint_activations), so
-    parameter names (checkpoints, exports) are the same in every mode."""
+    """Activation checkpointing per block (docs/train.md, "Model options"): "full", "selective" or "none". Each
+    block checkpoints itself (Block.checkpoint_activations), so parameter names are the same in every mode."""
     check_ac_mode(mode)
     if mode == "none":
         return
@@ -67,17 +65,10 @@ def parallelize(
     activation_checkpointing: str = "none", plan: dict[str, ParallelStyle] = TP_PLAN,
 ) -> GPT:
     """Apply TP (on mesh["tensor_parallel"]), then activation checkpointing per block, then torch.compile per block,
-    then FSDP2 (on mesh["data_parallel"]).
-
-    The fixed order matters: checkpointing wraps the TP-annotated blocks, so recomputation replays their
-    collectives; compile must see the TP-annotated (and checkpointed) blocks; FSDP2 wraps the compiled blocks,
-    gathers a block's weights again before its backward (and so before its recomputation), and composes with the
-    TP DTensors into one 2-D (dp, tp) mesh. mesh=None (one device) only checkpoints and compiles.
-    param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and reduce-scatters gradients in float32.
-    plan: module path -> ParallelStyle; gpt_tp's TP_PLAN unless another is given (benchmarks/plans.py, a plan of
-    one's own checked with python -m gpt_tp.eval.paritycheck --plan).
-    Idempotent: an already-parallelized model is left as is.
-    """
+    then FSDP2 (on mesh["data_parallel"]): why this order, docs/train.md, "How the model is split". mesh=None (one
+    device) only checkpoints and compiles. param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and
+    reduce-scatters gradients in float32. plan: module path -> ParallelStyle, TP_PLAN unless another is given.
+    Idempotent: an already-parallelized model is left as is."""
     if is_parallelized(model):
         return model
     tp_size = mesh["tensor_parallel"].size() if mesh is not None else 1
@@ -120,11 +111,9 @@ def _fill_local_shard(param: torch.Tensor, full: torch.Tensor) -> None:
 
 
 def materialize(model: GPT, device: torch.device) -> None:
-    """After building on the meta device and parallelizing: allocate the local shards and give them GPT-2's init
-    (not PyTorch's reset_parameters): the same numbers as the single-device init, since each parameter is drawn
-    at full size from the model's init_seed and cut to the local shard. In a process group the seed is rank 0's,
-    broadcast to every rank, so ranks whose random state differs still cut their shards from one init. Nothing
-    happens if no parameter is meta."""
+    """After building on the meta device and parallelizing: allocate the local shards and give them the single-device
+    init, each parameter drawn at full size from rank 0's init_seed and cut to the local shard. No-op without meta
+    parameters."""
     if not any(p.is_meta for p in model.parameters()):
         return
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:

@@ -1,19 +1,10 @@
-"""Fused, vocab-parallel cross-entropy (Megatron-LM's `vocab_parallel_cross_entropy`).
-
-Under tensor parallelism lm_head's logits stay sharded over the vocabulary: each rank holds (N, V / tp) of them.
-The mean cross-entropy needs, per token, log sum_v exp(x_v) and the target's logit x_t; both are sums over the
-vocabulary, so each rank reduces its slice and the ranks all-reduce N numbers, never the logits:
+"""Fused, vocab-parallel cross-entropy (Megatron-LM's `vocab_parallel_cross_entropy`): each rank reduces its
+(N, V / tp) slice of the logits and the ranks all-reduce N numbers, never the logits:
     m   = max_v x_v                                   all-reduce MAX   (N values; only for stability)
     s   = sum_v exp(x_v - m),  x_t - m (0 off-owner)   one all-reduce SUM of both (2N values)
     loss = mean(log s - (x_t - m))
-The gradient is softmax - onehot(target), scaled by 1/N. The forward keeps exp(x - m) in one float32 buffer of
-the local logits' size and the backward turns that buffer into the gradient in place: one pass over the logits
-in forward (sub + exp + sum) and one in backward, where torch's loss_parallel() (unfused DTensor ops of
-log_softmax and nll_loss) makes several and keeps more (N, V / tp) temporaries. Three collectives become two.
-
-The same function serves the single-device model (no process group, no collectives), so TP=1 and TP>1 runs
-compute the loss the same way. Targets must be valid token ids (no ignore_index): the training data has none.
-"""
+The single-device model computes its loss the same way, without collectives. Targets must be valid token ids (no
+ignore_index). One float32 buffer becomes the gradient in place: docs/performance.md, "Speed notes"."""
 
 import torch
 import torch.distributed as dist
@@ -55,12 +46,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy of (B, T, V) logits against (B, T) targets, as a plain scalar tensor.
-
-    Logits that are a DTensor sharded over the vocabulary (Shard(-1) on the tensor-parallel mesh, as lm_head
-    leaves them) are reduced slice by slice with two small all-reduces; the result is the same scalar on every
-    rank and backward needs no context manager. Plain logits take the same fused path without collectives.
-    """
+    """Mean token cross-entropy of (B, T, V) logits against (B, T) targets, as a plain scalar tensor, the same on
+    every rank. Logits may be a DTensor sharded over the vocabulary (Shard(-1) on the tensor-parallel mesh, as
+    lm_head leaves them); backward needs no context manager."""
     group, vocab_start = None, 0
     if isinstance(logits, DTensor):
         if logits.device_mesh.ndim != 1 or logits.placements != (Shard(logits.ndim - 1),):

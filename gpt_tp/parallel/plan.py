@@ -1,19 +1,6 @@
-"""The tensor-parallel plan for gpt_tp.model.GPT: TP_PLAN.
-
-Megatron-style tensor parallelism with sequence parallelism on the mesh's "tensor_parallel" dim:
-between blocks the residual stream is split along the sequence (a plain local tensor of shape (B, T/tp, C));
-LayerNorms and dropouts run on that slice. Before attention and the MLP an all-gather makes the full sequence;
-q/k/v and c_fc are column-parallel (each rank holds whole heads / a slice of the 4C hidden units), the output
-projections are row-parallel and reduce-scatter straight back to the slice. The token embedding is
-vocab-parallel, lm_head is column-parallel over the vocabulary and feeds the vocab-parallel cross-entropy of
-gpt_tp.parallel.loss, so full [B, T, vocab] logits never exist on one rank. Every parameter, wpe and the
-LayerNorms included, is a DTensor on the mesh, which clip_grad_norm and fused AdamW need; the blocks compute on
-the local shards with explicit collectives (gpt_tp.parallel.sp).
-
-The model file knows nothing of this: `view(B, T, -1, ...)` in attention picks up n_head / tp heads. Another plan
-(a dict of module path -> ParallelStyle) goes through the same gpt_tp.parallel.parallelize(plan=...); the
-reference plans gpt_tp's is measured against live in benchmarks/plans.py.
-"""
+"""The tensor-parallel plan for gpt_tp.model.GPT: TP_PLAN, Megatron-style tensor parallelism with sequence
+parallelism on the mesh's "tensor_parallel" dim; the model file knows nothing of it. What each module becomes and
+what it communicates: docs/train.md, "How the model is split"."""
 
 import warnings
 
@@ -46,13 +33,9 @@ _LOCAL = {nn.LayerNorm: _LocalLayerNorm, nn.Embedding: _LocalEmbedding}
 
 class SequenceReplicated(ParallelStyle):
     """LayerNorms and wpe under sequence parallelism, Megatron's way: weights replicated DTensors on the TP mesh,
-    computed on this rank's slice of the sequence with their local copies (no communication in forward).
-
-    `to_local()` hands each weight gradient back labelled Replicate while it holds only this rank's slice's
-    contribution (a sum over T/tp positions). So FSDP2 at DP > 1 reduce-scatters it over DP like any other
-    gradient, with no all-reduce of its own per parameter, and reduce_partial_grads then sums all of these
-    gradients over TP in one all-reduce. split_input: cut the module's input (wpe's positions, (T,) on every rank)
-    to this rank's T/tp along dim 0; the other modules already receive the (B, T/tp, C) local slice."""
+    computed on this rank's slice of the sequence with their local copies (no communication in forward). Their
+    gradients, labelled Replicate, hold only this rank's share of the sequence: reduce_partial_grads sums them over
+    TP in one all-reduce. split_input: cut the input (wpe's positions, (T,) on every rank) to this rank's T/tp."""
 
     def __init__(self, split_input: bool = False):
         super().__init__()
@@ -94,10 +77,8 @@ TP_PLAN: dict[str, ParallelStyle] = {
 
 
 def enable_async_tp(tp_mesh) -> None:
-    """Turn on asynchronous tensor parallelism for compiled blocks: Inductor's micro-pipelining pass
-    (torch._inductor.config._micro_pipeline_tp) fuses each all-gather with the matmul that consumes it, and each
-    matmul with the reduce-scatter after it, over symmetric memory on the TP group. Call before the first
-    compiled forward. Needs CUDA devices and torch.compile; refused elsewhere with the reason."""
+    """Turn on Inductor's micro-pipelining of TP collectives with their matmuls over symmetric memory
+    (torch._inductor.config._micro_pipeline_tp) before the first compiled forward; refused without CUDA or at TP=1."""
     if tp_mesh.device_type != "cuda":
         raise RuntimeError(
             f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on '{tp_mesh.device_type}'. "

@@ -1,18 +1,6 @@
-"""Sequence parallelism on plain local tensors: the styles of gpt_tp's TP_PLAN.
-
-Every parameter is a DTensor on the TP mesh (what FSDP2, clip_grad_norm, fused AdamW and DCP checkpoints see), but
-the forward runs on `param.to_local()` with plain torch ops, and the communication is explicit: functional
-collectives (torch.ops._c10d_functional, differentiable and traceable by torch.compile) along the leading dim.
-No DTensor op is dispatched inside a block.
-
-Gathers and reduce-scatters work on dim 0. Gathering rank r's (B, T/n, C) slices along dim 0 gives an
-(n B, T/n, C) buffer in "token-major" order (rank, row, position): every token once, but not in (B, T) order.
-The MLP and the row-parallel matmuls are token-wise, so they run on that buffer as it is, and the reduce-scatter
-along dim 0 hands rank r back exactly its own tokens. Only attention needs (B, T) order: its input is gathered in
-order (one rearranging copy of (B, T, C)), and its output (B, T, C/n) is rearranged to token-major before c_proj
-(a copy n times smaller than rearranging c_proj's output). The column-parallel layers gather their own input and
-keep only the slice for backward (_ColParallel), so every activation a block keeps is n times smaller than at TP=1.
-"""
+"""Sequence parallelism on plain local tensors: the styles of gpt_tp's TP_PLAN. Parameters are DTensors on the TP
+mesh, but each block computes on their local shards with explicit functional collectives along dim 0, in
+"token-major" order where that saves a copy. See docs/performance.md, "The layout"."""
 
 import torch
 import torch.nn as nn
@@ -80,15 +68,9 @@ def _local(p: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class _RowParallel(torch.autograd.Function):
-    """A row-parallel layer: y = x W^T (partial sums over this rank's K slice), reduce-scattered along dim 0 into
-    this rank's (B, T/n, C) token slice, plus the replicated bias b, added once to that slice.
-
-    reorder_input: x (B, T, K) in (B, T) order (attention's output) is put in token-major order for the matmul by a
-    copy that is not kept; backward saves x itself, which attention keeps for its own backward anyway, and redoes
-    the copy, so attention's output is held once, not twice. Otherwise x is token-major already (the MLP's).
-    Backward: the output gradient all-gathered (the reduce-scatter's conjugate) is y's gradient; b's gradient is
-    its sum over all tokens, the same on every rank: a true Replicate gradient, with no collective of its own.
-    Under autocast the matmuls of backward run in the forward's dtype, and each gradient comes back in its input's."""
+    """A row-parallel layer: y = x W^T (partial sums over this rank's K slice), reduce-scattered along dim 0 into this
+    rank's (B, T/n, C) token slice, plus the replicated bias b. reorder_input: x is attention's (B, T, K) output, put
+    in token-major order by a copy that backward redoes rather than keeps; b's gradient needs no collective."""
 
     @staticmethod
     def forward(ctx, x, w, b, n: int, group: str, reorder_input: bool) -> torch.Tensor:
@@ -119,15 +101,9 @@ class _RowParallel(torch.autograd.Function):
 
 
 class _ColParallel(torch.autograd.Function):
-    """A column-parallel layer fed by a sequence all-gather: y = all_gather(x) W^T + b, with x this rank's
-    (B, T/n, C) token slice and W, b this rank's rows. The gathered input is not kept: backward saves the slice
-    (n times smaller) and gathers it again (Megatron-LM's sequence parallelism): that all-gather is issued before
-    the input-gradient matmul and waited for after it, and the input gradient's reduce-scatter back to the slice is
-    issued before the weight-gradient matmul.
-
-    in_order: the gathered buffer is put in (B, T) order (attention, lm_head); otherwise it stays token-major,
-    (n B, T/n, C) (the MLP). Under autocast the slice is cast before the gather, so the gather moves and backward
-    keeps 2-byte elements; backward's matmuls run in that dtype and each gradient comes back in its input's."""
+    """A column-parallel layer fed by a sequence all-gather: y = all_gather(x) W^T + b, x this rank's (B, T/n, C)
+    slice. Backward keeps only the slice and gathers it again (Megatron-LM), overlapped with the matmuls. in_order:
+    the gathered buffer is put in (B, T) order (attention, lm_head), else it stays token-major (the MLP)."""
 
     @staticmethod
     def forward(ctx, x, w, b, n: int, group: str, in_order: bool) -> torch.Tensor:
@@ -162,8 +138,7 @@ class _ColParallel(torch.autograd.Function):
 
 class ColwiseLinear(nn.Linear):
     """Column-parallel Linear: weight rows and bias split over TP (Shard(0)). `gather`: None takes the gathered
-    activation as input; "in_order" / "token_major" take this rank's (B, T/n, C) slice and gather it
-    (_ColParallel)."""
+    activation; "in_order" / "token_major" gather this rank's (B, T/n, C) slice first (_ColParallel)."""
 
     tp: _TP
     gather: str | None
@@ -176,9 +151,8 @@ class ColwiseLinear(nn.Linear):
 
 
 class RowwiseLinear(nn.Linear):
-    """Row-parallel Linear: weight columns split (Shard(1)), bias replicated. The partial sums are reduce-scattered
-    along dim 0 into this rank's token slice. `reorder_input`: a (B, T, K) input (attention's output) is rearranged
-    to token-major before the matmul; otherwise the input is token-major already (the MLP's)."""
+    """Row-parallel Linear: weight columns split (Shard(1)), bias replicated; the partial sums are reduce-scattered
+    into this rank's token slice. `reorder_input`: the input is attention's (B, T, K) output (_RowParallel)."""
 
     tp: _TP
     reorder_input: bool
@@ -189,10 +163,8 @@ class RowwiseLinear(nn.Linear):
 
 
 class VocabParallelEmbedding(nn.Embedding):
-    """wte split over the vocabulary (Shard(0)): each rank looks up the ids it holds (zeros elsewhere) for every
-    token of the replicated (B, T) ids, and a reduce-scatter sums the ranks' rows into this rank's (B, T/n, C)
-    slice. The ids are put in token-major order first (a copy of integers, not of activations); the weight
-    gradient is this rank's (V/n, C) rows only."""
+    """wte split over the vocabulary (Shard(0)): each rank looks up the ids it holds (zeros elsewhere) in token-major
+    order, and a reduce-scatter sums the ranks' rows into this rank's (B, T/n, C) slice."""
 
     tp: _TP
 

@@ -1,9 +1,6 @@
-"""The padded vocabulary in evaluation: GPT-2's 50257 token ids padded to vocab_size (50304) rows.
-
-The padding rows are no tokens, so scoring and sampling leave their logits out of the softmax. It matters for
-imported Hugging Face weights, whose padding rows are zero: logit 0, where GPT-2's real logits lie far below,
-would draw most of the probability mass.
-"""
+"""The padded vocabulary in evaluation: GPT-2's 50257 token ids padded to vocab_size (50304) rows. Scoring and
+sampling leave the padding out of the softmax: imported Hugging Face weights have zero rows there, whose logit 0
+lies far above GPT-2's real logits."""
 
 import torch
 from torch.distributed.tensor import DTensor

@@ -1,6 +1,4 @@
-"""The sizing room: what a data-parallel x tensor-parallel layout puts on each rank, before anything is built.
-layout.py: which TP sizes a model takes (validate_layout); sizes.py: TP-local shapes, state bytes and a step's
-collectives; memory.py: the planner's memory model; planner.py: which layout to pick (and `auto` sizes)."""
+"""The sizing room: what a DP x TP layout puts on each rank, before anything is built (docs/structure.md)."""
 
 from gpt_tp.sizing.layout import (  # noqa: F401
     LayoutError, check_run, check_total_batch, divisors, fitting_layouts, valid_tp_sizes, validate_layout,

@@ -1,13 +1,7 @@
 """Layout planner: which data-parallel x tensor-parallel layouts can train this GPT on these devices, and how much
 memory each needs per device (the command: python -m gpt_tp.train.plan; cli.py's `auto` sizes: resolve_layout).
-
-Rules (the same as gpt_tp.parallel): TP stays inside a node (it talks every layer), so TP divides the devices per node
-and is a valid TP size of the model (it divides heads, widths, vocabulary and T); DP = world size / TP runs FSDP2, which
-shards parameters, gradients and AdamW state over DP as well. Among the layouts that fit, the smallest TP wins: TP costs
-four collectives per layer on the critical path, DP costs one reduce-scatter/all-gather per block that overlaps compute.
-
-Memory per device: gpt_tp.sizing.memory (the model and its terms); shapes and state bytes: gpt_tp.sizing.sizes.
-"""
+TP divides the devices per node; among the layouts that fit the smallest TP wins, since TP communicates four times
+per layer on the critical path and FSDP2 overlaps its collectives with compute (docs/scale.md, "The planner")."""
 
 from dataclasses import dataclass, field
 

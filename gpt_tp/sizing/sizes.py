@@ -1,14 +1,6 @@
 """What a data-parallel x tensor-parallel layout puts on each rank and sends each step: the one source of TP-local
-parameter shapes, of parameter / gradient / AdamW bytes per rank and of the collectives of a training step with
-their bytes, used by the planner, the cost model, the benchmark and the audit. (FLOPs per token:
-GPTConfig.flops_per_token.)
-
-Shapes follow gpt_tp.parallel.TP_PLAN: column-parallel matmuls (c_attn, c_fc) split their output rows and biases
-over t, row-parallel ones (the two c_proj) split their input columns and keep their bias whole, the embedding is
-vocab-parallel (V / t rows; lm_head is the same tensor), LayerNorms and wpe stay whole. Every TP size must divide
-the heads, the widths and the vocabulary (gpt_tp.sizing.validate_layout); `padded_vocab` gives the vocabulary
-that a TP size divides. FSDP2 then splits dim 0 of every TP-local tensor over d ranks, padded to equal chunks.
-"""
+parameter shapes (as gpt_tp.parallel.TP_PLAN splits them), of parameter / gradient / AdamW bytes per rank and of a
+training step's collectives with their bytes, used by the planner, the cost model, the benchmark and the audit."""
 
 import math
 from math import gcd
@@ -79,14 +71,10 @@ def local_params(config: GPTConfig, tp: int) -> list[LocalParam]:
     return block_params(config, tp) * config.n_layer + root_params(config, tp)
 
 
-def fsdp_numel(shape: tuple[int, ...], dp: int) -> int:
-    """Elements FSDP2 allocates per rank for one tensor: dim 0 split into dp chunks, padded to equal size."""
-    return math.ceil(shape[0] / dp) * math.prod(shape[1:])
-
-
 def numel(params: list[LocalParam], dp: int = 1) -> int:
-    """Elements one rank holds of these parameters under FSDP2 over dp ranks (dp=1: the TP-local tensors)."""
-    return sum(fsdp_numel(p.shape, dp) for p in params)
+    """Elements one rank holds of these parameters under FSDP2 over dp ranks (dp=1: the TP-local tensors): each
+    tensor's dim 0 split into dp chunks, padded to equal size."""
+    return sum(math.ceil(p.shape[0] / dp) * math.prod(p.shape[1:]) for p in params)
 
 
 def state_bytes(config: GPTConfig, dp: int, tp: int, param_bytes: int = 4) -> dict[str, int]:
@@ -142,12 +130,6 @@ def check_precision(precision: str) -> None:
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
 
 
-def matmul_bytes(precision: str) -> int:
-    """Bytes per element of a matmul's activations (and of the gathers that feed it) in this precision."""
-    check_precision(precision)
-    return PRECISIONS[str(precision)][2]
-
-
 def fsdp_gather_bytes(precision: str) -> int:
     """Bytes per element of the weights FSDP2 all-gathers: bf16 under bf16-mixed (MixedPrecisionPolicy's
     param_dtype, gpt_tp.parallel.parallelize), else the parameters' own."""
@@ -156,24 +138,15 @@ def fsdp_gather_bytes(precision: str) -> int:
 
 
 def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp: int, precision: str) -> list[dict]:
-    """The TP group's collectives of one step under TP_PLAN (Megatron sequence parallelism), for L blocks:
-    - per block, forward: all-gather of the LayerNorm output before attention and before the MLP, reduce-scatter
-      of c_proj's output after each; backward: the conjugates, and each LayerNorm output all-gathered again for
-      c_attn's and c_fc's weight gradients (only its slice is kept: gpt_tp.parallel.sp._ColParallel). Under bf16
-      autocast the plan casts the LayerNorm output to bf16 before the gather (gpt_tp.parallel.sp.cast_for_matmul),
-      so these all-gathers (and the backward reduce-scatters) move 2-byte elements, as do the c_proj outputs.
-    - the token embedding reduce-scatters into the sequence-sharded stream (fwd) and all-gathers its gradient
-      (bwd): float32, 2 bytes when FSDP2 gathers bf16 weights (bf16-mixed, dp > 1); ln_f's output is all-gathered
-      for lm_head (fwd), again for lm_head's weight gradient and its gradient reduce-scattered (bwd).
-    - the vocab-parallel cross-entropy (gpt_tp.parallel.loss): 2 float32 all-reduces, the max (B T values), then
-      the sum of exps and the target logit together (2 B T values); nothing in backward.
-    - the sequence-partial gradients (wpe, LayerNorms) summed in one flat float32 all-reduce
-      (gpt_tp.parallel.reduce_partial_grads; at dp > 1 after FSDP2's reduce-scatter, so each rank sends its shard).
-    In all: all_gather 6L + 3, reduce_scatter 4L + 2, all_reduce 3 (Korthikanti et al. 2022, section 4.2.2)."""
+    """The TP group's collectives of one step under TP_PLAN (Megatron sequence parallelism), for L blocks: all_gather
+    6L + 3, reduce_scatter 4L + 2, all_reduce 3 (Korthikanti et al. 2022, section 4.2.2; which is which:
+    docs/performance.md, "The layout"). Under bf16 autocast the gathered LayerNorm outputs and the c_proj outputs
+    move 2-byte elements (gpt_tp.parallel.sp.cast_for_matmul); the embedding's, float32 unless FSDP2 gathers bf16."""
     if tp <= 1:
         return []
     L, act = config.n_layer, batch_size * seq_len * config.n_embd
-    mm = matmul_bytes(precision)  # matmul outputs, and LayerNorm outputs cast before their gather
+    check_precision(precision)
+    mm = PRECISIONS[str(precision)][2]  # matmul outputs, and LayerNorm outputs cast before their gather
     emb = mm if dp > 1 else 4
     partial = numel([p for p in local_params(config, tp) if p.sequence_partial], dp)
     return [
@@ -193,10 +166,8 @@ def fsdp_unit_bytes(config: GPTConfig, dp: int, tp: int, dtype_bytes: int) -> tu
 
 
 def fsdp_collectives(config: GPTConfig, dp: int, tp: int, precision: str) -> list[dict]:
-    """The DP group's collectives of one step under FSDP2 (one unit per block, one root unit): each unit's
-    parameters all-gathered before its forward (L + 1), each block's again before its backward (L; the root stays
-    gathered), each unit's float32 gradients reduce-scattered (L + 1). Under bf16-mixed the parameters are gathered
-    in bf16 (MixedPrecisionPolicy). The sequence-partial gradients are reduce-scattered as they are: no all-reduce."""
+    """The DP group's collectives of one step under FSDP2 (one unit per block, one root unit): all_gather 2L + 1
+    (each unit before forward, each block again before backward), reduce_scatter L + 1 of float32 gradients."""
     if dp <= 1:
         return []
     L = config.n_layer

@@ -1,29 +1,7 @@
-"""Distributed checkpoints: crash-safe saving, checked loading, resharding, and consolidation.
-
-A checkpoint is a folder written by torch.distributed.checkpoint (DCP) through Lightning's
-ModelParallelStrategy: `.metadata` plus one `__<rank>_0.distcp` file per rank holding that rank's shards of
-the model and AdamW state, and `meta.pt` (rank 0) with everything else: step counters, LR scheduler, callback
-and datamodule state (the data position), hyper-parameters, and every rank's RNG state (GPTModule adds it).
-DCP stores each tensor with its global shape, so a checkpoint loads into any DP x TP layout, one device
-included.
-
-`ModelParallel` is ModelParallelStrategy with these changes:
-- saving goes to `<name>.partial` and is renamed to `<name>` only once every rank has written its shards and
-  rank 0 its metadata, so a process killed mid-save leaves the previous checkpoints intact and no partial
-  folder ever carries a checkpoint name (nor is picked as `last`). Overwriting a name (save_last in copy mode,
-  a rerun saving the same step) moves the old folder to `<name>.old` first and deletes it only after the new
-  one is in place; a run killed between the two renames gets the `.old` folder back under its name at the next
-  load or save (recover_interrupted_saves);
-- a failure of any rank in a save (writing, fsync, rename) reaches every rank, which all raise the same
-  CheckpointError at once instead of waiting in a collective for the process-group timeout;
-- loading first checks the folder (complete, every shard file present, shapes equal to the model's) and
-  fails with an error naming the files or parameters at fault; `meta.pt` is read with weights_only=True;
-- resuming continues ModelCheckpoint where the saved run left it. A checkpoint saved before the first `last`
-  link existed holds an empty last_model_path, and Lightning would then write `last-v1.ckpt` beside the
-  `last.ckpt` of the very run it continues, leaving `last.ckpt` on the old step for good; and with gradient
-  accumulation it would save the loaded step again after the first micro-batch, mid-accumulation;
-- TP=1 x DP=1 (plain tensors, one device) loads DCP checkpoints too.
-"""
+"""Distributed checkpoints: crash-safe saving, checked loading, resharding, and consolidation. `ModelParallel` is
+ModelParallelStrategy whose saves appear under their name only once complete and fail on every rank together, whose
+loads check the folder first, and which resumes ModelCheckpoint where the saved run left it. See docs/train.md,
+"Checkpoints"."""
 
 import os
 import shutil
@@ -103,11 +81,6 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
         )
 
 
-def global_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    """State-dict keys -> global (unsharded) shapes, DTensor or not."""
-    return {k: tuple(v.shape) for k, v in module.state_dict().items() if torch.is_tensor(v)}
-
-
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -154,7 +127,7 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
-    """A resumed run's ModelCheckpoint callbacks carry on the saved run's (see the module doc): the loaded step
+    """A resumed run's ModelCheckpoint callbacks carry on the saved run's: the loaded step
     counts as saved, and a saved state with an empty last_model_path gets `<dirpath>/last.ckpt` (the callback's
     unversioned last name) when resuming in the same folder."""
     states = checkpoint.get("callbacks") or {}
@@ -172,7 +145,7 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
 
 
 class ModelParallel(ModelParallelStrategy):
-    """ModelParallelStrategy with crash-safe saves, checked loads, and single-device loading (see module doc)."""
+    """ModelParallelStrategy with crash-safe saves, checked loads, and single-device loading (TP=1 x DP=1, plain tensors)."""
 
     def __init__(self, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
                  save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
@@ -208,7 +181,8 @@ class ModelParallel(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         path = Path(self.broadcast(str(checkpoint_path)))
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
-        check_checkpoint(path, global_shapes(self.lightning_module))
+        state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
+        check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
         if any(isinstance(p, DTensor) for p in self.model.parameters()):
             checkpoint = super().load_checkpoint(path, weights_only=True)
         else:

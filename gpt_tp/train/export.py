@@ -2,14 +2,10 @@
 
     python -m gpt_tp.train.export CHECKPOINT_DIR --out OUT_DIR [--format torch|hf|both]
 
-torch: OUT_DIR/model.pt = {"config": GPTConfig fields, "state_dict": the single-device GPT state dict}
-       (load with GPT(GPTConfig(**d["config"])).load_state_dict(d["state_dict"])).
-hf:    OUT_DIR/config.json + OUT_DIR/model.safetensors in Hugging Face GPT-2's layout (Conv1D weights,
-       fused [q|k|v] c_attn, vocabulary cut back to 50257), loadable with
-       transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR) and usable as model.init_from.
-Runs in one process on the CPU, whatever layout saved the checkpoint (a checkpoint started from model.init_from
-included: its hyper-parameters hold the model it built). The output folder is written under a
-temporary name and renamed when complete; an existing non-empty OUT_DIR is never overwritten.
+torch: OUT_DIR/model.pt, {"config": GPTConfig fields, "state_dict": the single-device GPT state dict}.
+hf: OUT_DIR/config.json + OUT_DIR/model.safetensors in Hugging Face GPT-2's layout, usable as model.init_from.
+Runs in one process on the CPU, whatever layout saved the checkpoint; an existing non-empty OUT_DIR is never
+overwritten (docs/train.md, "Checkpoints").
 """
 
 import dataclasses

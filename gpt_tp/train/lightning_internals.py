@@ -1,11 +1,7 @@
 """The one place gpt_tp touches a Lightning internal, where Lightning has no public seam. Checked against the
 Lightning versions in CHECKED (pyproject caps Lightning below the next minor); tests/test_lightning_internals.py
-fails loudly when an internal used here changes.
-
-- ModelCheckpoint's last saved step (`_last_global_step_saved`): Lightning does not restore it on resume, so with
-  gradient accumulation the micro-batches after a resume, which still see the loaded global step, would save that
-  step again, as `<step>-v1.ckpt`. mark_saved sets it to the step the run resumed from.
-"""
+fails loudly when an internal used here changes. ModelCheckpoint's last saved step is not restored on resume, so
+with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt`: mark_saved sets it."""
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 

@@ -1,26 +1,6 @@
 """HeapSplit: a callback for CPU runs that puts a training process's long-lived buffers in mappings of their own and
-its per-step buffers in glibc malloc's heap (configs/cpu.yaml lists it; docs/performance.md has its measured effect).
-
-glibc serves a buffer from its heap, or, from M_MMAP_THRESHOLD bytes up and when no freed heap chunk fits it,
-from a mapping of its own that is unmapped when freed. By default the threshold starts at 128 KiB and rises, up
-to 32 MiB, each time such a buffer is freed, so activation-sized tensors soon come from the heap. The heap then
-interleaves buffers that live the whole run (weights, gradients, optimizer state) with buffers one step frees; it can only
-shrink from its top, and a process's resident memory grows to the high-water mark of that fragmented heap.
-
-    "split"  (default) everything allocated until the first optimizer step has returned (in a validate or
-             predict run, until it starts), weights, gradients and optimizer state, gets mappings of its own (threshold
-             fixed at 128 KiB from the callback's construction: cli.py builds the trainer's callbacks before the
-             model; a script builds it first), and so do the gradients, which each step gets back zeroed
-             rather than anew; from then on the threshold is fixed at 64 MiB, so the per-step buffers reuse a
-             heap that holds nothing else. After each forward, before the loss (the
-             step's high point: the logits and their exponentials are mapped then), the heap's free pages go
-             back to the system (malloc_trim), so the freed step buffers between those still in use are not
-             resident then; backward touches again the ones it reuses.
-    "mmap"   every buffer from 128 KiB up gets its own mapping, for the whole run: the lowest peak RSS, and
-             slower steps, since each step's buffers are page-faulted afresh.
-
-It changes nothing in a process that sees CUDA (GPU memory has its own allocator) or off glibc.
-"""
+its per-step buffers in glibc malloc's heap, so the heap no longer interleaves the two and grows to a fragmented
+high-water mark. configs/cpu.yaml lists it; docs/train.md says how, docs/performance.md what it measures."""
 
 import ctypes
 import functools
@@ -68,7 +48,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class HeapSplit(Callback):
-    """Where a CPU run's buffers live (see the module docstring). policy: "split" or "mmap"."""
+    """Where a CPU run's buffers live. policy: "split" (run-long state in mappings, step buffers in the heap) or "mmap"
+    (every buffer from 128 KiB up in its own mapping); no effect where CUDA is available or off glibc."""
 
     def __init__(self, policy: str = "split"):
         if policy not in POLICIES:
@@ -97,11 +78,9 @@ class HeapSplit(Callback):
             trim_heap()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        """split: hold this step's gradients for the next one. Lightning frees them (zero_grad before the next
-        backward, and before a validation); held here, each is zeroed and handed back before the next backward
-        (on_before_backward), so it stays in the mapping of the first step rather than coming back from the heap.
-        Gradients of 64 MiB and more (wte's) are left to be freed: each new one gets a mapping of its own anyway,
-        and keeping it would make backward hold two at once."""
+        """split: hold this step's gradients, which Lightning frees before the next backward, and hand them back zeroed
+        (on_before_backward), so each stays in the first step's mapping; those of STEP_THRESHOLD and more (wte's) are
+        left to be freed, or backward would hold two at once."""
         if self.active and self.policy == "split":
             self._grads = [(p, p.grad) for p in pl_module.parameters()
                            if p.grad is not None and _local(p.grad).nbytes < STEP_THRESHOLD]

@@ -1,12 +1,5 @@
-"""Command: the layout planner's table, for a named model or for `python cli.py fit`'s own arguments.
-
-    python -m gpt_tp.train.plan --model gpt2-xl --devices-per-node 8 --memory-gib 24 --batch-size 4 --seq-len 1024
-    python -m gpt_tp.train.plan --config configs/tp2.yaml --memory-gib 24
-    python -m gpt_tp.train.plan --config configs/tp2.yaml --config my.yaml --model.model.n_layer 4 --memory-gib 24
-
-Arguments other than its own flags are those of `python cli.py fit`, read by the trainer's parser
-(gpt_tp.train.config.read_training_config). The rules and the memory model: gpt_tp.sizing.
-"""
+"""Command: the layout planner's table, for a named model or for `python cli.py fit`'s own arguments (read by the
+trainer's parser, gpt_tp.train.config.read_training_config). Usage: docs/scale.md, "The planner"."""
 
 import json
 from dataclasses import asdict

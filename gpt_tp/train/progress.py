@@ -1,7 +1,5 @@
-"""The training progress bar, in optimizer steps: total = trainer.max_steps, one tick per optimizer step whatever
-trainer.accumulate_grad_batches is, with the step's loss, tokens/s and learning rate, and tqdm's time left. The
-training stream is endless, so there is no epoch count. It replaces Lightning's default bar, whether rich is
-installed or not."""
+"""The training progress bar in optimizer steps, N/max_steps, with the step's loss, tokens/s and learning rate
+(docs/train.md); it replaces Lightning's default bar, rich or not. The stream is endless: no epoch count."""
 
 from lightning.pytorch.callbacks import TQDMProgressBar
 

@@ -32,10 +32,9 @@ def set_rng_state(state: dict) -> None:
 
 
 class RNGStates(Callback):
-    """Saves every rank's state under the checkpoint's "rng_states" (gathered: the checkpoint's meta.pt is written by
-    rank 0 only) and, on a fit's resume, puts this rank's back at the start of the first training batch: the loop
-    draws from the global generator between loading and that step (a DataLoader iterator takes its base seed from
-    it) as the saved run did before its save, so restoring at load would shift every dropout mask."""
+    """Saves every rank's state under the checkpoint's "rng_states" (gathered: rank 0 writes meta.pt) and, on a
+    fit's resume, puts this rank's back at the first training batch, after the draws the loop makes on starting
+    (docs/scale.md, "Preemption and requeue")."""
 
     def __init__(self):
         self._pending: dict | None = None

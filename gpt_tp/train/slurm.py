@@ -1,36 +1,6 @@
-"""Running on a cluster: preemption-safe checkpoints for Slurm, failing fast when a rank dies, finding the checkpoint
-to resume from. Used by scripts/slurm/*.sbatch (see docs/scale.md).
-
-Preemption. Slurm sends SIGUSR1 to every task some time before the job ends (`#SBATCH --signal=USR1@90`, or
-`scancel --signal=USR1 JOB`), and SIGTERM when it ends the job: `scancel JOB`, the time limit, a preempting job
-(SIGKILL follows KillWait seconds later, 30 by default). Lightning's own handlers act *inside* the signal handler,
-wherever each rank happens to be: on SIGUSR1 (SLURMEnvironment(auto_requeue=True)) it saves an `hpc_ckpt_N.ckpt`, on
-SIGTERM it broadcasts a tensor. Under ModelParallelStrategy a save is a distributed checkpoint, i.e. collectives, and
-ranks interrupted at different points of a step would pair those collectives with the training step's.
-So `Preemption` runs only beside `SLURMEnvironment(auto_requeue=False)`, given explicitly (launch.sh passes
-`--trainer.plugins lightning.pytorch.plugins.environments.SLURMEnvironment --trainer.plugins.auto_requeue false`):
-Lightning then installs no SIGUSR1 handler at all. The environment Lightning picks by itself inside a Slurm job has
-auto_requeue on; `setup` refuses it with one line naming those flags.
-`Preemption` acts at a point where all ranks agree: its handlers only set a flag; after each optimizer step the ranks
-sum their flags in one tiny all-reduce, and when one is set they all save `dirpath/preempt-step=N.ckpt`. After
-SIGUSR1 rank 0 runs `scontrol requeue $SLURM_JOB_ID` and every rank exits 0; after SIGTERM every rank exits 143
-(128 + SIGTERM: not finished) without requeue. A SIGTERM that comes before the next step boundary finishes is
-too late for a new checkpoint: the last complete one is intact (`latest` below skips a cut-off save). The SIGUSR1
-handler is installed in `setup`; the SIGTERM handler replaces Lightning's when training starts (Lightning installs
-its own, whatever the environment, just before). A SIGTERM before that point ends the process at once, as it would
-without gpt_tp.
-
-Resume. `python -m gpt_tp.train.slurm latest DIR...` prints the newest complete checkpoint in the folders (a file, or a
-distributed-checkpoint folder holding Lightning's `meta.pt`, which rank 0 writes after every shard is written), so the
-sbatch script passes it as `--ckpt_path`, whoever wrote it (this callback or a periodic ModelCheckpoint).
-
-Failing fast. When a rank dies its peers learn it in the next collective: gloo (CPU) raises "Connection closed by
-peer" at once; a hung (not dead) peer, or NCCL without error handling, blocks until the process group's timeout,
-ModelParallelStrategy(timeout=...) (default 30 min for gloo, 10 min for NCCL, whose watchdog then aborts the
-process: TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the default). `FailFast` adds a stall watchdog (no optimizer step for
-`stall_timeout_s` -> exit) that catches hangs outside collectives too, and turns a failed collective into one clear
-line and an immediate exit, so the job ends instead of holding its nodes.
-"""
+"""Running on a cluster: preemption-safe checkpoints for Slurm (`Preemption`), failing fast when a rank dies or
+training stalls (`FailFast`), and finding the checkpoint to resume from (`latest`). Used by scripts/slurm/*.sbatch;
+see docs/scale.md, "Preemption and requeue" and "When a rank dies"."""
 
 import os
 import signal
@@ -164,11 +134,7 @@ class Preemption(Callback):
         for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
             logger.save()
         if self._leave_after == "sigterm":
-            # Everything is saved, and Slurm sends SIGKILL KillWait seconds after SIGTERM: leave now rather than run
-            # end-of-training hooks (more checkpoints, collectives) into the kill.
-            _say(f"rank {trainer.global_rank}: checkpoint saved after SIGTERM: exiting")
-            sys.stdout.flush()
-            os._exit(EXIT_SIGTERM)
+            _exit_now(trainer, "checkpoint saved after SIGTERM", EXIT_SIGTERM)
         self._leave_after = None
         self._requeue_and_exit(trainer)
 
@@ -182,11 +148,15 @@ class Preemption(Callback):
         if not trainer.strategy.reduce_boolean_decision(ok, all=True):
             trainer.should_stop = True
             return
-        # The job is requeued: Slurm is about to SIGTERM every task (and SIGKILL after KillWait). Everything is
-        # saved, so leave now rather than run end-of-training hooks (more checkpoints, collectives) into the kill.
-        _say(f"rank {trainer.global_rank}: checkpoint saved, job requeued: exiting")
-        sys.stdout.flush()
-        os._exit(0)
+        _exit_now(trainer, "checkpoint saved, job requeued", 0)  # Slurm is about to SIGTERM every task
+
+
+def _exit_now(trainer, what: str, code: int) -> None:
+    """Everything is saved and Slurm's SIGKILL follows its SIGTERM by KillWait seconds: leave now rather than run
+    end-of-training hooks (more checkpoints, collectives) into the kill."""
+    _say(f"rank {trainer.global_rank}: {what}: exiting")
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def is_collective_failure(exc: BaseException) -> bool:
