@@ -66,12 +66,15 @@ def test_test_subcommand_is_not_offered():
 
 @pytest.mark.slow
 def test_auto_layout_is_planned(tmp_path):
-    """Both sizes 'auto' on 2 CPU processes: no device memory to plan for, so the smallest valid TP (DP=2 x TP=1)."""
-    proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.callbacks", "[]",
-               "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--model.total_batch_size", "null",
-               "--trainer.strategy.init_args.tensor_parallel_size", "auto", "--trainer.strategy.init_args.data_parallel_size", "auto")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "gpt_tp planner: DP=2 x TP=1" in proc.stderr
+    """Both sizes 'auto' on 2 CPU processes, no device memory to plan for: the smallest valid TP among the layouts
+    the batch adds up for. cpu.yaml's total_batch_size (8 x 128 x DP x 1 = 1024) takes DP=1, so TP=2; without a
+    total, DP=2 x TP=1."""
+    for total, layout in (("1024", "DP=1 x TP=2"), ("null", "DP=2 x TP=1")):
+        proc = cli("fit", "--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.callbacks", "[]",
+                   "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--model.total_batch_size", total,
+                   "--trainer.strategy.init_args.tensor_parallel_size", "auto", "--trainer.strategy.init_args.data_parallel_size", "auto")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"gpt_tp planner: {layout}" in proc.stderr
 
 
 def losses(log_dir):
@@ -81,31 +84,38 @@ def losses(log_dir):
 
 @pytest.mark.slow
 def test_cpu_demo_trains_and_resumes_exactly(tmp_path):
+    """A 9-step run stopped after step 6 (as a preemption would) and resumed with --ckpt_path last logs the losses of
+    the uninterrupted 9-step run, bit for bit; its first start, before any checkpoint, says so in one line."""
+    checkpoints = f"""  - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+    init_args: {{dirpath: {tmp_path / "ckpt"}, filename: "step{{step:07d}}", auto_insert_metric_name: false,
+                every_n_train_steps: 3, save_top_k: 2, monitor: step, mode: max, save_last: link}}
+"""
     override = tmp_path / "short.yaml"
     override.write_text(
         f"""
 trainer:
-  max_steps: 6
+  max_steps: 9
   val_check_interval: 3
   log_every_n_steps: 1
   logger:
   - class_path: lightning.pytorch.loggers.CSVLogger
     init_args: {{save_dir: {tmp_path / "logs"}, name: run}}
   callbacks:
-  - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-    init_args: {{dirpath: {tmp_path / "ckpt"}, filename: "step{{step:07d}}", auto_insert_metric_name: false,
-                every_n_train_steps: 3, save_top_k: 2, monitor: step, mode: max, save_last: link}}
-data:
+{checkpoints}data:
   val_batches: 2
 """
     )
+    stop = tmp_path / "stop.yaml"
+    stop.write_text(f"trainer:\n  callbacks:\n{checkpoints}  - class_path: tests.workers.stop_at.StopAt\n    init_args: {{step: 6}}\n")
     base = ("fit", "--config", "configs/cpu.yaml", "--config", str(override))
-    straight = cli(*base, "--trainer.max_steps", "9", "--trainer.callbacks", "[]")
+    straight = cli(*base, "--trainer.callbacks", "[]")
     assert straight.returncode == 0, straight.stderr[-3000:]
-    first = cli(*base)
+    first = cli(*base, "--config", str(stop), "--ckpt_path", "last")  # a first Slurm run: `last` before any checkpoint
     assert first.returncode == 0, first.stderr[-3000:]
+    assert f"gpt_tp: no checkpoint in {tmp_path / 'ckpt'}: starting from step 0" in first.stderr
+    assert "save_last" not in first.stderr  # not Lightning's advice to set what is already set
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["last.ckpt", "step0000003.ckpt", "step0000006.ckpt"]
-    resumed = cli(*base, "--trainer.max_steps", "9", "--ckpt_path", "last")
+    resumed = cli(*base, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     runs = sorted((tmp_path / "logs" / "run").iterdir())
     full, part1, part2 = (losses(d) for d in runs)

@@ -71,8 +71,8 @@ def test_tokenizer_round_trip_on_a_bare_machine(fresh):
 def test_demo_trains_on_a_bare_machine(fresh):
     """configs/cpu.yaml (TP=2 over gloo, bundled sample, HellaSwag fixture, text samples) for 10 steps."""
     root, env = fresh
-    r = run_in(fresh, "cli.py", "fit", "--config", "configs/cpu.yaml", "--trainer.max_steps", "10", "--model.max_steps",
-               "10", "--model.warmup_steps", "2", "--trainer.val_check_interval", "5", "--data.val_batches", "2",
+    r = run_in(fresh, "cli.py", "fit", "--config", "configs/cpu.yaml", "--trainer.max_steps", "10",
+               "--model.warmup_steps", "2", "--trainer.val_check_interval", "5", "--data.val_batches", "2",
                "--trainer.log_every_n_steps", "1")
     (metrics,) = root.glob("logs/gpt_tp/version_*/metrics.csv")
     rows = list(csv.DictReader(metrics.open()))

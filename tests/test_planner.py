@@ -271,3 +271,15 @@ def test_training_arguments_change_the_plan_as_they_change_the_trainers_config(t
     # the planner's own flags win over the training arguments
     assert plan_command.main([*training, "--batch-size", "8", "--memory-gib", "24"]).batch_size == 8
     capsys.readouterr()
+
+
+def test_auto_layout_takes_the_batch_that_adds_up():
+    """An 'auto' layout is one the rest of the config accepts: B x T x DP x accum = total_batch_size."""
+    c = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=128)
+    assert planner.resolve_layout(c, 2, 2, 1, 8, 128) == (2, 1)  # no total: the smallest TP
+    assert planner.resolve_layout(c, 2, 2, 1, 8, 128, total_batch_size=1024) == (1, 2)
+    assert planner.resolve_layout(c, 2, 2, 1, 8, 128, accum=2, total_batch_size=4096) == (2, 1)
+    with pytest.raises(LayoutError, match=r"model.total_batch_size=3072 tokens with data.batch_size=8 x data.seq_len=128 "
+                       r"x trainer.accumulate_grad_batches=1 needs data-parallel size 3, but the layouts that fit are "
+                       r"DP=2 x TP=1, DP=1 x TP=2: set trainer.accumulate_grad_batches"):
+        planner.resolve_layout(c, 2, 2, 1, 8, 128, total_batch_size=3072)

@@ -77,3 +77,12 @@ def test_a_bad_config_is_a_user_error_naming_the_flag(args, message):
     with pytest.raises(UserError) as e:
         read_training_config(args)
     assert message in str(e.value)
+
+
+def test_trainer_max_steps_is_the_schedule_length(monkeypatch):
+    """One number: cli.py links trainer.max_steps into model.max_steps, so a shortened run ends its cosine at min_lr."""
+    monkeypatch.chdir(ROOT)
+    from gpt_tp.train.config import _ParseOnly
+
+    cfg = _ParseOnly(["--config", "configs/cpu.yaml", "--trainer.max_steps", "30"]).config
+    assert cfg.model.max_steps == cfg.trainer.max_steps == 30

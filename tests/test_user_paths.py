@@ -58,8 +58,8 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
         "model": {"init_from": str(hf_dir), "warmup_steps": 4},
     }))
     fit = ("cli.py", "fit", "--config", "configs/cpu.yaml", "--config", str(tmp_path / "run.yaml"))
-    run(*fit, "--trainer.max_steps", "4", "--model.max_steps", "4")
-    run(*fit, "--trainer.max_steps", "8", "--model.max_steps", "8", "--ckpt_path", "last")
+    run(*fit, "--trainer.max_steps", "4")
+    run(*fit, "--trainer.max_steps", "8", "--ckpt_path", "last")
     assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0004.ckpt", "step0008.ckpt"]
 
     # every step logged, on the schedule its run asked for: step 4, the first after the resume, starts the new

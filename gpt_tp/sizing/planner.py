@@ -155,11 +155,12 @@ def format_plan(p: Plan) -> str:
 def resolve_layout(
     config: GPTConfig, world_size: int, devices_per_node: int, num_nodes: int, batch_size: int, seq_len: int,
     device_memory_gib: float | None = None, precision: str = "bf16-mixed", dp: int | str = "auto", tp: int | str = "auto",
-    ac: str = "none",
+    ac: str = "none", accum: int = 1, total_batch_size: int | None = None,
 ) -> tuple[int, int]:
     """(dp, tp) for ModelParallelStrategy when either size is "auto": the planner's choice (smallest TP that fits;
-    without a memory size, the smallest valid TP). A size given as a number is kept and the other one derived.
-    Raises LayoutError (with the valid layouts) when nothing works, before any process group exists."""
+    without a memory size, the smallest valid TP) among the layouts whose batch_size x seq_len x dp x accum is
+    total_batch_size (None: any). A size given as a number is kept and the other one derived. Raises LayoutError
+    (with the valid layouts) when nothing works, before any process group exists."""
     if world_size != devices_per_node * num_nodes:
         raise LayoutError(f"world_size={world_size} != devices_per_node={devices_per_node} x num_nodes={num_nodes}")
     if dp != "auto" and tp != "auto":
@@ -171,8 +172,17 @@ def resolve_layout(
     if dp != "auto":
         candidates = [lay for lay in candidates if lay.dp == int(dp)]
     fits = [lay for lay in candidates if lay.fits]
+    adds_up = [lay for lay in fits if total_batch_size is None or batch_size * seq_len * lay.dp * accum == total_batch_size]
+    if adds_up:
+        return adds_up[0].dp, adds_up[0].tp
     if fits:
-        return fits[0].dp, fits[0].tp
+        per_dp = batch_size * seq_len * accum
+        raise LayoutError(
+            f"model.total_batch_size={total_batch_size} tokens with data.batch_size={batch_size} x data.seq_len={seq_len}"
+            f" x trainer.accumulate_grad_batches={accum} needs data-parallel size {total_batch_size / per_dp:g}, but the "
+            f"layouts that fit are {', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in fits)}: set "
+            f"trainer.accumulate_grad_batches or model.total_batch_size for one of them (python -m gpt_tp.train.plan)"
+        )
     raise LayoutError(
         f"no data_parallel_size x tensor_parallel_size layout for {world_size} devices "
         f"(given dp={dp}, tp={tp}) works for this model:\n{format_plan(p)}"

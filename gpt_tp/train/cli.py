@@ -48,7 +48,8 @@ class GPTCLI(TrainingCLI):
         dp, tp = resolve_layout(
             built_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
             detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
-            ac=cfg.model.activation_checkpointing,
+            ac=cfg.model.activation_checkpointing, accum=cfg.trainer.accumulate_grad_batches or 1,
+            total_batch_size=cfg.model.total_batch_size if self.subcommand == "fit" else None,
         )
         init.data_parallel_size, init.tensor_parallel_size = dp, tp
         print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)

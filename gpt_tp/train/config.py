@@ -50,6 +50,8 @@ REMOVED = {
                     "(configs/cpu.yaml does)",
     "model.tp_plan": "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN; the reference plans run "
                      "through python -m benchmarks.fit --plan",
+    "model.max_steps": "model.max_steps follows trainer.max_steps (one number: the run's length and its learning-rate "
+                       "schedule's); set --trainer.max_steps only",
     "model.tp_overlap_chunks": "model.tp_overlap_chunks is gone: the overlapped MLP is a benchmark plan, "
                                "python -m benchmarks.fit --plan benchmarks.plans:overlap2",
 }
@@ -103,7 +105,9 @@ class TrainingCLI(LightningCLI):
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "test"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """predict: --prompt ... --seed linked into data.prompts, --output into the PromptWriter callback."""
+        """trainer.max_steps is the schedule's length too (model.max_steps); predict: --prompt ... --seed linked into
+        data.prompts, --output into the PromptWriter callback."""
+        parser.link_arguments("trainer.max_steps", "model.max_steps")
         if not getattr(parser, "prompt_flags", False):
             return
         parser.add_class_arguments(Prompts, None, as_group=True)

@@ -46,7 +46,8 @@ class GPTModule(L.LightningModule):
         """
         Args:
             model: a named size (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny) or the GPTConfig fields.
-            max_lr, min_lr, warmup_steps, max_steps: the warmup + cosine schedule, per optimizer step.
+            max_lr, min_lr, warmup_steps, max_steps: the warmup + cosine schedule, per optimizer step (cli.py sets
+                max_steps from trainer.max_steps).
             weight_decay: applied to >= 2-D parameters only.
             betas, eps: AdamW's.
             fused: fused AdamW; None picks it where the device supports it, except under 16-mixed (Lightning unscales
@@ -66,7 +67,7 @@ class GPTModule(L.LightningModule):
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
-        check_schedule(max_lr, min_lr, warmup_steps)
+        check_schedule(max_lr, min_lr, warmup_steps, max_steps)
         self.save_hyperparameters()
         config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
         hf_state = None

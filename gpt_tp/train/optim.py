@@ -24,11 +24,15 @@ def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: 
     return min_lr + coeff * (max_lr - min_lr)
 
 
-def check_schedule(max_lr: float, min_lr: float, warmup_steps: int) -> None:
-    """The schedule's values a run can train with: max_lr > 0, min_lr >= 0, warmup_steps >= 0."""
-    if not (max_lr > 0 and min_lr >= 0 and warmup_steps >= 0):
+def check_schedule(max_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> None:
+    """The schedule's values a run can train with: 0 <= min_lr <= max_lr, max_lr > 0, warmup_steps >= 0 and
+    max_steps >= 1 (cli.py links model.max_steps to trainer.max_steps: one number for the run and its cosine)."""
+    if not (max_lr > 0 and 0 <= min_lr <= max_lr and warmup_steps >= 0):
         raise UserError(f"model.max_lr={max_lr}, model.min_lr={min_lr}, model.warmup_steps={warmup_steps}: "
-                        "need max_lr > 0, min_lr >= 0 and warmup_steps >= 0")
+                        "need max_lr > 0, 0 <= min_lr <= max_lr and warmup_steps >= 0")
+    if max_steps < 1:
+        raise UserError(f"trainer.max_steps={max_steps}: give the run's length in optimizer steps (>= 1); it is also "
+                        "the length of the learning-rate schedule")
 
 
 def fused_with_scaler(fused: bool | None, grad_scaler: bool) -> bool | None:
