@@ -157,10 +157,10 @@ def test_bigger_node_hint_only_when_it_fits():
     p = planner.plan(c, devices_per_node=2, batch_size=64, seq_len=1024, device_memory_gib=24)
     assert p.choice is None
     tp4 = memory.memory_per_device(c, 1, 4, 64, 1024).total
-    assert tp4 <= 0.95 * 24 * GIB and "use nodes of 4 devices (TP=4)" in p.notes[-1]
+    assert tp4 <= 0.95 * 24 * GIB and "nodes of 4 devices (TP=4) would fit" in p.notes[-1]
     p = planner.plan(c, devices_per_node=2, batch_size=256, seq_len=1024, device_memory_gib=24)
     assert memory.memory_per_device(c, 1, 4, 256, 1024).total > 0.95 * 24 * GIB
-    assert p.choice is None and "use nodes" not in p.notes[-1] and "lower data.batch_size" in p.notes[-1]
+    assert p.choice is None and "nodes of" not in p.notes[-1] and "lower data.batch_size" in p.notes[-1]
 
 
 def test_resolve_layout_world_size_mismatch():
@@ -204,6 +204,18 @@ def test_command_line():
     assert r.returncode == 2 and "configs/missing.yaml: no such file" in r.stderr
     r = run("--model", "gpt2")
     assert r.returncode == 2 and "--devices-per-node" in r.stderr
+    # nothing fits, and a smaller batch cannot help: exit 1, naming what would fit (more ranks to shard the state)
+    r = run("--model", "gpt2-xl", "--devices-per-node", "2", "--memory-gib", "8", "--batch-size", "1", "--ac", "full")
+    assert r.returncode == 1, r.stderr
+    assert ("no layout fits 8 GiB per device: weights, gradients, AdamW state and overhead alone need 13.1 GiB at DP=2 x "
+            "TP=1, so a smaller batch cannot help; 3 nodes of 2 (DP=6 x TP=1: the state sharded over 6 ranks) would fit "
+            "(planner: --nodes 3)") in r.stdout
+    assert "lower data.batch_size" not in r.stdout
+    r3 = run("--model", "gpt2-xl", "--devices-per-node", "2", "--nodes", "3", "--memory-gib", "8", "--batch-size", "1", "--ac", "full")
+    assert r3.returncode == 0 and "choice: data_parallel_size=6, tensor_parallel_size=1" in r3.stdout
+    # nothing fits at this batch, but the state does: lower the batch
+    r = run("--model", "gpt2-xl", "--devices-per-node", "8", "--memory-gib", "24", "--batch-size", "64")
+    assert r.returncode == 1 and "lower data.batch_size (planner: --batch-size)" in r.stdout
 
 
 @pytest.mark.slow

@@ -115,13 +115,38 @@ def plan(
                     needs.append(f"{tp} or a multiple of {tp} devices per node")
                 out.notes.append(f"TP={tp} would split whole heads with " + ", ".join(needs))
     if out.choice is None:
-        hint = ("lower data.batch_size (planner: --batch-size) and raise trainer.accumulate_grad_batches to keep the "
-                "tokens per step")
-        bigger = [tp for tp in sorted(valid) if tp > devices_per_node and layout_memory(num_nodes, tp)[1]]
-        if bigger:  # a node of `tp` devices, one TP group per node
-            hint += f", or use nodes of {bigger[0]} devices (TP={bigger[0]})"
-        out.notes.append(f"no layout fits {device_memory_gib:g} GiB per device: {hint}")
+        out.notes.append(f"no layout fits {device_memory_gib:g} GiB per device: {_no_fit_hint(out, layout_memory, valid)}")
     return out
+
+
+def _no_fit_hint(p: Plan, layout_memory, valid: set[int]) -> str:
+    """What would fit when nothing does: a smaller micro-batch only where the batch-independent state (weights,
+    gradients, AdamW, overhead) fits; else more ranks to shard that state over (FSDP2 over DP) or larger TP groups."""
+    sized = [lay for lay in p.layouts if lay.memory is not None]
+    if not sized:
+        return "no valid TP size on nodes of this size (see the notes above)"
+    best = min(sized, key=lambda lay: lay.memory.total - lay.memory.activations - lay.memory.transient)
+    m = best.memory
+    state = m.total - m.activations - m.transient
+    hints = []
+    if state <= p.device_memory_gib * GIB * 0.95:
+        hints.append("lower data.batch_size (planner: --batch-size) and raise trainer.accumulate_grad_batches to keep "
+                     "the tokens per step")
+    else:
+        hints.append(f"weights, gradients, AdamW state and overhead alone need {state / GIB:.1f} GiB at DP={best.dp} x "
+                     f"TP={best.tp}, so a smaller batch cannot help")
+        for nodes in range(p.num_nodes + 1, 1025):  # more ranks: FSDP2 shards the state over data parallelism
+            world = nodes * p.devices_per_node
+            tps = [tp for tp in sorted(valid) if tp <= p.devices_per_node and p.devices_per_node % tp == 0]
+            fit = next((tp for tp in tps if layout_memory(world // tp, tp)[1]), None)
+            if fit is not None:
+                hints.append(f"{nodes} nodes of {p.devices_per_node} (DP={world // fit} x TP={fit}: the state sharded "
+                             f"over {world} ranks) would fit (planner: --nodes {nodes})")
+                break
+    bigger = [tp for tp in sorted(valid) if tp > p.devices_per_node and layout_memory(p.num_nodes, tp)[1]]
+    if bigger:  # a node of `tp` devices, one TP group per node
+        hints.append(f"nodes of {bigger[0]} devices (TP={bigger[0]}) would fit")
+    return "; ".join(hints)
 
 
 def format_plan(p: Plan) -> str:
