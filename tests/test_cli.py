@@ -117,6 +117,13 @@ trainer:
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["last.ckpt", "step0000003.ckpt", "step0000006.ckpt"]
     resumed = cli(*base, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # resumed mid-epoch (step 6 was a periodic save): still gpt_tp's bar, in steps; no notice about the folder it
+    # resumes from; one closing line naming what it wrote
+    assert "train:" in resumed.stdout and "Training" not in resumed.stdout
+    assert "exists and is not empty" not in resumed.stderr
+    closing = resumed.stdout.strip().splitlines()[-1]
+    assert closing.startswith(f"gpt_tp fit: step 9; checkpoints in {tmp_path / 'ckpt'} (last.ckpt -> ")
+    assert closing.endswith(f"step0000009.ckpt); logs in {tmp_path / 'logs' / 'run' / 'version_2'}")
     runs = sorted((tmp_path / "logs" / "run").iterdir())
     full, part1, part2 = (losses(d) for d in runs)
     assert len(full) == 9 and full[8] < full[0] - 0.5  # the loss falls on the bundled sample (still in warmup)
@@ -143,6 +150,8 @@ def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
         out = proc.stdout + proc.stderr
         val_losses.append(float(re.search(r"val/loss\s*[│|]?\s*([0-9.]+)", out).group(1)))
         assert re.search(r"HellaSwag acc_norm \d+/11", out), out[-2000:]
+        assert proc.stdout.strip().splitlines()[-1] == f"gpt_tp validate: {ckpt / 'last.ckpt'}; no logger"
+        assert "RNG states" not in proc.stderr
     assert val_losses[0] == pytest.approx(val_losses[1], rel=1e-5) and 5 < val_losses[0] < 11
     texts = []
     for devices, tp in (("2", "2"), ("1", "1")):
@@ -156,6 +165,8 @@ def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
         assert [(r["prompt"], r["sample"]) for r in rows] == [("To be, or not to be", 0), ("To be, or not to be", 1), ("ROMEO:", 0), ("ROMEO:", 1)]
         assert all(r["text"].startswith(r["prompt"]) and len(r["text"]) > len(r["prompt"]) for r in rows)
         assert proc.stdout.count("prompt 'ROMEO:' sample 1:") == 1  # printed once, by rank 0
+        assert proc.stdout.strip().splitlines()[-1] == f"gpt_tp predict: 4 continuations written to {out_file}"
+        assert "batch indices" not in proc.stderr and "RNG states" not in proc.stderr
         texts.append([r["text"] for r in rows])
     assert texts[0] == texts[1]
 

@@ -29,6 +29,11 @@ def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return proc
 
 
+# Lightning's and torch's lines that say nothing about a gpt_tp run (gpt_tp.train.cli.quiet_lightning and friends)
+NOISE = ("litlogger", "LeafSpec", "FLOPs", "exists and is not empty", "`Trainer.fit` stopped", "torch.distributed is disabled",
+         "Trainer already configured")
+
+
 def rows(path) -> dict[int, dict[str, float]]:
     """metrics.csv's training rows by step."""
     with open(path) as f:
@@ -58,8 +63,8 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
         "model": {"init_from": str(hf_dir), "warmup_steps": 4},
     }))
     fit = ("cli.py", "fit", "--config", "configs/cpu.yaml", "--config", str(tmp_path / "run.yaml"))
-    run(*fit, "--trainer.max_steps", "4")
-    run(*fit, "--trainer.max_steps", "8", "--ckpt_path", "last")
+    first_run = run(*fit, "--trainer.max_steps", "4")
+    second_run = run(*fit, "--trainer.max_steps", "8", "--ckpt_path", "last")
     assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0004.ckpt", "step0008.ckpt"]
 
     # every step logged, on the schedule its run asked for: step 4, the first after the resume, starts the new
@@ -74,7 +79,15 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
 
     out = tmp_path / "export"
-    assert export_main([str(ckpt / "last.ckpt"), "--out", str(out)]) == 0  # python -m gpt_tp.train.export, in this process
+    exported = run("-m", "gpt_tp.train.export", str(ckpt / "last.ckpt"), "--out", str(out))
+    # what the user sees: none of Lightning's or torch's lines that say nothing about this run, and each command's
+    # last line names what it wrote
+    for proc in (first_run, second_run, exported):
+        assert not any(noise in proc.stdout + proc.stderr for noise in NOISE), proc.stderr[-3000:]
+    assert first_run.stdout.strip().splitlines()[-1] == (
+        f"gpt_tp fit: step 4; checkpoints in {ckpt} (last.ckpt -> {ckpt / 'step0004.ckpt'}); logs in {logs / 'ft' / 'version_0'}")
+    assert second_run.stdout.strip().splitlines()[-1].startswith("gpt_tp fit: step 8; ")
+    assert exported.stdout.strip().splitlines()[-1] == f"wrote {out}"
     d = torch.load(out / "model.pt")
     ours = GPT(GPTConfig(**d["config"])).eval()
     ours.load_state_dict(d["state_dict"])

@@ -5,6 +5,7 @@ loads check the folder first, and which resumes ModelCheckpoint where the saved 
 
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -219,6 +220,8 @@ def load_consolidated(path: str | os.PathLike) -> tuple["GPTConfig", dict[str, t
     gpt.tie_weights()
     state = {"state_dict": {f"model.{k}": v for k, v in gpt.state_dict().items()}}
     check_checkpoint(path, {k: tuple(v.shape) for k, v in state["state_dict"].items()})
-    dcp_load(state, checkpoint_id=Path(path))
+    with warnings.catch_warnings():  # one process by design: DCP's "torch.distributed is disabled" is no news here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp_load(state, checkpoint_id=Path(path))
     gpt.load_state_dict({k.removeprefix("model."): v for k, v in state["state_dict"].items()})
     return config, gpt.state_dict()

@@ -6,6 +6,7 @@ Subcommands: fit, validate (val loss, and HellaSwag where its callback is config
 A user's mistake prints one line, `error: ...`, and exits with code 2 (gpt_tp.entry)."""
 
 import glob
+import logging
 import os
 import sys
 import warnings
@@ -13,7 +14,7 @@ import warnings
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -25,9 +26,28 @@ from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
-from gpt_tp.train.progress import StepProgressBar
+from gpt_tp.train.predict import PromptWriter
+from gpt_tp.train.progress import GPTSummary, StepProgressBar
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
+# Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
+QUIET_INFO = ("💡 Tip: For seamless cloud logging", "`Trainer.fit` stopped:",
+              "Trainer already configured with model summary callbacks")  # the last: GPTSummary, added below
+
+
+class _DropInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(QUIET_INFO)
+
+
+def quiet_lightning() -> None:
+    """Silence, by message, Lightning's lines a gpt_tp user can do nothing about: the litlogger advertisement, the
+    `Trainer.fit stopped` line (it lands on the bar's line; the closing line follows), and the LeafSpec deprecation
+    that Lightning 2.6's own pytree code raises on torch 2.13, once per rank. Every rank runs this (main)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropInfo())
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # predict's prompts are a plain iterable on purpose (every rank runs every prompt): no batch indices to infer
+    warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader: `PromptBatches`")
 
 
 class GPTCLI(TrainingCLI):
@@ -55,12 +75,16 @@ class GPTCLI(TrainingCLI):
         print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """Add the optimizer-step progress bar unless the config brings its own or turns the bar off."""
+        """Add the optimizer-step progress bar and the one-line model summary unless the config brings its own or
+        turns them off."""
         trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         callbacks = trainer.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
         if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
-            trainer["callbacks"] = [*callbacks, StepProgressBar()]
+            callbacks = [*callbacks, StepProgressBar()]
+        if trainer.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks = [*callbacks, GPTSummary()]
+        trainer["callbacks"] = callbacks
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ModuleNotFoundError) as e:  # a trainer.* value (devices=0, an accelerator not installed)
@@ -170,6 +194,8 @@ class GPTCLI(TrainingCLI):
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]
         self._check_layout()
+        if cfg.get("ckpt_path"):  # a resume writes into the folder it resumes from: Lightning's warning is no news
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         find_shards(cfg.data.data_dir, "train")
         if cfg.data.val_batches:
             find_shards(cfg.data.data_dir, "val")
@@ -192,9 +218,41 @@ class GPTCLI(TrainingCLI):
         self._check_weights()
 
 
+    # ---- one closing line per command, on rank 0: what it wrote -------------------------------------------------
+    def _logs(self) -> str:
+        dirs = [lg.log_dir for lg in self.trainer.loggers if getattr(lg, "log_dir", None)]
+        return f"logs in {dirs[0]}" if dirs else "no logger"
+
+    def after_fit(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
+        saved = []
+        for cb in self.trainer.checkpoint_callbacks:
+            last = os.path.join(cb.dirpath, "last.ckpt") if getattr(cb, "dirpath", None) else None
+            if last and os.path.islink(last):
+                saved.append(f"checkpoints in {cb.dirpath} (last.ckpt -> {os.readlink(last)})")
+            elif last and os.path.exists(last):
+                saved.append(f"checkpoints in {cb.dirpath} (last.ckpt)")
+        print(f"gpt_tp fit: step {self.trainer.global_step}; {'; '.join(saved) or 'no checkpoint saved'}; {self._logs()}",
+              flush=True)
+
+    def after_validate(self) -> None:
+        if self.trainer.is_global_zero:
+            print(f"gpt_tp validate: {self.config[self.subcommand].get('ckpt_path') or 'model.init_from'}; {self._logs()}",
+                  flush=True)
+
+    def after_predict(self) -> None:
+        writer = next((cb for cb in self.trainer.callbacks if isinstance(cb, PromptWriter)), None)
+        if self.trainer.is_global_zero and writer is not None:
+            where = f"written to {writer.output}" if writer.output else "printed above (--output FILE writes them)"
+            n = len(writer.rows)
+            print(f"gpt_tp predict: {n} continuation{'s' * (n != 1)} {where}", flush=True)
+
+
 def main(args: list[str] | None = None, model_class: type | None = None) -> GPTCLI:
     """Run `cli.py` with args (default: the command line): fit, validate or predict; model_class: a GPTModule
     subclass to train instead (default GPTModule)."""
+    quiet_lightning()
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] == "test":
         raise UserError("`test` is not a gpt_tp subcommand: the data has a train and a val split; "

@@ -1,13 +1,25 @@
 """The training progress bar in optimizer steps, N/max_steps, with the step's loss, tokens/s and learning rate
 (docs/train.md); it replaces Lightning's default bar, rich or not. The stream is endless: no epoch count."""
 
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import ModelSummary, TQDMProgressBar
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
 class StepProgressBar(TQDMProgressBar):
     BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]{postfix}"
 
+    @property
+    def train_description(self) -> str:
+        return "train"
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._as_steps(trainer)  # a run resumed mid-epoch (from a periodic save) gets no on_train_epoch_start
+
     def on_train_epoch_start(self, trainer, *_) -> None:
+        self._as_steps(trainer)
+
+    def _as_steps(self, trainer) -> None:
         bar = self.train_progress_bar
         bar.reset(total=trainer.max_steps if trainer.max_steps > 0 else None)
         bar.initial = trainer.global_step  # a resumed run starts where it stopped; the rate counts this run only
@@ -30,3 +42,16 @@ class StepProgressBar(TQDMProgressBar):
         if trainer.optimizers:
             metrics["lr"] = f"{trainer.optimizers[0].param_groups[0]['lr']:.2e}"
         return metrics
+
+
+class GPTSummary(ModelSummary):
+    """The model summary in one line. Lightning's table has a FLOPs column that needs an example forward (which a
+    tensor-parallel model cannot run on rank 0 alone) and reads 0 without one; this line takes the training FLOPs
+    per token from GPTConfig.flops_per_token, as the MFU metric does."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        c = pl_module.config
+        T = getattr(trainer.datamodule, "seq_len", None) or c.block_size
+        rank_zero_info(f"model: {c.n_layer} layers x {c.n_head} heads, n_embd={c.n_embd}, vocab {c.vocab_size}, "
+                       f"{c.num_params(non_embedding=False) / 1e6:.1f}M parameters; {c.flops_per_token(T):.3g} "
+                       f"training FLOPs per token at T={T}")
