@@ -177,3 +177,31 @@ def test_resumed_versions_are_one_curve(tmp_path):
     assert out.read_bytes()[:8] == PNG_SIGNATURE
     # a folder of runs: the newest version's run
     assert run_csvs(find_csv(logs)) == [v[3] / "metrics.csv"]
+
+    # version_4 extends version_3 on a longer schedule (cli.py --trainer.max_steps 12 --ckpt_path last): one run
+    (v4 := logs / "gpt_tp" / "version_4").mkdir()
+    (v4 / "hparams.yaml").write_text((v[3] / "hparams.yaml").read_text() + "max_steps: 12\n")
+    (v4 / "metrics.csv").write_text("epoch,step,train/loss\n0,10,0.5\n")
+    (v[3] / "hparams.yaml").write_text((v[3] / "hparams.yaml").read_text() + "max_steps: 10\n")
+    # ... then a validate run of its checkpoint logs val/loss at step 0 in version_5: not the run to plot
+    (v5 := logs / "gpt_tp" / "version_5").mkdir()
+    (v5 / "metrics.csv").write_text("epoch,step,val/loss\n0,0,0.7\n")
+    assert find_csv(logs) == v4 / "metrics.csv"
+    assert run_csvs(find_csv(logs)) == [v[3] / "metrics.csv", v4 / "metrics.csv"]
+
+
+def test_a_single_point_is_drawn(tmp_path, monkeypatch):
+    """A run that logged one train step (resumed for one step) gets a marker: a one-point line draws nothing."""
+    import matplotlib.axes
+
+    calls = []
+    real = matplotlib.axes.Axes.plot
+
+    def spy(ax, *args, **kw):
+        calls.append((kw.get("label"), kw.get("marker")))
+        return real(ax, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    plot({"train/loss": [(40, 7.0)]}, tmp_path / "one.png", reference=False)
+    plot({"train/loss": [(40, 7.0), (41, 6.9)]}, tmp_path / "two.png", reference=False)
+    assert calls == [("train loss", "o"), ("train loss", None)]

@@ -19,8 +19,15 @@ class PlotError(UserError):
     """A missing, empty or unusable log; the message says what was expected."""
 
 
+def _trained(csv_path: Path) -> bool:
+    """The log has a train/loss column: a fit's, not a validate run's."""
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        return "train/loss" in (csv.DictReader(f).fieldnames or [])
+
+
 def find_csv(path: str | Path) -> Path:
-    """metrics.csv itself, the one in a run dir, or the newest one below a folder of runs (e.g. logs/)."""
+    """metrics.csv itself, the one in a run dir, or the newest fit's below a folder of runs (e.g. logs/; a validate
+    run's log, which has no train/loss, only when there is nothing else)."""
     p = Path(path)
     if p.is_file():
         return p
@@ -28,8 +35,9 @@ def find_csv(path: str | Path) -> Path:
         if (p / "metrics.csv").is_file():
             return p / "metrics.csv"
         found = sorted(p.rglob("metrics.csv"), key=lambda f: f.stat().st_mtime)
-        if found:
-            return found[-1]
+        fits = [f for f in found if _trained(f)]
+        if fits or found:
+            return (fits or found)[-1]
         raise PlotError(f"no metrics.csv under {p}: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
     raise PlotError(f"{p} not found: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
 
@@ -43,9 +51,16 @@ def _first_step(metrics: dict[str, list[tuple[int, float]]]) -> int:
     return min(points[0][0] for points in metrics.values())
 
 
+def _hparams(d: Path) -> list[str] | None:
+    """hparams.yaml but its max_steps: a run resumed on a longer schedule (--trainer.max_steps) is the same run."""
+    h = d / "hparams.yaml"
+    return [line for line in h.read_text().splitlines() if not line.startswith("max_steps:")] if h.is_file() else None
+
+
 def run_csvs(csv_path: str | Path) -> list[Path]:
     """The metrics.csv files of the run that csv_path belongs to, oldest version first: a version continues the one
-    before it when both saved the same hparams.yaml and it starts at a later step (a fresh run starts where it did)."""
+    before it when both saved the same hparams.yaml but for max_steps and it starts at a later step (a fresh run
+    starts where it did). A validate run's version (no train/loss) is passed over."""
     csv_path = Path(csv_path)
     if _version(csv_path.parent) is None:
         return [csv_path]
@@ -60,7 +75,9 @@ def run_csvs(csv_path: str | Path) -> list[Path]:
             if d == csv_path.parent:
                 raise
             continue  # a version that logged nothing (e.g. requeued before its first step)
-        h = (d / "hparams.yaml").read_text() if (d / "hparams.yaml").is_file() else None
+        if d != csv_path.parent and not _trained(d / "metrics.csv"):
+            continue
+        h = _hparams(d)
         if runs and h == hparams and start > first:
             runs[-1].append(d / "metrics.csv")
         else:
@@ -120,7 +137,8 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 6))
     for key, label, kw in (("train/loss", "train loss", dict(lw=1, alpha=0.8)), ("val/loss", "val loss", dict(lw=2, marker="."))):
         if key in metrics:
-            ax1.plot(*zip(*metrics[key]), label=label, **kw)
+            style = {**kw, "marker": "o"} if len(metrics[key]) == 1 else kw  # one point: a bare line draws nothing
+            ax1.plot(*zip(*metrics[key]), label=label, **style)
             good = [v for _, v in finite[key]]
             if not good:
                 ax1.set_title(f"{label}: no finite value", loc="left")
