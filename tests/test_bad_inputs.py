@@ -104,6 +104,15 @@ def test_bad_flag_value(user_run, name):
     assert message in user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, *flags))
 
 
+def test_nested_flag_on_the_callback_list_is_one_short_line(user_run):
+    """--trainer.callbacks.dirpath on cpu.yaml's list sets the last entry (HeapSplit): jsonargparse's Union error
+    (600+ characters, one error per subtype) becomes its first error and what the flag did."""
+    line = user_run(cli_main("fit", "--config", CPU, "--trainer.callbacks.dirpath", "elsewhere"))
+    assert line == ("error: trainer.callbacks: Problem with given class_path 'gpt_tp.train.malloc.HeapSplit': Option 'dirpath' "
+                    "is not accepted (--trainer.callbacks.dirpath sets dirpath on the last entry of trainer.callbacks; set it "
+                    "in that entry of your config file instead) (see python cli.py fit --help)")
+
+
 # ---- checkpoints ---------------------------------------------------------------------------------------------------
 def test_a_file_given_as_checkpoint_is_refused_and_kept(user_run, tmp_path):
     garbage = tmp_path / "model.ckpt"
@@ -124,12 +133,26 @@ def test_checkpoint_of_another_size_through_cli_leaves_it_unchanged(ckpt):
     saved, _ = ckpt
     before = snapshot(saved)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "cli.py", "validate", "--config", CPU, *ONE_DEVICE, "--model.model.n_layer", "3",
-                           "--ckpt_path", str(saved)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", "--config", CPU, *ONE_DEVICE, "--model.model.n_layer",
+                           "3", "--ckpt_path", str(saved)], cwd=saved.parent.parent, env=env, capture_output=True, text=True, timeout=300)
     line = one_error_line(proc)
     assert f"checkpoint {saved} does not fit this model (another model size?); set model.model" in line
-    assert "model.transformer.h.2.ln_1.weight: in the model, not in the checkpoint" in line
+    # the first mismatch and the count, not every tensor (a checkpoint of another width lists them all otherwise)
+    assert line.endswith("model.transformer.h.2.ln_1.weight: in the model, not in the checkpoint (and 11 more)")
     assert snapshot(saved) == before
+
+
+def test_checkpoint_folders_given_for_the_wrong_flag(user_run, ckpt):
+    """The folder holding the checkpoints given as --ckpt_path names its last.ckpt; a checkpoint given where a
+    Hugging Face folder belongs (model.init_from, hellaswag --hf-dir) names --ckpt_path."""
+    from gpt_tp.eval.hellaswag import main as hellaswag_main
+
+    saved, _ = ckpt
+    line = user_run(cli_main("validate", "--config", CPU, *ONE_DEVICE, "--ckpt_path", str(saved.parent)))
+    assert line == f"error: {saved.parent} is a folder of checkpoints (1), not one: give {saved}, or 'last'"
+    expected = f"error: {saved} is a gpt_tp checkpoint, not a Hugging Face folder: give it as --ckpt_path, or export it first"
+    assert user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, "--model.init_from", str(saved))).startswith(expected)
+    assert user_run(lambda: hellaswag_main(["--hf-dir", str(saved), "--path", "tests/fixtures/hellaswag_small.jsonl"])).startswith(expected)
 
 
 def test_truncated_checkpoint_folder(user_run, ckpt, tmp_path):

@@ -47,13 +47,19 @@ def test_malformed_records_reported_with_line_numbers(tmp_path):
     f.write_text("\n".join(lines) + "\n")
     with pytest.raises(hd.HellaSwagError) as e:
         hd.read_examples(f)
-    msg = str(e.value)
-    assert "4 malformed" in msg
-    assert f"{f}:2: missing key(s) 'ctx'" in msg
-    assert f"{f}:3: 'endings' must be a list of 4 strings, got 3 endings" in msg
-    assert f"{f}:5: 'label' must be an integer 0-3, got 7" in msg
-    assert f"{f}:6: invalid JSON" in msg
-    assert ":1:" not in msg and ":4:" not in msg and ":7:" not in msg
+    # one line: the first malformed record and the count
+    assert str(e.value) == (f"4 malformed HellaSwag record(s) (each needs 'ctx', 4 'endings', 'label' 0-3), the first "
+                            f"{f}:2: missing key(s) 'ctx' (and 3 more); fix or delete them, or re-download the file "
+                            "(delete it from the cache dir)")
+    assert hd.check_record({**rec, "endings": rec["endings"][:3]}) == "'endings' must be a list of 4 strings, got 3 endings"
+    assert hd.check_record({**rec, "label": 7}) == "'label' must be an integer 0-3, got 7"
+    f.write_text("\n".join([good, *(json.dumps({**rec, "label": "3" * 400}) for _ in range(40))]) + "\n")
+    with pytest.raises(hd.HellaSwagError) as e:  # 40 labels of the wrong type: still one short line
+        hd.read_examples(f)
+    assert len(str(e.value)) - len(str(f)) < 250 and "(and 39 more)" in str(e.value)
+    f.write_text(good + "\n" + lines[5] + "\n")
+    with pytest.raises(hd.HellaSwagError, match=f"the first {f}:2: invalid JSON"):
+        hd.read_examples(f)
     # limit stops before the bad lines
     assert len(hd.read_examples(f, limit=1)) == 1
     with pytest.raises(hd.HellaSwagError, match="not found"):
@@ -90,8 +96,8 @@ def test_failed_download_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hd, "fetch_url", offline)
     with pytest.raises(hd.HellaSwagError, match="could not download .*Network is unreachable.*copy it to"):
-        hd.resolve_path(None, tmp_path)
-    assert list(tmp_path.iterdir()) == []
+        hd.resolve_path(None, tmp_path / "data" / "hellaswag")
+    assert list(tmp_path.iterdir()) == []  # not even an empty cache folder
 
     def broken_write(fd):  # the write fails half-way: the temporary file is removed, dest never appears
         raise OSError("disk full")

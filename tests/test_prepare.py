@@ -2,6 +2,7 @@
 of gpt_tp.data.sample (the bundled sample's build)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -245,6 +246,7 @@ def test_error_missing_text_column(tmp_path):
     write_jsonl(tmp_path / "d.jsonl", ["a", "b"], column="content")
     with pytest.raises(DataError, match=r"no text column 'text' \(columns: \['content', 'id'\]\); set --text-column"):
         prep.prepare(tmp_path / "o", local=[tmp_path / "d.jsonl"], workers=1, progress=False)
+    assert not (tmp_path / "o").exists()  # no empty --out folder left behind
 
 
 def test_empty_documents_are_skipped(tmp_path):
@@ -269,12 +271,13 @@ def test_small_corpus_warns_that_there_is_no_train_shard(tmp_path, capsys):
     prep.main([*args, "--out", str(tmp_path / "one")])  # the default --shard-size: 1e8 tokens
     assert sorted(p.name for p in (tmp_path / "one").glob("*.npy")) == ["edufineweb_val_000000.npy"]
     err = capsys.readouterr().err
-    assert err == (f"warning: {tmp_path / 'one'}: all {n:,} tokens fit in the val shard (--shard-size 100,000,000), "
-                   f"so there is no train shard to train on: rerun into an empty --out with a --shard-size below {n:,}, "
-                   f"e.g. --shard-size {n // 10:,} (shard 0 is val, the rest train)\n")
+    assert err == (f"warning: {tmp_path / 'one'}: all {n:,} tokens fit in the val shard (--shard-size 100000000), "
+                   f"so there is no train shard to train on: rerun into an empty --out with a --shard-size below {n}, "
+                   f"e.g. --shard-size {n // 10} (shard 0 is val, the rest train)\n")
     prep.main([*args, "--out", str(tmp_path / "one")])  # a rerun of the finished folder says it again
     assert "no train shard" in capsys.readouterr().err
-    prep.main([*args, "--out", str(tmp_path / "ten"), "--shard-size", str(n // 10)])  # the advice works
+    suggested = re.search(r"e\.g\. --shard-size (\S+)", err).group(1)
+    prep.main([*args, "--out", str(tmp_path / "ten"), "--shard-size", suggested])  # the advice, as printed, works
     assert len(list((tmp_path / "ten").glob("*_train_*.npy"))) >= 9 and capsys.readouterr().err == ""
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
@@ -172,8 +172,10 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
         _log(progress, f"{out}: resuming after {index} complete shards, at document {next_doc:,}")
 
     rows = load_rows(dataset, config, split, local)
+    docs = texts_of(rows, text_column, where)
+    first = next(docs)  # a wrong --text-column or an empty input fails here, before --out is created
     out.mkdir(parents=True, exist_ok=True)
-    texts = islice(texts_of(rows, text_column, where), next_doc, None)
+    texts = islice(chain([first], docs), next_doc, None)
     buf = np.empty(shard_size, dtype=np.uint16)
     fill, ndocs, ntok, t0 = 0, next_doc, sum(s["tokens"] for s in shards), time.time()
     from tqdm.auto import tqdm
@@ -220,9 +222,9 @@ def _warn_if_no_train_shard(out: Path, state: dict) -> None:
     if len(state["shards"]) > 1:
         return
     tokens, size = state["tokens"], state["settings"]["shard_size"]
-    warnings.warn(f"{out}: all {tokens:,} tokens fit in the val shard (--shard-size {size:,}), so there is no train "
-                  f"shard to train on: rerun into an empty --out with a --shard-size below {tokens:,}, e.g. "
-                  f"--shard-size {max(1, tokens // 10):,} (shard 0 is val, the rest train)", stacklevel=3)
+    warnings.warn(f"{out}: all {tokens:,} tokens fit in the val shard (--shard-size {size}), so there is no train "
+                  f"shard to train on: rerun into an empty --out with a --shard-size below {tokens}, e.g. "
+                  f"--shard-size {max(1, tokens // 10)} (shard 0 is val, the rest train)", stacklevel=3)
 
 
 def _log(on: bool, msg: str) -> None:

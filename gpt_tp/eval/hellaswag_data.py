@@ -2,6 +2,7 @@
 rendering an example as token rows (build-nanogpt's render_example)."""
 
 import json
+import reprlib
 import os
 import tempfile
 import urllib.request
@@ -13,7 +14,6 @@ from gpt_tp.errors import UserError
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FILENAME = "hellaswag_val.jsonl"
 DEFAULT_CACHE_DIR = "data/hellaswag"
-MAX_REPORTED = 20  # malformed lines listed in one error
 
 
 class HellaSwagError(UserError):
@@ -38,7 +38,7 @@ def check_record(rec) -> str | None:
         return "'endings' must hold 4 non-empty strings"
     label = rec["label"]
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label <= 3:
-        return f"'label' must be an integer 0-3, got {label!r}"
+        return f"'label' must be an integer 0-3, got {reprlib.repr(label)}"
     return None
 
 
@@ -67,12 +67,11 @@ def read_examples(path: str | os.PathLike, limit: int | None = None) -> list[dic
                 errors.append(f"{path}:{lineno}: {problem}")
             else:
                 examples.append(rec)
-    if errors:
-        shown = "\n  ".join(errors[:MAX_REPORTED])
-        more = f"\n  ... and {len(errors) - MAX_REPORTED} more" if len(errors) > MAX_REPORTED else ""
+    if errors:  # the first and the count: one readable line however many there are
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise HellaSwagError(
-            f"{len(errors)} malformed HellaSwag record(s) in {path} (each needs 'ctx', 4 'endings', 'label' 0-3):"
-            f"\n  {shown}{more}\nFix or delete these lines, or re-download the file (delete it from the cache dir)."
+            f"{len(errors)} malformed HellaSwag record(s) (each needs 'ctx', 4 'endings', 'label' 0-3), the first "
+            f"{errors[0]}{more}; fix or delete them, or re-download the file (delete it from the cache dir)"
         )
     if not examples:
         raise HellaSwagError(f"{path} holds no HellaSwag records")
@@ -89,14 +88,14 @@ def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
     """Fetch url into dest atomically: written to a temporary file beside dest, then renamed, so a crash or a
     concurrent reader never sees a half-written file."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    try:  # fetched before the cache folder is made: a failed download leaves no empty folder behind
         data = fetch_url(url)
     except Exception as e:
         raise HellaSwagError(
             f"could not download HellaSwag from {url} ({type(e).__name__}: {e}). Offline, fetch the file elsewhere "
             f"and copy it to {dest}, or pass its location as path=/--path."
         ) from e
+    dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -53,6 +53,10 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
         raise CheckpointError(f"{p} is an unfinished checkpoint (its save was interrupted); resume from a checkpoint without '{PARTIAL}'")
     if not p.is_dir():
         raise CheckpointError(f"{p} is a file, not a distributed checkpoint folder (.metadata + *.distcp + {META})")
+    inside = sorted(d.name for d in p.iterdir() if (d / ".metadata").is_file()) if not (p / ".metadata").exists() else []
+    if inside:
+        pick = "last.ckpt" if "last.ckpt" in inside else inside[-1]
+        raise CheckpointError(f"{p} is a folder of checkpoints ({len(inside)}), not one: give {p / pick}, or 'last'")
     if not (p / ".metadata").is_file() or not (p / META).is_file():
         missing = [f for f in (".metadata", META) if not (p / f).is_file()]
         raise CheckpointError(f"{p} is not a complete distributed checkpoint: {', '.join(missing)} missing")
@@ -75,10 +79,10 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
     problems += [f"{k}: in the model, not in the checkpoint" for k in expected_shapes if k not in saved]
     problems += [f"{k}: in the checkpoint, not in the model" for k in saved if k not in expected_shapes]
     if problems:
-        shown = "\n  ".join(problems[:12]) + (f"\n  ... and {len(problems) - 12} more" if len(problems) > 12 else "")
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise CheckpointError(
             f"checkpoint {p} does not fit this model (another model size?); set model.model to the size it was "
-            f"trained with:\n  {shown}"
+            f"trained with: {problems[0]}{more}"
         )
 
 

@@ -31,7 +31,7 @@ from gpt_tp.train.progress import GPTSummary, StepProgressBar
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 # Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
-QUIET_INFO = ("💡 Tip: For seamless cloud logging", "`Trainer.fit` stopped:",
+QUIET_INFO = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
               "Trainer already configured with model summary callbacks")  # the last: GPTSummary, added below
 
 
@@ -41,7 +41,7 @@ class _DropInfo(logging.Filter):
 
 
 def quiet_lightning() -> None:
-    """Silence, by message, Lightning's lines a gpt_tp user can do nothing about: the litlogger advertisement, the
+    """Silence, by message, Lightning's lines a gpt_tp user can do nothing about: the litlogger/litmodels tips, the
     `Trainer.fit stopped` line (it lands on the bar's line; the closing line follows), and the LeafSpec deprecation
     that Lightning 2.6's own pytree code raises on torch 2.13, once per rank. Every rank runs this (main)."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropInfo())
@@ -126,8 +126,10 @@ class GPTCLI(TrainingCLI):
         folders = {cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
         for folder in folders | ({os.path.dirname(os.path.abspath(ckpt))} if ckpt and ckpt not in CKPT_ALIASES else set()):
             recover_interrupted_saves(folder)  # a save killed while overwriting a name: its `.old` folder back first
-        if ckpt is not None and ckpt not in CKPT_ALIASES and not os.path.exists(ckpt):
-            raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
+        if ckpt is not None and ckpt not in CKPT_ALIASES:
+            if not os.path.exists(ckpt):
+                raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
+            check_checkpoint(ckpt)  # a complete checkpoint folder, before any rank starts (shapes: at load)
         self._check_log_folders()
         if self.subcommand == "fit":
             self._check_checkpoint_folders(folders)

@@ -9,6 +9,7 @@ building a Trainer, a model or a process group.
 
 import importlib
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +58,26 @@ REMOVED = {
 }
 
 
+def _short_union_error(message: str) -> str:
+    """jsonargparse's "does not validate against any of the Union subtypes" lists every subtype's error (600+
+    characters): keep the first, and for a nested flag on a list (--trainer.callbacks.dirpath) say what it set."""
+    m = re.match(r'Parser key "(?P<key>[^"]+)": Does not validate against any of the Union subtypes .*? Errors: - '
+                 r'(?P<first>.+?)(?= - |$)', message)
+    if m is None:
+        return message
+    nested = re.search(r"NestedArg\(key='([^']+)'", message)
+    hint = (f" (--{m['key']}.{nested[1]} sets {nested[1]} on the last entry of {m['key']}; set it in that entry of your "
+            "config file instead)") if nested else ""
+    return f"{m['key']}: {m['first']}{hint}"
+
+
 def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | None = None):
     """parser.parse_args (args None: the command line); a bad flag or value is a UserError naming it and the help
     of `python cli.py <sub>` (sub: the subcommand in args, or the one these arguments are for)."""
     try:
         return parser.parse_args(args)
     except ArgumentError as e:
-        message = " ".join(str(e).split())
+        message = _short_union_error(" ".join(str(e).split()))
         removed = next((hint for key, hint in REMOVED.items() if key in message), None)
         if removed:
             raise UserError(removed) from None
