@@ -65,6 +65,12 @@ def detect_device_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(0).total_memory / GIB
 
 
+def check_peak_flops(peak_flops: float | None) -> None:
+    """model.peak_flops, when given, is a positive FLOP/s figure (None: detected for known GPUs)."""
+    if peak_flops is not None and not peak_flops > 0:
+        raise UserError(f"model.peak_flops={peak_flops} must be > 0 (the device's peak FLOP/s), or null to detect it")
+
+
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, devices: int) -> float | None:
     """Model FLOPs utilisation: flops_per_token (GPTConfig.flops_per_token) x tokens/s over devices x peak; None
     without a peak."""

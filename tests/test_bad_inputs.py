@@ -78,6 +78,16 @@ FLAGS = {
     "max-steps-zero": (["--trainer.max_steps", "0"], "trainer.max_steps=0: give the run's length in optimizer steps (>= 1)"),
     "model-max-steps": (["--model.max_steps", "30"], "model.max_steps follows trainer.max_steps (one number: the run's length and its learning-rate schedule's); set --trainer.max_steps only"),
     "n-layer-0": (["--model.model.n_layer", "0"], "model.n_layer=0: must be >= 1"),
+    "num-nodes-0": (["--trainer.num_nodes", "0"], "`num_nodes` must be a positive integer, but got 0. (check the trainer.* settings)"),
+    "val-check-0": (["--trainer.val_check_interval", "0"], "trainer.val_check_interval=0 must be > 0 (micro-batches, or a fraction of an epoch)"),
+    "clip-negative": (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val=-1 must be >= 0 (a norm; 0 or null: no clipping)"),
+    "eps-negative": (["--model.eps", "-1"], "model.eps=-1.0: AdamW needs weight_decay >= 0, each beta in [0, 1) and eps > 0"),
+    "weight-decay-negative": (["--model.weight_decay", "-0.1"], "model.weight_decay=-0.1, model.betas=[0.9, 0.95], model.eps=1e-08: AdamW needs"),
+    "beta-above-1": (["--model.betas", "[0.9, 1.5]"], "model.betas=[0.9, 1.5], model.eps=1e-08: AdamW needs"),
+    "peak-flops-negative": (["--model.peak_flops", "-1"], "model.peak_flops=-1.0 must be > 0 (the device's peak FLOP/s), or null to detect it"),
+    "seed-not-a-number": (["--seed_everything", "abc"], "seed_everything: expected bool or int, got 'abc'"),
+    "init-from-missing": (["--model.init_from", "/nonexistent/gpt2"], "/nonexistent/gpt2: no such folder; model.init_from and --hf-dir take a Hugging Face GPT-2 folder"),
+    "root-dir-unmakeable": (["--trainer.default_root_dir", "/proc/nope"], "trainer.default_root_dir: cannot create the log folder /proc/nope (No such file or directory)"),
     "n-head-not-dividing": (["--model.model.n_head", "3"], "model.n_embd=64 must be divisible by model.n_head=3"),
     "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
     "ac-mode": (["--model.activation_checkpointing", "some"], "model.activation_checkpointing='some': use one of none, full, selective"),
@@ -218,6 +228,13 @@ def test_bad_prompts(user_run, tmp_path):
     assert f"--prompts_file {tmp_path}/blank.txt: holds no prompt" in user_run(cli_main(*predict, "--prompts_file", str(tmp_path / "blank.txt")))
     assert "--prompts_file nope.txt: no such file" in user_run(cli_main(*predict, "--prompts_file", "nope.txt"))
     assert "--max_new_tokens=0, --num_samples=1 and --top_k=50 must be >= 1" in user_run(cli_main(*predict, "--max_new_tokens", "0"))
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00binary")
+    assert f"--prompts_file {tmp_path}/bin.txt: not UTF-8 text (invalid start byte at byte 0)" in user_run(
+        cli_main(*predict, "--prompts_file", str(tmp_path / "bin.txt")))
+    # an --output that cannot be written is refused before launch, not after every prompt has been continued
+    (tmp_path / "plain").write_text("mine")
+    assert f"--output {tmp_path}/plain/x.jsonl: cannot create its folder {tmp_path}/plain (Not a directory)" in user_run(
+        cli_main(*predict, "--prompt", "hi", "--output", str(tmp_path / "plain" / "x.jsonl")))
 
 
 def test_long_prompt_slides_its_window(ckpt, tmp_path, enc):
@@ -306,3 +323,38 @@ def test_bad_command_line(user_run, command, args, message):
     from importlib import import_module
 
     assert message in user_run(lambda: import_module(command).main(args))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the mistake is a GPU config on a machine without one")
+def test_gpu_config_on_a_cpu_machine(user_run):
+    assert user_run(cli_main("fit", "--config", str(ROOT / "configs" / "tp2.yaml"))) == (
+        "error: trainer.accelerator=gpu: this machine has no GPU; use configs/cpu.yaml or --trainer.accelerator cpu")
+
+
+def test_export_into_an_unmakeable_folder(user_run, ckpt, tmp_path):
+    from gpt_tp.train.export import main as export_main
+
+    (tmp_path / "plain").write_text("mine")
+    assert user_run(lambda: export_main([str(ckpt[0]), "--out", str(tmp_path / "plain" / "x")])) == (
+        f"error: --out {tmp_path}/plain/x: cannot create it (Not a directory); choose a --out in a writable folder")
+    assert (tmp_path / "plain").read_text() == "mine"
+
+
+def test_slurm_latest_names_a_missing_folder(tmp_path, capsys):
+    """`latest` prints nothing on stdout when there is no checkpoint (the sbatch scripts then start from step 0),
+    and says why on stderr, so a mistyped folder is not a silent fresh start."""
+    from gpt_tp.train.slurm import main as slurm_main
+
+    assert slurm_main(["latest", str(tmp_path / "chekpoints")]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == f"gpt_tp: no complete checkpoint in {tmp_path}/chekpoints ({tmp_path}/chekpoints: no such folder)\n"
+
+
+@pytest.mark.slow
+def test_warmup_longer_than_the_run_warns(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "fit", "--config", CPU, *ONE_DEVICE, "--trainer.max_steps", "2",
+                           "--model.warmup_steps", "10", "--data.val_batches", "0"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("model.warmup_steps=10 >= trainer.max_steps=2: the run ends inside its warmup, its last step at lr 0.0006 of "
+            "model.max_lr=0.003, with no cosine decay") in proc.stderr

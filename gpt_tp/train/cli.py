@@ -26,6 +26,7 @@ from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
+from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
 
@@ -87,7 +88,10 @@ class GPTCLI(TrainingCLI):
         trainer["callbacks"] = callbacks
         try:
             return super().instantiate_trainer(**kwargs)
-        except (MisconfigurationException, ModuleNotFoundError) as e:  # a trainer.* value (devices=0, an accelerator not installed)
+        except (MisconfigurationException, ModuleNotFoundError, ValueError) as e:  # a trainer.* value (devices=0, num_nodes=0)
+            if "gpu backend" in str(e):
+                raise UserError(f"trainer.accelerator={trainer.get('accelerator')}: this machine has no GPU; use "
+                                "configs/cpu.yaml or --trainer.accelerator cpu") from e
             raise UserError(f"{e} (check the trainer.* settings)") from e
 
     def parse_arguments(self, parser, args) -> None:
@@ -160,18 +164,16 @@ class GPTCLI(TrainingCLI):
     def _check_log_folders(self) -> None:
         """Create each logger's folder here, in the launching process: a folder that cannot be made or written is
         one line before any rank starts, not a failure on rank 0 alone while the others wait in a collective."""
-        for logger in self.trainer.loggers:
-            save_dir = getattr(logger, "save_dir", None)
-            if save_dir is None:
-                continue
+        dirs = [(lg.save_dir, "trainer.logger", "the logger's save_dir") for lg in self.trainer.loggers
+                if getattr(lg, "save_dir", None) is not None]
+        for save_dir, flag, fix in [(self.trainer.default_root_dir, "trainer.default_root_dir", "it"), *dirs]:
             try:
                 os.makedirs(save_dir, exist_ok=True)
             except OSError as e:
-                raise UserError(f"trainer.logger: cannot create the log folder {save_dir} ({e.strerror}); "
-                                f"set the logger's save_dir to a writable folder") from e
+                raise UserError(f"{flag}: cannot create the log folder {save_dir} ({e.strerror}); "
+                                f"set {fix} to a writable folder") from e
             if not os.access(save_dir, os.W_OK | os.X_OK):
-                raise UserError(f"trainer.logger: the log folder {save_dir} is not writable; set the logger's save_dir "
-                                "to a writable folder")
+                raise UserError(f"{flag}: the log folder {save_dir} is not writable; set {fix} to a writable folder")
 
     def _check_weights(self) -> None:
         """validate and predict score or continue with trained weights only, never the random init."""
@@ -203,6 +205,15 @@ class GPTCLI(TrainingCLI):
             find_shards(cfg.data.data_dir, "val")
         accum = self.trainer.accumulate_grad_batches
         interval, max_steps = cfg.trainer.val_check_interval, self.trainer.max_steps
+        if interval is not None and not interval > 0:
+            raise UserError(f"trainer.val_check_interval={interval} must be > 0 (micro-batches, or a fraction of an "
+                            "epoch); set data.val_batches=0 to train without validation")
+        if (clip := cfg.trainer.gradient_clip_val) is not None and clip < 0:
+            raise UserError(f"trainer.gradient_clip_val={clip} must be >= 0 (a norm; 0 or null: no clipping)")
+        if (warmup := cfg.model.warmup_steps) >= max_steps:
+            last = get_lr(max_steps - 1, cfg.model.max_lr, cfg.model.min_lr, warmup, max_steps)
+            rank_zero_warn(f"model.warmup_steps={warmup} >= trainer.max_steps={max_steps}: the run ends inside its warmup, "
+                           f"its last step at lr {last:.3g} of model.max_lr={cfg.model.max_lr:g}, with no cosine decay")
         if isinstance(interval, int) and cfg.data.val_batches and max_steps > 0 and interval > max_steps * accum:
             rank_zero_warn(
                 f"trainer.val_check_interval={interval} micro-batches is beyond the run's {max_steps} steps x "

@@ -65,6 +65,10 @@ def _short_union_error(message: str) -> str:
                  r'(?P<first>.+?)(?= - |$)', message)
     if m is None:
         return message
+    expected = re.findall(r"Expected a <class '([^']+)'>", message)
+    given = re.search(r"Given value: (.*)$", message)
+    if given and len(expected) == message.count(" - "):  # every subtype only says "Expected a <class ...>"
+        return f"{m['key']}: expected {' or '.join(expected)}, got {given[1]!r}"
     nested = re.search(r"NestedArg\(key='([^']+)'", message)
     hint = (f" (--{m['key']}.{nested[1]} sets {nested[1]} on the last entry of {m['key']}; set it in that entry of your "
             "config file instead)") if nested else ""

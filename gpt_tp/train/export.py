@@ -33,7 +33,10 @@ def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
     config, state = load_consolidated(checkpoint)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise ExportError(f"--out {out_dir}: cannot create it ({e.strerror}); choose a --out in a writable folder") from e
     if fmt in ("torch", "both"):
         torch.save({"config": dataclasses.asdict(config), "state_dict": state}, tmp / "model.pt")
     if fmt in ("hf", "both"):

@@ -8,9 +8,10 @@ import lightning as L
 import torch
 
 from gpt_tp.errors import UserError
+from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.optim import check_schedule, fused_with_scaler, get_lr, make_adamw
+from gpt_tp.train.optim import check_optimizer, fused_with_scaler, get_lr, make_adamw
 from gpt_tp.parallel import (
     TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize,
 )
@@ -67,7 +68,8 @@ class GPTModule(L.LightningModule):
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
-        check_schedule(max_lr, min_lr, warmup_steps, max_steps)
+        check_optimizer(max_lr, min_lr, warmup_steps, max_steps, weight_decay, betas, eps)
+        check_peak_flops(peak_flops)
         self.save_hyperparameters()
         config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
         hf_state = None
@@ -116,18 +118,15 @@ class GPTModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """Put the optimizer on this run's schedule at the current step. After a resume, the optimizer and LambdaLR
-        states loaded from the checkpoint hold the saved run's learning rate, base_lrs and last lr: the first step
-        would use the old schedule (its min_lr, when the old run had ended) even with a longer model.max_steps."""
+        """Put the optimizer on this run's schedule: a resumed optimizer and LambdaLR hold the saved run's lr and
+        base_lrs, so the first step would follow the old schedule (its min_lr, once it had ended)."""
         sched = self.lr_schedulers()
-        lr = self._lr(self.global_step)
         sched.base_lrs = [self.hparams.max_lr] * len(sched.base_lrs)
         for group in sched.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self._lr(self.global_step)
 
     def configure_callbacks(self) -> list:
-        """What every run of this module needs, whatever the trainer's own callbacks: every rank's RNG state kept
-        in checkpoints and put back on resume; tokens/s and MFU per step."""
+        """What every run needs, whatever the trainer's callbacks: RNG states in checkpoints, tokens/s and MFU."""
         return [RNGStates(), StepThroughput()]
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

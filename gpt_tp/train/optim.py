@@ -24,15 +24,20 @@ def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: 
     return min_lr + coeff * (max_lr - min_lr)
 
 
-def check_schedule(max_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> None:
-    """The schedule's values a run can train with: 0 <= min_lr <= max_lr, max_lr > 0, warmup_steps >= 0 and
-    max_steps >= 1 (cli.py links model.max_steps to trainer.max_steps: one number for the run and its cosine)."""
+def check_optimizer(max_lr: float, min_lr: float, warmup_steps: int, max_steps: int, weight_decay: float = 0.1,
+                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> None:
+    """The schedule and AdamW values a run can train with, each refused in one line naming its flag: 0 <= min_lr <=
+    max_lr, max_lr > 0, warmup_steps >= 0, max_steps >= 1 (cli.py links model.max_steps to trainer.max_steps: one
+    number for the run and its cosine), weight_decay >= 0, betas in [0, 1), eps > 0."""
     if not (max_lr > 0 and 0 <= min_lr <= max_lr and warmup_steps >= 0):
         raise UserError(f"model.max_lr={max_lr}, model.min_lr={min_lr}, model.warmup_steps={warmup_steps}: "
                         "need max_lr > 0, 0 <= min_lr <= max_lr and warmup_steps >= 0")
     if max_steps < 1:
         raise UserError(f"trainer.max_steps={max_steps}: give the run's length in optimizer steps (>= 1); it is also "
                         "the length of the learning-rate schedule")
+    if not (weight_decay >= 0 and all(0 <= b < 1 for b in betas) and eps > 0):
+        raise UserError(f"model.weight_decay={weight_decay}, model.betas={list(betas)}, model.eps={eps}: AdamW needs "
+                        "weight_decay >= 0, each beta in [0, 1) and eps > 0")
 
 
 def fused_with_scaler(fused: bool | None, grad_scaler: bool) -> bool | None:

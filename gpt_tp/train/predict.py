@@ -9,6 +9,7 @@ writes them as JSON lines {"prompt", "sample", "text"}.
 """
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,7 +51,11 @@ class Prompts:
             path = Path(self.prompts_file)
             if not path.is_file():
                 raise UserError(f"--prompts_file {path}: no such file (give a text file with one prompt a line)")
-            prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            try:
+                prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            except UnicodeDecodeError as e:
+                raise UserError(f"--prompts_file {path}: not UTF-8 text ({e.reason} at byte {e.start}); give a text "
+                                "file with one prompt a line") from e
             if not prompts:
                 raise UserError(f"--prompts_file {path}: holds no prompt (one prompt a line)")
         if any(not p.strip() for p in prompts):
@@ -106,6 +111,17 @@ class PromptWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         if output is not None and Path(output).is_dir():
             raise UserError(f"--output {output} is a folder; give the name of a file for the JSON lines")
+        if output is not None:  # found now, not after every prompt has been continued
+            folder = Path(output).absolute().parent
+            try:
+                if folder.exists() and not folder.is_dir():
+                    raise NotADirectoryError(20, "Not a directory")
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UserError(f"--output {output}: cannot create its folder {folder} ({e.strerror}); give a file in a "
+                                "writable folder") from e
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise UserError(f"--output {output}: the folder {folder} is not writable; give a file in a writable folder")
         self.output = output
         self.rows: list[dict] = []
 

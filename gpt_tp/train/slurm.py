@@ -280,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         path = latest_checkpoint(*args.dirs)
         if path:
             print(path)
+        else:  # stdout stays empty (the sbatch scripts start from step 0); stderr says why, a typo included
+            missing = [d for d in args.dirs if not os.path.isdir(d)]
+            print(f"gpt_tp: no complete checkpoint in {' '.join(args.dirs)}"
+                  + (f" ({', '.join(missing)}: no such folder)" if missing else ""), file=sys.stderr)
     return 0
 
 
