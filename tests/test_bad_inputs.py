@@ -85,8 +85,13 @@ FLAGS = {
     "weight-decay-negative": (["--model.weight_decay", "-0.1"], "model.weight_decay=-0.1, model.betas=[0.9, 0.95], model.eps=1e-08: AdamW needs"),
     "beta-above-1": (["--model.betas", "[0.9, 1.5]"], "model.betas=[0.9, 1.5], model.eps=1e-08: AdamW needs"),
     "peak-flops-negative": (["--model.peak_flops", "-1"], "model.peak_flops=-1.0 must be > 0 (the device's peak FLOP/s), or null to detect it"),
-    "seed-not-a-number": (["--seed_everything", "abc"], "seed_everything: expected bool or int, got 'abc'"),
-    "init-from-missing": (["--model.init_from", "/nonexistent/gpt2"], "/nonexistent/gpt2: no such folder; model.init_from and --hf-dir take a Hugging Face GPT-2 folder"),
+    "seed-not-a-number": (["--seed_everything", "abc"], "seed_everything: expected one of bool, int; got 'abc'"),
+    "precision-8": (["--trainer.precision", "8"], "trainer.precision: expected one of 64, 32, 16, transformer-engine, "
+                    "transformer-engine-float16, 16-true, 16-mixed, bf16-true, bf16-mixed, 32-true, 64-true, bf16, null; got '8'"),
+    "log-every-0": (["--trainer.log_every_n_steps", "0"], "trainer.log_every_n_steps=0: no training metric would be logged; give >= 1"),
+    "accumulate-0": (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches=0 = 0: set trainer.accumulate_grad_batches=1"),
+    "betas-one": (["--model.betas", "[0.9]"], 'Parser key "model.betas": Expected a tuple with 2 elements. Got value: [0.9]'),
+    "positional": (["extra"], "unrecognized arguments: extra (see python cli.py fit --help)"),
     "root-dir-unmakeable": (["--trainer.default_root_dir", "/proc/nope"], "trainer.default_root_dir: cannot create the log folder /proc/nope (No such file or directory)"),
     "n-head-not-dividing": (["--model.model.n_head", "3"], "model.n_embd=64 must be divisible by model.n_head=3"),
     "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
@@ -323,6 +328,10 @@ def test_bad_command_line(user_run, command, args, message):
     from importlib import import_module
 
     assert message in user_run(lambda: import_module(command).main(args))
+
+
+def test_no_subcommand(user_run):
+    assert "error: expected \"subcommand\" to be one of {fit,validate,predict}" in user_run(cli_main())
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the mistake is a GPU config on a machine without one")

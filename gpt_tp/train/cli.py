@@ -208,6 +208,8 @@ class GPTCLI(TrainingCLI):
         if interval is not None and not interval > 0:
             raise UserError(f"trainer.val_check_interval={interval} must be > 0 (micro-batches, or a fraction of an "
                             "epoch); set data.val_batches=0 to train without validation")
+        if (every := cfg.trainer.log_every_n_steps) is not None and every < 1:
+            raise UserError(f"trainer.log_every_n_steps={every}: no training metric would be logged; give >= 1")
         if (clip := cfg.trainer.gradient_clip_val) is not None and clip < 0:
             raise UserError(f"trainer.gradient_clip_val={clip} must be >= 0 (a norm; 0 or null: no clipping)")
         if (warmup := cfg.model.warmup_steps) >= max_steps:

@@ -65,10 +65,14 @@ def _short_union_error(message: str) -> str:
                  r'(?P<first>.+?)(?= - |$)', message)
     if m is None:
         return message
-    expected = re.findall(r"Expected a <class '([^']+)'>", message)
+    expected = re.findall(r" - Expected a (typing\.Literal\[[^\]]*\]|<class '[^']+'>)", message)
     given = re.search(r"Given value: (.*)$", message)
-    if given and len(expected) == message.count(" - "):  # every subtype only says "Expected a <class ...>"
-        return f"{m['key']}: expected {' or '.join(expected)}, got {given[1]!r}"
+    if given and len(expected) == message.count(" - "):  # every subtype only says "Expected a <type>": list them
+        choices = []
+        for e in expected:
+            names = e[len("typing.Literal["):-1].split(",") if e.startswith("typing.") else [e[8:-2]]
+            choices += [{"NoneType": "null"}.get(n.strip(" '"), n.strip(" '")) for n in names]
+        return f"{m['key']}: expected one of {', '.join(dict.fromkeys(choices))}; got {given[1]!r}"
     nested = re.search(r"NestedArg\(key='([^']+)'", message)
     hint = (f" (--{m['key']}.{nested[1]} sets {nested[1]} on the last entry of {m['key']}; set it in that entry of your "
             "config file instead)") if nested else ""
