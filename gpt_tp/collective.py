@@ -37,9 +37,7 @@ def one_does(fn: Callable[[], T], doer: bool | None = None) -> T | None:
             error = e
     outcomes: list[Exception | None] = [None] * dist.get_world_size()
     dist.all_gather_object(outcomes, _portable(error))
-    if error is not None:
-        raise error
-    first = next((e for e in outcomes if e is not None), None)
-    if first is not None:
-        raise first
+    failed = [r for r, e in enumerate(outcomes) if e is not None]
+    if failed:  # the lowest failing rank's error on every rank: one line for the run, however many failed
+        raise error if failed[0] == dist.get_rank() else outcomes[failed[0]]
     return result

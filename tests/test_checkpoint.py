@@ -150,7 +150,8 @@ def test_kill_between_the_renames_of_an_overwrite_keeps_the_name(straight, tmp_p
 @pytest.mark.slow
 def test_failed_fsync_stops_every_rank_at_once(tmp_path):
     """Rank 0's fsync fails while publishing the first checkpoint: both ranks exit with code 2 and the one error
-    line within seconds (not the process-group timeout), and nothing is published under the checkpoint's name."""
+    line within seconds (not the process-group timeout), nothing is published under the checkpoint's name, and the
+    partial folder is removed."""
     stamp, ckpt_dir = tmp_path / "failed_at", tmp_path / "ckpt"
     proc = run_to_failure("--tp", "2", "--steps", "6", "--fail-fsync", str(stamp), "--ckpt-dir", str(ckpt_dir), "--out", str(tmp_path / "o"))
     assert time.time() - float(stamp.read_text()) < 30
@@ -160,7 +161,7 @@ def test_failed_fsync_stops_every_rank_at_once(tmp_path):
         f"(injected): '{ckpt_dir}/step0002.ckpt.partial/meta.pt'; fix the storage (space, permissions) and resume from the last checkpoint"
     ]
     assert proc.stderr.count("exitcode  : 2 ") == 2  # torchrun's summary: both ranks ended with the error's code
-    assert sorted(os.listdir(ckpt_dir)) == ["step0002.ckpt.partial"]
+    assert sorted(os.listdir(ckpt_dir)) == []  # the partial folder removed at once
 
 
 @pytest.mark.slow

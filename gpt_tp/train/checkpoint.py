@@ -3,7 +3,9 @@ ModelParallelStrategy whose saves appear under their name only once complete and
 loads check the folder first, and which resumes ModelCheckpoint where the saved run left it. See docs/train.md,
 "Checkpoints"."""
 
+import errno
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Callable
@@ -14,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
-from torch.distributed.checkpoint import FileSystemReader
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.constants import default_pg_timeout
@@ -24,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from gpt_tp.collective import one_does
 from gpt_tp.train.lightning_internals import mark_saved
 from gpt_tp.errors import UserError
+from gpt_tp.sizing.sizes import checkpoint_bytes
 
 if TYPE_CHECKING:
     from gpt_tp.model import GPTConfig
@@ -33,8 +37,42 @@ PARTIAL = ".partial"
 OLD = ".old"  # a checkpoint being replaced under its name
 
 
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", f"[Errno {errno.ENOSPC}]", f"[Errno {errno.EDQUOT}]")
+
+
+def is_space_error(e: BaseException | None) -> bool:
+    """A full disk or quota anywhere in the exception's chain; DCP wraps each rank's OSError in its own exception,
+    so its text counts too."""
+    while e is not None:
+        if getattr(e, "errno", None) in SPACE_ERRNOS or any(t in str(e) for t in SPACE_TEXTS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def root_cause(e: BaseException) -> str:
+    """The storage error under `e` in one line: the first `[Errno N] ...` in its chain or text (DCP puts each rank's
+    traceback in its message), else its first line."""
+    for x in (e, e.__cause__, e.__context__):
+        if isinstance(x, OSError):
+            return f"{type(x).__name__}: {x}"
+        found = re.search(r"\[Errno \d+\] [^\n]*", str(x)) if x is not None else None
+        if found:
+            return found[0]
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def human_bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 class CheckpointError(UserError):
     """A checkpoint that cannot be used; the message names the path or parameters and what to do."""
+
+
+class CheckpointSpaceError(CheckpointError):
+    """A checkpoint save ran out of space (ENOSPC or EDQUOT) on some rank: every rank stops with it, exit code 2."""
 
 
 def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
@@ -167,8 +205,8 @@ class ModelParallel(ModelParallelStrategy):
         def act() -> None:
             try:
                 action()
-            except OSError as e:
-                raise CheckpointError(f"{what} failed on rank {rank}: {type(e).__name__}: {e}; fix the storage (space, "
+            except (Exception, CheckpointException) as e:  # DCP's is a BaseException; any failed write is the same
+                raise CheckpointError(f"{what} failed on rank {rank}: {root_cause(e)}; fix the storage (space, "
                                       "permissions) and resume from the last checkpoint") from e
 
         one_does(act, doer=True)
@@ -179,9 +217,25 @@ class ModelParallel(ModelParallelStrategy):
         final = Path(self.broadcast(str(filepath)))
         tmp = final.with_name(final.name + PARTIAL)
         zero = self.is_global_zero
+        if not final.parent.is_dir():  # removed during the run: made again, said once
+            if zero:
+                rank_zero_warn(f"checkpoint folder {final.parent} was removed during the run: making it again (the "
+                               "checkpoints it held are gone)")
         self._on_every_rank(f"preparing {final.parent}", lambda: zero and recover_interrupted_saves(final.parent, clean=True))
-        self._on_every_rank(f"writing checkpoint {tmp}", lambda: super(ModelParallel, self).save_checkpoint(checkpoint, tmp, storage_options))
-        self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and _publish(tmp, final))
+        try:
+            self._on_every_rank(f"writing checkpoint {tmp}", lambda: super(ModelParallel, self).save_checkpoint(checkpoint, tmp, storage_options))
+            self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and _publish(tmp, final))
+        except Exception as e:  # every rank is here with the failure (shared): the partial goes at once, then one line
+            self._on_every_rank(f"removing {tmp}", lambda: zero and shutil.rmtree(tmp, ignore_errors=True))
+            # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer
+            # turns a short write into "unexpected pos" with no errno)
+            need = checkpoint_bytes(self.lightning_module.config)
+            if not (is_space_error(e) or shutil.disk_usage(final.parent).free < need):
+                raise
+            raise CheckpointSpaceError(
+                f"no space left to save {final.name} in {final.parent} ({human_bytes(shutil.disk_usage(final.parent).free)} free; "
+                f"a checkpoint needs about {human_bytes(need)}): free space, lower save_top_k, or choose another dirpath; the "
+                f"checkpoints already there are intact (resume with --ckpt_path last)") from None
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         path = Path(self.broadcast(str(checkpoint_path)))

@@ -8,6 +8,7 @@ A user's mistake prints one line, `error: ...`, and exits with code 2 (gpt_tp.en
 import glob
 import logging
 import os
+import shutil
 import sys
 import warnings
 
@@ -24,7 +25,8 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.sizing import LayoutError, check_run, resolve_layout
-from gpt_tp.train.checkpoint import check_checkpoint, recover_interrupted_saves
+from gpt_tp.sizing.sizes import checkpoint_bytes
+from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
@@ -183,8 +185,8 @@ class GPTCLI(TrainingCLI):
                             "folder, or 'last') or --model.init_from (a Hugging Face GPT-2 folder)")
 
     def _check_checkpoint_folders(self, folders: set[str]) -> None:
-        """Create each checkpoint folder before launch: one that cannot be made or written fails now, not at the
-        first save, every_n_train_steps into the run."""
+        """Create each checkpoint folder before launch: one that cannot be made or written, or has no room for one
+        checkpoint (sizes.checkpoint_bytes), fails now, not at the first save, every_n_train_steps into the run."""
         for folder in sorted(folders):
             try:
                 os.makedirs(folder, exist_ok=True)
@@ -194,6 +196,13 @@ class GPTCLI(TrainingCLI):
             if not os.access(folder, os.W_OK | os.X_OK):
                 raise UserError(f"ModelCheckpoint dirpath: the checkpoint folder {folder} is not writable; set its "
                                 "dirpath to a writable folder")
+            free, need = shutil.disk_usage(folder).free, checkpoint_bytes(self.model.config)
+            if free < need:
+                raise UserError(f"ModelCheckpoint dirpath: {folder} has {human_bytes(free)} free, but a checkpoint of "
+                                f"this model needs about {human_bytes(need)}; free space or choose another dirpath")
+            if free < 2 * need:
+                rank_zero_warn(f"checkpoint folder {folder}: {human_bytes(free)} free, room for fewer than two "
+                               f"checkpoints of {human_bytes(need)}; a save that runs out of space stops the run")
 
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]

@@ -1,0 +1,134 @@
+"""I/O faults on real file systems, through `python cli.py fit` at TP=2: a checkpoint folder on a small tmpfs the
+test mounts (root only: CI runs as root; elsewhere these skip with the reason), made read-only or removed mid-run.
+Each fault gives one `error:` line (or one warning), every rank stops alike, the checkpoints already written stay
+intact, no partial folder is left, and the newest complete checkpoint resumes bit-identically."""
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+CPU = str(ROOT / "configs" / "cpu.yaml")
+CHECKPOINT_MIB = 50.4  # gpt_tp.sizing.sizes.checkpoint_bytes of cpu.yaml's model
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounted = []
+
+    def mount(mib: int):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+        d = tmp_path / f"fs{mib}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(d)], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def fit(tmp_path, dirpath, *args):
+    """configs/cpu.yaml at TP=2 for 9 steps, a checkpoint every 3 into dirpath (2 kept, last.ckpt a link)."""
+    (tmp_path / "run.yaml").write_text(f"""
+trainer:
+  max_steps: 9
+  val_check_interval: 3
+  log_every_n_steps: 1
+  logger:
+  - class_path: lightning.pytorch.loggers.CSVLogger
+    init_args: {{save_dir: {tmp_path / "logs"}, name: run}}
+  callbacks:
+  - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+    init_args: {{dirpath: {dirpath}, filename: "step{{step:07d}}", auto_insert_metric_name: false, every_n_train_steps: 3,
+                save_top_k: 2, monitor: step, mode: max, save_last: link}}
+data:
+  val_batches: 2
+""")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("OMP_NUM_THREADS", None)
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), "fit", "--config", CPU, "--config", str(tmp_path / "run.yaml"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def errors(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+
+
+def losses(tmp_path, version: int) -> dict[int, float]:
+    rows = csv.DictReader(open(tmp_path / "logs" / "run" / f"version_{version}" / "metrics.csv"))
+    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+
+
+def test_no_room_for_one_checkpoint_is_refused_before_launch(user_run, tmpfs):
+    import cli
+
+    fs = tmpfs(30)
+    line = user_run(lambda: cli.main(["fit", "--config", CPU, "--trainer.logger", "false", "--trainer.devices", "1",
+                                      "--trainer.strategy.init_args.tensor_parallel_size", "1",
+                                      "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
+                                      "--trainer.callbacks.dirpath", str(fs)]))
+    assert line == (f"error: ModelCheckpoint dirpath: {fs} has 30.0 MiB free, but a checkpoint of this model needs about "
+                    f"{CHECKPOINT_MIB} MiB; free space or choose another dirpath")
+    assert os.listdir(fs) == []
+
+
+@pytest.mark.slow
+def test_full_disk_mid_save_stops_every_rank_and_resumes_exactly(tmp_path, tmpfs):
+    """80 MiB hold the step-3 checkpoint (50.4 MiB) but not step 6's as well: the run warns before launch, stops at
+    the step-6 save with one line naming the folder, the free and the needed bytes and the fixes (exit code 2), and
+    leaves step 3 and last.ckpt -> step 3 as they were. Step 3 resumed elsewhere gives the uninterrupted run's losses."""
+    fs = tmpfs(80)
+    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    full = fit(tmp_path, fs)
+    assert full.returncode == 2, full.stderr[-3000:]
+    assert f"checkpoint folder {fs}: 80.0 MiB free, room for fewer than two checkpoints of {CHECKPOINT_MIB} MiB" in full.stderr
+    (line,) = errors(full)
+    assert line.startswith(f"error: no space left to save step0000006.ckpt in {fs} (") and line.endswith(
+        f" MiB free; a checkpoint needs about {CHECKPOINT_MIB} MiB): free space, lower save_top_k, or choose another dirpath; "
+        "the checkpoints already there are intact (resume with --ckpt_path last)")
+    assert "Traceback" not in full.stderr
+    assert sorted(os.listdir(fs)) == ["last.ckpt", "step0000003.ckpt"]  # no partial folder
+    assert os.readlink(fs / "last.ckpt") == "step0000003.ckpt"
+    shutil.copytree(fs / "step0000003.ckpt", tmp_path / "kept" / "step0000003.ckpt")
+    resumed = fit(tmp_path, tmp_path / "resumed", "--ckpt_path", str(tmp_path / "kept" / "step0000003.ckpt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    uninterrupted, before, after = losses(tmp_path, 0), losses(tmp_path, 1), losses(tmp_path, 2)
+    assert before == {k: uninterrupted[k] for k in range(5)}  # step 5 ends in the failed save, before its row
+    assert after == {k: uninterrupted[k] for k in range(3, 9)}  # bit-identical from the kept checkpoint
+
+
+@pytest.mark.slow
+def test_read_only_folder_mid_run_is_one_line(tmp_path, tmpfs):
+    """The checkpoint folder's file system turns read-only after step 4: the step-6 save stops every rank with one
+    line naming the folder and the errno; step 3 stays intact."""
+    fs = tmpfs(200)
+    proc = fit(tmp_path, fs, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
+               "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = errors(proc)
+    assert line.startswith(f"error: ") and "Read-only file system" in line and str(fs) in line, line
+    assert line.endswith("fix the storage (space, permissions) and resume from the last checkpoint")
+    assert sorted(os.listdir(fs)) == ["last.ckpt", "step0000003.ckpt"]
+
+
+@pytest.mark.slow
+def test_removed_folder_mid_run_is_made_again(tmp_path):
+    """The checkpoint folder deleted after step 4: the step-6 save says so in one warning, makes it again and the
+    run goes on to step 9; nothing else is lost."""
+    ckpt = tmp_path / "ckpt"
+    proc = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(ckpt),
+               "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "remove")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(f"checkpoint folder {ckpt} was removed during the run: making it again") == 1
+    assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0000006.ckpt", "step0000009.ckpt"]
