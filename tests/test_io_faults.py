@@ -37,7 +37,7 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
-def fit(tmp_path, dirpath, *args):
+def fit(tmp_path, dirpath, *args, **kwargs):
     """configs/cpu.yaml at TP=2 for 9 steps, a checkpoint every 3 into dirpath (2 kept, last.ckpt a link)."""
     (tmp_path / "run.yaml").write_text(f"""
 trainer:
@@ -57,7 +57,7 @@ data:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("OMP_NUM_THREADS", None)
     return subprocess.run([sys.executable, str(ROOT / "cli.py"), "fit", "--config", CPU, "--config", str(tmp_path / "run.yaml"), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, **kwargs)
 
 
 def errors(proc) -> list[str]:
@@ -132,3 +132,23 @@ def test_removed_folder_mid_run_is_made_again(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count(f"checkpoint folder {ckpt} was removed during the run: making it again") == 1
     assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0000006.ckpt", "step0000009.ckpt"]
+
+
+@pytest.mark.slow
+def test_kill_between_deleting_and_relinking_last(tmp_path):
+    """Lightning moves last.ckpt by deleting the link and making it again; SIGKILL in between (after the step-6
+    save) leaves no last.ckpt. `--ckpt_path last` links it to the newest complete checkpoint again, says so in one
+    line, and resumes from step 6 bit-identically, not from step 0."""
+    ckpt = tmp_path / "ckpt"
+    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.KillAtRelink", "--trainer.callbacks.step", "6",
+                 start_new_session=True)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert sorted(os.listdir(ckpt)) == ["step0000003.ckpt", "step0000006.ckpt"]  # last.ckpt deleted, not made again
+    resumed = fit(tmp_path, ckpt, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"gpt_tp: {ckpt} had no last.ckpt (a run killed while moving it): linked it to step0000006.ckpt" in resumed.stderr
+    uninterrupted, after = losses(tmp_path, 0), losses(tmp_path, 2)
+    assert after == {k: uninterrupted[k] for k in range(6, 9)}
+    assert os.readlink(ckpt / "last.ckpt") == "step0000009.ckpt"

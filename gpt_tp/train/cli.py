@@ -31,6 +31,7 @@ from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_c
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
+from gpt_tp.train.slurm import latest_checkpoint
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 # Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
@@ -51,6 +52,21 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # predict's prompts are a plain iterable on purpose (every rank runs every prompt): no batch indices to infer
     warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader: `PromptBatches`")
+
+
+def relink_last(folders: set[str]) -> None:
+    """Lightning moves last.ckpt to a new step by deleting the link and making it again: a run killed in between
+    leaves complete checkpoints and no last.ckpt, and `--ckpt_path last` would start from step 0. Link it to the
+    newest complete checkpoint again, and say so."""
+    newest = latest_checkpoint(*sorted(folders))
+    if newest is None:
+        return
+    folder, name = os.path.split(newest)
+    try:
+        os.symlink(name, os.path.join(folder, "last.ckpt"))  # relative, as Lightning links it
+    except FileExistsError:  # another rank's CLI did it first
+        return
+    print(f"gpt_tp: {folder} had no last.ckpt (a run killed while moving it): linked it to {name}", file=sys.stderr)
 
 
 class GPTCLI(TrainingCLI):
@@ -139,6 +155,8 @@ class GPTCLI(TrainingCLI):
         self._check_log_folders()
         if self.subcommand == "fit":
             self._check_checkpoint_folders(folders)
+        if ckpt == "last" and folders and not any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders):
+            relink_last(folders)
         if ckpt == "last" and folders and not any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders):
             if self.subcommand != "fit":
                 raise UserError(f"--ckpt_path last: no checkpoint in {', '.join(sorted(folders))} yet; give a "
