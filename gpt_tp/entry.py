@@ -3,6 +3,7 @@ a distributed process leaves through os._exit, without the interpreter's shutdow
 abort it after it trained correctly (docs/scale.md, "How a distributed command exits")."""
 
 import argparse
+import errno
 import hashlib
 import logging
 import os
@@ -109,13 +110,15 @@ def report(message: str) -> None:
 
 
 USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a full disk, a quota, a read-only file system
 
 
 def _user_error_in(e: BaseException | None) -> BaseException | None:
     """The user's mistake that `e` is, or was raised from (jsonargparse wraps an exception raised while it builds a
-    config's class, e.g. a callback refusing its arguments, in its own ValueError); None for a bug."""
-    while e is not None and not isinstance(e, USER_ERRORS):
-        e = e.__cause__
+    config's class, e.g. a callback refusing its arguments, in its own ValueError), or the storage fault under it;
+    None for a bug."""
+    while e is not None and not (isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in STORAGE_ERRNOS):
+        e = e.__cause__ or e.__context__
     return e
 
 
@@ -143,7 +146,11 @@ def run(main: Callable[[], object]) -> None:
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+    if getattr(e, "errno", None) in STORAGE_ERRNOS and not isinstance(e, UserError):
+        where = f"writing {e.filename}" if getattr(e, "filename", None) else "writing"
+        text = f"{e.strerror} while {where}; free space (or the quota), or write to another folder"
+    else:
+        text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
     return " ".join(text.split())
 
 

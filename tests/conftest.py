@@ -119,3 +119,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory):
+    """A 1-step checkpoint of configs/cpu.yaml's model on one process (the real `cli.py fit`), and its export to a
+    Hugging Face folder. Tests that change either work on a copy."""
+    from gpt_tp.train.export import main as export_main
+
+    tmp = tmp_path_factory.mktemp("demo_checkpoint")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(ROOT / "configs" / "cpu.yaml"),
+                           "--trainer.logger", "false", "--trainer.devices", "1", "--trainer.strategy.init_args.tensor_parallel_size", "1",
+                           "--trainer.max_steps", "1", "--data.val_batches", "0", "--model.total_batch_size", "null",
+                           "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
+                           "--trainer.callbacks.dirpath", str(tmp / "ckpt"), "--trainer.callbacks.save_last", "true"],
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = tmp / "ckpt" / "last.ckpt"
+    assert export_main([str(saved), "--out", str(tmp / "hf"), "--format", "hf"]) == 0
+    return saved, tmp / "hf"

@@ -31,24 +31,6 @@ def cli_main(*args):
     return lambda: cli.main(list(args))
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """A 1-step checkpoint of configs/cpu.yaml's model on one process (the real `cli.py fit`), and its export."""
-    from gpt_tp.train.export import main as export_main
-
-    tmp = tmp_path_factory.mktemp("bad_inputs")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "fit", "--config", CPU, *ONE_DEVICE, "--trainer.max_steps", "1",
-                           "--data.val_batches", "0", "--model.total_batch_size", "null",
-                           "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
-                           "--trainer.callbacks.dirpath", str(tmp / "ckpt"), "--trainer.callbacks.save_last", "true"],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    saved = tmp / "ckpt" / "last.ckpt"
-    assert export_main([str(saved), "--out", str(tmp / "hf"), "--format", "hf"]) == 0
-    return saved, tmp / "hf"
-
-
 # ---- cli.py fit: config files, flags and values, all refused before any process starts ----------------------------
 CONFIG_FILES = {
     "yaml-typo-key": ("data:\n  batchsize: 4\n", "does not accept option 'data.batchsize'"),

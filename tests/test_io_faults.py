@@ -4,11 +4,13 @@ Each fault gives one `error:` line (or one warning), every rank stops alike, the
 intact, no partial folder is left, and the newest complete checkpoint resumes bit-identically."""
 
 import csv
+import json
 import os
 import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
@@ -21,12 +23,12 @@ CHECKPOINT_MIB = 50.4  # gpt_tp.sizing.sizes.checkpoint_bytes of cpu.yaml's mode
 def tmpfs(tmp_path):
     mounted = []
 
-    def mount(mib: int):
+    def mount(size: str):
         if os.geteuid() != 0:
             pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-        d = tmp_path / f"fs{mib}"
+        d = tmp_path / f"fs{size}"
         d.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(d)], capture_output=True, text=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True, text=True)
         if r.returncode:
             pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
         mounted.append(d)
@@ -72,7 +74,7 @@ def losses(tmp_path, version: int) -> dict[int, float]:
 def test_no_room_for_one_checkpoint_is_refused_before_launch(user_run, tmpfs):
     import cli
 
-    fs = tmpfs(30)
+    fs = tmpfs("30m")
     line = user_run(lambda: cli.main(["fit", "--config", CPU, "--trainer.logger", "false", "--trainer.devices", "1",
                                       "--trainer.strategy.init_args.tensor_parallel_size", "1",
                                       "--trainer.callbacks", "lightning.pytorch.callbacks.ModelCheckpoint",
@@ -87,7 +89,7 @@ def test_full_disk_mid_save_stops_every_rank_and_resumes_exactly(tmp_path, tmpfs
     """80 MiB hold the step-3 checkpoint (50.4 MiB) but not step 6's as well: the run warns before launch, stops at
     the step-6 save with one line naming the folder, the free and the needed bytes and the fixes (exit code 2), and
     leaves step 3 and last.ckpt -> step 3 as they were. Step 3 resumed elsewhere gives the uninterrupted run's losses."""
-    fs = tmpfs(80)
+    fs = tmpfs("80m")
     straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
     assert straight.returncode == 0, straight.stderr[-3000:]
     full = fit(tmp_path, fs)
@@ -112,7 +114,7 @@ def test_full_disk_mid_save_stops_every_rank_and_resumes_exactly(tmp_path, tmpfs
 def test_read_only_folder_mid_run_is_one_line(tmp_path, tmpfs):
     """The checkpoint folder's file system turns read-only after step 4: the step-6 save stops every rank with one
     line naming the folder and the errno; step 3 stays intact."""
-    fs = tmpfs(200)
+    fs = tmpfs("200m")
     proc = fit(tmp_path, fs, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
                "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -152,3 +154,53 @@ def test_kill_between_deleting_and_relinking_last(tmp_path):
     uninterrupted, after = losses(tmp_path, 0), losses(tmp_path, 2)
     assert after == {k: uninterrupted[k] for k in range(6, 9)}
     assert os.readlink(ckpt / "last.ckpt") == "step0000009.ckpt"
+
+
+# ---- single-process writers: prepare's shards, HellaSwag's download, export -----------------------------------------
+def test_prepare_on_a_full_disk_then_resumes(user_run, tmpfs, tmp_path):
+    """prepare fills a 48 KiB tmpfs: one line, no half-written shard or state file, every shard on disk complete;
+    with more room the same command finishes, byte for byte the shards of a run that never ran out."""
+    from gpt_tp.data import prepare as prep
+
+    text = (ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl").read_text() * 60
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": line}) + "\n" for line in text.splitlines()))
+    args = ["--local", str(src), "--shard-size", "2000", "--workers", "1", "--quiet"]
+    fs = tmpfs("48k")
+    line = user_run(lambda: prep.main([*args, "--out", str(fs / "out")]))
+    assert line.startswith("error: No space left on device while writing ") and line.endswith(
+        "; free space (or the quota), or write to another folder"), line
+    left = sorted(os.listdir(fs / "out"))
+    assert not [f for f in left if f.endswith(".tmp")] and len(left) > 1
+    state = json.loads((fs / "out" / "edufineweb_prepare.json").read_text())
+    npys = [f for f in left if f.endswith(".npy")]
+    assert state["complete"] is False and {s["file"] for s in state["shards"]} <= set(npys)
+    for f in npys:  # each shard on disk is whole (written to .tmp, then renamed); the state lists those it finished
+        assert len(np.load(fs / "out" / f)) == 2000
+    subprocess.run(["mount", "-o", "remount,size=4m", str(fs)], check=True)
+    prep.main([*args, "--out", str(fs / "out")])  # the same command, with room now: resumes after the listed shards
+    prep.main([*args, "--out", str(tmp_path / "ref")])
+    done, ref = (json.loads((d / "edufineweb_prepare.json").read_text()) for d in (fs / "out", tmp_path / "ref"))
+    assert done["complete"] and done["shards"] == ref["shards"] and len(ref["shards"]) > len(state["shards"])
+    for s in ref["shards"]:
+        assert (fs / "out" / s["file"]).read_bytes() == (tmp_path / "ref" / s["file"]).read_bytes()
+
+
+def test_hellaswag_download_on_a_full_disk(user_run, tmpfs, monkeypatch):
+    from gpt_tp.eval import hellaswag_data as hd
+
+    fs = tmpfs("64k")
+    monkeypatch.setattr(hd, "fetch_url", lambda url, timeout=60.0: b"{}\n" * 100_000)  # 300 KB, more than the disk
+    line = user_run(lambda: hd.resolve_path(None, fs / "hellaswag"))
+    assert line == (f"error: No space left on device while writing {fs}/hellaswag/hellaswag_val.jsonl; free space (or the "
+                    "quota), or write to another folder")
+    assert os.listdir(fs / "hellaswag") == []  # no partial download
+
+
+def test_export_on_a_full_disk_leaves_nothing(user_run, tmpfs, ckpt):
+    from gpt_tp.train.export import main as export_main
+
+    fs = tmpfs("8m")  # the checkpoint's weights alone are 13 MB
+    line = user_run(lambda: export_main([str(ckpt[0]), "--out", str(fs / "export")]))
+    assert line == f"error: --out {fs}/export: no space left on its device; free space or choose another --out"
+    assert os.listdir(fs) == []

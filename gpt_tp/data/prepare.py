@@ -84,7 +84,11 @@ def _state_path(out: Path, prefix: str) -> Path:
 
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    try:
+        tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    except OSError as e:  # a full disk: the previous state stays, no half-written file beside it
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from e
     os.replace(tmp, path)
 
 

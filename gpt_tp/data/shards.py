@@ -1,6 +1,7 @@
 """Token shards in build-nanogpt's format and the stream that reads them (the LightningDataModule over it:
 gpt_tp.train.datamodule). The format and the reading scheme: docs/data.md, "Shard format" and "GPTDataModule"."""
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -91,10 +92,16 @@ def write_shard(path, tokens) -> None:
             )
         arr = arr.astype(np.uint16)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:  # a file object: np.save must not append another ".npy"
-        np.save(f, arr)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:  # a file object: np.save must not append another ".npy"
+            np.save(f, arr)
+            f.flush()
+            os.fsync(f.fileno())
+            if os.fstat(f.fileno()).st_size != f.tell():  # numpy's tofile can come up short on a full disk, silently
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+    except OSError as e:  # a full disk: no half-written file left, and the error names the shard
+        os.unlink(tmp) if os.path.exists(tmp) else None
+        raise OSError(e.errno, e.strerror, path) from e
     os.replace(tmp, path)
 
 

@@ -103,8 +103,10 @@ def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a full disk: named with the file it was writing
+            raise OSError(e.errno, e.strerror, str(dest)) from e
         raise
     return dest
 

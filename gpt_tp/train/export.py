@@ -37,15 +37,22 @@ def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
         tmp.mkdir(parents=True)
     except OSError as e:
         raise ExportError(f"--out {out_dir}: cannot create it ({e.strerror}); choose a --out in a writable folder") from e
-    if fmt in ("torch", "both"):
-        torch.save({"config": dataclasses.asdict(config), "state_dict": state}, tmp / "model.pt")
-    if fmt in ("hf", "both"):
-        from safetensors.torch import save_file
+    try:
+        if fmt in ("torch", "both"):
+            torch.save({"config": dataclasses.asdict(config), "state_dict": state}, tmp / "model.pt")
+        if fmt in ("hf", "both"):
+            from safetensors.torch import save_file
 
-        hf = to_hf_state_dict(state, config)
-        hf.pop("lm_head.weight")  # tied to wte (tie_word_embeddings); safetensors refuses shared storage
-        save_file({k: v.detach().clone().contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
+            hf = to_hf_state_dict(state, config)
+            hf.pop("lm_head.weight")  # tied to wte (tie_word_embeddings); safetensors refuses shared storage
+            save_file({k: v.detach().clone().contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            (tmp / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
+    except BaseException as e:  # a full disk, an interrupt: never a half-written export left
+        full = shutil.disk_usage(tmp.parent).free < 2**20  # torch's zip writer reports a full disk with no errno
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full and not isinstance(e, OSError):
+            raise ExportError(f"--out {out_dir}: no space left on its device; free space or choose another --out") from e
+        raise
     if out_dir.exists():
         out_dir.rmdir()  # empty, checked above
     tmp.rename(out_dir)
