@@ -148,7 +148,8 @@ def run(main: Callable[[], object]) -> None:
 def _one_line(e: BaseException) -> str:
     if getattr(e, "errno", None) in STORAGE_ERRNOS and not isinstance(e, UserError):
         where = f"writing {e.filename}" if getattr(e, "filename", None) else "writing"
-        text = f"{e.strerror} while {where}; free space (or the quota), or write to another folder"
+        fix = "remount it read-write" if e.errno == errno.EROFS else "free space (or the quota)"
+        text = f"{e.strerror} while {where}; {fix}, or write to another folder"
     else:
         text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
     return " ".join(text.split())

@@ -39,16 +39,17 @@ def tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
-def fit(tmp_path, dirpath, *args, **kwargs):
-    """configs/cpu.yaml at TP=2 for 9 steps, a checkpoint every 3 into dirpath (2 kept, last.ckpt a link)."""
+def fit(tmp_path, dirpath, *args, logs=None, **kwargs):
+    """configs/cpu.yaml at TP=2 for 9 steps, a checkpoint every 3 into dirpath (2 kept, last.ckpt a link), metrics
+    into `logs` (default tmp_path/logs) through gpt_tp's CSVLogger."""
     (tmp_path / "run.yaml").write_text(f"""
 trainer:
   max_steps: 9
   val_check_interval: 3
   log_every_n_steps: 1
   logger:
-  - class_path: lightning.pytorch.loggers.CSVLogger
-    init_args: {{save_dir: {tmp_path / "logs"}, name: run}}
+  - class_path: gpt_tp.train.logs.CSVLogger
+    init_args: {{save_dir: {logs or tmp_path / "logs"}, name: run}}
   callbacks:
   - class_path: lightning.pytorch.callbacks.ModelCheckpoint
     init_args: {{dirpath: {dirpath}, filename: "step{{step:07d}}", auto_insert_metric_name: false, every_n_train_steps: 3,
@@ -154,6 +155,28 @@ def test_kill_between_deleting_and_relinking_last(tmp_path):
     uninterrupted, after = losses(tmp_path, 0), losses(tmp_path, 2)
     assert after == {k: uninterrupted[k] for k in range(6, 9)}
     assert os.readlink(ckpt / "last.ckpt") == "step0000009.ckpt"
+
+
+@pytest.mark.slow
+def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs):
+    """Rank 0 alone writes metrics.csv; its file system turns read-only after step 4. Every rank stops at the next
+    step with the same one line naming the file (no rank dies in a collective: no gloo "Connection closed", no
+    traceback), and the newest checkpoint (on another disk) resumes bit-identically."""
+    fs = tmpfs("4m")
+    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    ckpt = tmp_path / "ckpt"
+    broken = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path",
+                 str(fs), "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only", logs=fs)
+    assert broken.returncode == 2, broken.stderr[-3000:]
+    (line,) = errors(broken)
+    assert line == (f"error: Read-only file system while writing {fs}/run/version_0/metrics.csv; remount it read-write, "
+                    "or write to another folder")
+    assert "Traceback" not in broken.stderr and "Connection closed" not in broken.stderr
+    assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0000003.ckpt"]
+    resumed = fit(tmp_path, ckpt, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert losses(tmp_path, 1) == {k: losses(tmp_path, 0)[k] for k in range(3, 9)}
 
 
 # ---- single-process writers: prepare's shards, HellaSwag's download, export -----------------------------------------

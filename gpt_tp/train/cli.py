@@ -28,6 +28,7 @@ from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
+from gpt_tp.train.logs import LogWriteCheck
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
@@ -95,7 +96,7 @@ class GPTCLI(TrainingCLI):
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """Add the optimizer-step progress bar and the one-line model summary unless the config brings its own or
-        turns them off."""
+        turns them off, and LogWriteCheck."""
         trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         callbacks = trainer.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
@@ -103,6 +104,7 @@ class GPTCLI(TrainingCLI):
             callbacks = [*callbacks, StepProgressBar()]
         if trainer.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks = [*callbacks, GPTSummary()]
+        callbacks = [*callbacks, LogWriteCheck()]  # rank 0's failed metrics.csv write stops every rank alike
         trainer["callbacks"] = callbacks
         try:
             return super().instantiate_trainer(**kwargs)

@@ -27,8 +27,9 @@ from gpt_tp.train.predict import PROMPT_FLAGS, Prompts, PromptWriter
 
 
 def default_loggers(save_dir: str = "logs") -> list:
-    """CSV always; TensorBoard too where it is installed."""
-    loggers = [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": save_dir, "name": "gpt_tp"}}]
+    """CSV always (gpt_tp.train.logs.CSVLogger: a failed write stops every rank alike); TensorBoard too where it is
+    installed."""
+    loggers = [{"class_path": "gpt_tp.train.logs.CSVLogger", "init_args": {"save_dir": save_dir, "name": "gpt_tp"}}]
     if importlib.util.find_spec("tensorboard"):  # its own folder, so both number their versions alike
         tb_dir = f"{save_dir}/tensorboard"
         loggers.append({"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": tb_dir, "name": "gpt_tp"}})
