@@ -179,6 +179,19 @@ def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs):
     assert losses(tmp_path, 1) == {k: losses(tmp_path, 0)[k] for k in range(3, 9)}
 
 
+@pytest.mark.slow
+def test_failed_tensorboard_write_stops_every_rank_alike(tmp_path, tmpfs):
+    """The same with TensorBoard, whose writer thread fails first: no thread traceback, one line naming the event file."""
+    fs = tmpfs("4m")
+    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.logger", "gpt_tp.train.logs.TensorBoardLogger", "--trainer.logger.save_dir",
+                 str(fs), "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
+                 "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
+    assert broken.returncode == 2, broken.stderr[-3000:]
+    (line,) = errors(broken)
+    assert line.startswith(f"error: Read-only file system while writing {fs}/lightning_logs/version_0/events.out.tfevents.")
+    assert "Traceback" not in broken.stderr and "Connection closed" not in broken.stderr
+
+
 # ---- single-process writers: prepare's shards, HellaSwag's download, export -----------------------------------------
 def test_prepare_on_a_full_disk_then_resumes(user_run, tmpfs, tmp_path):
     """prepare fills a 48 KiB tmpfs: one line, no half-written shard or state file, every shard on disk complete;

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import warnings
 
 import torch
@@ -28,7 +29,7 @@ from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
-from gpt_tp.train.logs import LogWriteCheck
+from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
@@ -50,6 +51,7 @@ def quiet_lightning() -> None:
     `Trainer.fit stopped` line (it lands on the bar's line; the closing line follows), and the LeafSpec deprecation
     that Lightning 2.6's own pytree code raises on torch 2.13, once per rank. Every rank runs this (main)."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropInfo())
+    threading.excepthook = quiet_writer_threads(threading.excepthook)  # TensorBoard's thread: its error comes back
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # predict's prompts are a plain iterable on purpose (every rank runs every prompt): no batch indices to infer
     warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader: `PromptBatches`")

@@ -32,7 +32,7 @@ def default_loggers(save_dir: str = "logs") -> list:
     loggers = [{"class_path": "gpt_tp.train.logs.CSVLogger", "init_args": {"save_dir": save_dir, "name": "gpt_tp"}}]
     if importlib.util.find_spec("tensorboard"):  # its own folder, so both number their versions alike
         tb_dir = f"{save_dir}/tensorboard"
-        loggers.append({"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": tb_dir, "name": "gpt_tp"}})
+        loggers.append({"class_path": "gpt_tp.train.logs.TensorBoardLogger", "init_args": {"save_dir": tb_dir, "name": "gpt_tp"}})
     return loggers
 
 

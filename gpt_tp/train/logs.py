@@ -1,45 +1,79 @@
 """Logging that fails every rank alike. Rank 0 alone writes metrics.csv (Lightning's loggers are rank-zero-only), so a
-full disk there used to end rank 0 with an error and leave the other ranks to die inside their next collective with
-gloo's "Connection closed by peer". CSVLogger holds a failed write; LogWriteCheck (GPTCLI adds it) takes one tiny
+full disk there would end rank 0 with an error and leave the other ranks to die inside their next collective with
+gloo's "Connection closed by peer". CSVLogger and TensorBoardLogger hold a failed write; LogWriteCheck (GPTCLI adds it) takes one tiny
 all-reduce per optimizer step, before the step's collectives, and when rank 0 holds an error every rank raises it.
 """
 
 import os
+import threading
+import traceback
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
 
 from gpt_tp.collective import one_does
 
 
-class CSVLogger(LightningCSVLogger):
-    """Lightning's CSVLogger whose first failed write (an OSError: a full disk, a quota, a read-only file system) is
-    kept in `write_error` for LogWriteCheck instead of raised on rank 0 alone; later writes are skipped."""
+class HeldWrites:
+    """A logger whose first failed write (an OSError: a full disk, a quota, a read-only file system) is kept in
+    `write_error` for LogWriteCheck instead of raised on rank 0 alone; later writes are skipped."""
 
     write_error: OSError | None = None
+    file = "metrics.csv"  # what log_metrics writes, for the error line
 
     def _guard(self, name: str, write, *args, **kwargs) -> None:
         if self.write_error is None:
             try:
                 write(*args, **kwargs)
             except OSError as e:  # named with the file: Python's write() error carries none
-                self.write_error = OSError(e.errno, e.strerror, e.filename or os.path.join(self.log_dir, name))
+                filename = os.fsdecode(e.filename) if e.filename else os.path.join(self.log_dir, name)
+                self.write_error = OSError(e.errno, e.strerror, filename)
 
     def log_hyperparams(self, *args, **kwargs) -> None:
         self._guard("hparams.yaml", super().log_hyperparams, *args, **kwargs)
 
     def log_metrics(self, *args, **kwargs) -> None:
-        self._guard("metrics.csv", super().log_metrics, *args, **kwargs)
+        self._guard(self.file, super().log_metrics, *args, **kwargs)
 
     def save(self) -> None:
-        self._guard("metrics.csv", super().save)
+        self._guard(self.file, super().save)
+
+    def finalize(self, status: str) -> None:
+        if self.write_error is None:  # after a held failure, closing the file would only raise it again
+            super().finalize(status)
+
+
+class CSVLogger(HeldWrites, LightningCSVLogger):
+    """Lightning's CSVLogger, its writes held (HeldWrites)."""
+
+
+class TensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
+    """Lightning's TensorBoardLogger, its writes held (HeldWrites): its writer thread's error comes back at the next
+    write or flush."""
+
+    file = "the TensorBoard event file"
+
+
+def quiet_writer_threads(previous=None):
+    """A threading.excepthook that passes over an OSError in TensorBoard's event-writer thread (the logger raises it
+    again at its next write, where HeldWrites keeps it for LogWriteCheck) and hands everything else to `previous`."""
+    previous = previous or threading.excepthook
+
+    def hook(args) -> None:
+        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
+        if isinstance(args.exc_value, OSError) and any("event_file_writer" in f.filename for f in frames):
+            return
+        previous(args)
+
+    return hook
 
 
 class LogWriteCheck(Callback):
     """Every rank stops with rank 0's logger write error, at the next training batch or at the end of training."""
 
     def _check(self, trainer) -> None:
-        if not any(isinstance(lg, CSVLogger) for lg in trainer.loggers):  # the same answer on every rank
+        if not any(isinstance(lg, HeldWrites) for lg in trainer.loggers):  # the same answer on every rank
             return
         errors = [lg.write_error for lg in trainer.loggers if getattr(lg, "write_error", None) is not None]
         if trainer.strategy.reduce_boolean_decision(bool(errors), all=False):
