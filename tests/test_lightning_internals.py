@@ -1,6 +1,7 @@
 """The Lightning internals gpt_tp.train.lightning_internals relies on still work as it expects: a Lightning upgrade that
 changes one fails here, by name, before it breaks a resume."""
 
+import os
 from types import SimpleNamespace
 
 import lightning
@@ -22,3 +23,31 @@ def test_a_step_marked_saved_is_not_saved_again():
     assert not cb._should_skip_saving_checkpoint(trainer)
     mark_saved(cb, 7)
     assert cb._should_skip_saving_checkpoint(trainer)
+
+
+def test_last_link_is_moved_by_link_checkpoint():
+    """Lightning moves last.ckpt through the static ModelCheckpoint._link_checkpoint(trainer, filepath, linkpath):
+    gpt_tp's ModelCheckpoint replaces that method, so it must still be the one place the link is made."""
+    import inspect
+
+    assert isinstance(inspect.getattr_static(ModelCheckpoint, "_link_checkpoint"), staticmethod)
+    assert list(inspect.signature(ModelCheckpoint._link_checkpoint).parameters) == ["trainer", "filepath", "linkpath"]
+    assert "self._link_checkpoint(trainer, " in inspect.getsource(ModelCheckpoint._save_last_checkpoint)
+
+
+def test_atomic_last_link(tmp_path):
+    """gpt_tp's _link_checkpoint: a new link renamed over the old one (or over a last.ckpt folder of its own, moved
+    aside first), a killed run's `.new` leftover replaced; last.ckpt names a checkpoint at every step."""
+    from gpt_tp.train.checkpoint import ModelCheckpoint as Atomic
+
+    trainer = SimpleNamespace(is_global_zero=True, strategy=SimpleNamespace(barrier=lambda: None))
+    for step in ("step3.ckpt", "step6.ckpt", "step9.ckpt"):
+        (tmp_path / step).mkdir()
+    last = tmp_path / "last.ckpt"
+    last.mkdir()  # a run that ended between saves: last.ckpt is a folder of its own
+    (last / "meta.pt").write_text("x")
+    Atomic._link_checkpoint(trainer, str(tmp_path / "step3.ckpt"), str(last))
+    assert os.readlink(last) == "step3.ckpt" and not (tmp_path / "last.ckpt.old").exists()
+    os.symlink("step3.ckpt", tmp_path / "last.ckpt.new")  # what a kill between the two steps leaves
+    Atomic._link_checkpoint(trainer, str(tmp_path / "step6.ckpt"), str(last))
+    assert os.readlink(last) == "step6.ckpt" and sorted(os.listdir(tmp_path)) == ["last.ckpt", "step3.ckpt", "step6.ckpt", "step9.ckpt"]

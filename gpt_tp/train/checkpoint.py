@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.collective import one_does
-from gpt_tp.train.lightning_internals import mark_saved
+from gpt_tp.train.lightning_internals import ModelCheckpoint, mark_saved  # noqa: F401 - configs name it here
 from gpt_tp.errors import UserError
 from gpt_tp.sizing.sizes import checkpoint_bytes
 
@@ -151,6 +151,8 @@ def recover_interrupted_saves(folder: str | os.PathLike, clean: bool = False) ->
     if clean:
         for stale in Path(folder).glob(f"*{PARTIAL}"):
             shutil.rmtree(stale, ignore_errors=True)
+        for stale in Path(folder).glob("*.ckpt.new"):  # a link a kill left before renaming it over last.ckpt
+            stale.unlink(missing_ok=True)
     return restored
 
 
@@ -175,7 +177,7 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
     unversioned last name) when resuming in the same folder."""
     states = checkpoint.get("callbacks") or {}
     for cb in callbacks:
-        if not isinstance(cb, ModelCheckpoint):
+        if not isinstance(cb, LightningModelCheckpoint):
             continue
         if "global_step" in checkpoint:
             mark_saved(cb, checkpoint["global_step"])  # not restored by Lightning (gpt_tp.train.lightning_internals)
