@@ -161,3 +161,88 @@ def test_kill_while_last_ckpt_moves(tmp_path, checkpoints):
     uninterrupted, after = losses(tmp_path, 0), losses(tmp_path, 2)
     assert after == {k: uninterrupted[k] for k in range(start, 9)}
     assert os.readlink(ckpt / "last.ckpt") == "step0000009.ckpt"
+
+
+@pytest.mark.slow
+def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs):
+    """Rank 0 alone writes metrics.csv; its file system turns read-only after step 4. Every rank stops at the next
+    step with the same one line naming the file (no rank dies in a collective: no gloo "Connection closed", no
+    traceback), and the newest checkpoint (on another disk) resumes bit-identically."""
+    fs = tmpfs("4m")
+    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    ckpt = tmp_path / "ckpt"
+    broken = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path",
+                 str(fs), "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only", logs=fs)
+    assert broken.returncode == 2, broken.stderr[-3000:]
+    (line,) = errors(broken)
+    assert line == (f"error: Read-only file system while writing {fs}/run/version_0/metrics.csv; remount it read-write, "
+                    "or write to another folder")
+    assert "Traceback" not in broken.stderr and "Connection closed" not in broken.stderr
+    assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0000003.ckpt"]
+    resumed = fit(tmp_path, ckpt, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert losses(tmp_path, 1) == {k: losses(tmp_path, 0)[k] for k in range(3, 9)}
+
+
+@pytest.mark.slow
+def test_failed_tensorboard_write_stops_every_rank_alike(tmp_path, tmpfs):
+    """The same with TensorBoard, whose writer thread fails first: no thread traceback, one line naming the event file."""
+    fs = tmpfs("4m")
+    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.logger", "gpt_tp.train.logs.TensorBoardLogger", "--trainer.logger.save_dir",
+                 str(fs), "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
+                 "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
+    assert broken.returncode == 2, broken.stderr[-3000:]
+    (line,) = errors(broken)
+    assert line.startswith(f"error: Read-only file system while writing {fs}/lightning_logs/version_0/events.out.tfevents.")
+    assert "Traceback" not in broken.stderr and "Connection closed" not in broken.stderr
+
+
+# ---- single-process writers: prepare's shards, HellaSwag's download, export -----------------------------------------
+def test_prepare_on_a_full_disk_then_resumes(user_run, tmpfs, tmp_path):
+    """prepare fills a 48 KiB tmpfs: one line, no half-written shard or state file, every shard on disk complete;
+    with more room the same command finishes, byte for byte the shards of a run that never ran out."""
+    from gpt_tp.data import prepare as prep
+
+    text = (ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl").read_text() * 60
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": line}) + "\n" for line in text.splitlines()))
+    args = ["--local", str(src), "--shard-size", "2000", "--workers", "1", "--quiet"]
+    fs = tmpfs("48k")
+    line = user_run(lambda: prep.main([*args, "--out", str(fs / "out")]))
+    assert line.startswith("error: No space left on device while writing ") and line.endswith(
+        "; free space (or the quota), or write to another folder"), line
+    left = sorted(os.listdir(fs / "out"))
+    assert not [f for f in left if f.endswith(".tmp")] and len(left) > 1
+    state = json.loads((fs / "out" / "edufineweb_prepare.json").read_text())
+    npys = [f for f in left if f.endswith(".npy")]
+    assert state["complete"] is False and {s["file"] for s in state["shards"]} <= set(npys)
+    for f in npys:  # each shard on disk is whole (written to .tmp, then renamed); the state lists those it finished
+        assert len(np.load(fs / "out" / f)) == 2000
+    subprocess.run(["mount", "-o", "remount,size=4m", str(fs)], check=True)
+    prep.main([*args, "--out", str(fs / "out")])  # the same command, with room now: resumes after the listed shards
+    prep.main([*args, "--out", str(tmp_path / "ref")])
+    done, ref = (json.loads((d / "edufineweb_prepare.json").read_text()) for d in (fs / "out", tmp_path / "ref"))
+    assert done["complete"] and done["shards"] == ref["shards"] and len(ref["shards"]) > len(state["shards"])
+    for s in ref["shards"]:
+        assert (fs / "out" / s["file"]).read_bytes() == (tmp_path / "ref" / s["file"]).read_bytes()
+
+
+def test_hellaswag_download_on_a_full_disk(user_run, tmpfs, monkeypatch):
+    from gpt_tp.eval import hellaswag_data as hd
+
+    fs = tmpfs("64k")
+    monkeypatch.setattr(hd, "fetch_url", lambda url, timeout=60.0: b"{}\n" * 100_000)  # 300 KB, more than the disk
+    line = user_run(lambda: hd.resolve_path(None, fs / "hellaswag"))
+    assert line == (f"error: No space left on device while writing {fs}/hellaswag/hellaswag_val.jsonl; free space (or the "
+                    "quota), or write to another folder")
+    assert os.listdir(fs / "hellaswag") == []  # no partial download
+
+
+def test_export_on_a_full_disk_leaves_nothing(user_run, tmpfs, ckpt):
+    from gpt_tp.train.export import main as export_main
+
+    fs = tmpfs("8m")  # the checkpoint's weights alone are 13 MB
+    line = user_run(lambda: export_main([str(ckpt[0]), "--out", str(fs / "export")]))
+    assert line == f"error: --out {fs}/export: no space left on its device; free space or choose another --out"
+    assert os.listdir(fs) == []
