@@ -114,8 +114,10 @@ def test_full_disk_mid_save_stops_every_rank_and_resumes_exactly(tmp_path, tmpfs
 @pytest.mark.slow
 def test_read_only_folder_mid_run_is_one_line(tmp_path, tmpfs):
     """The checkpoint folder's file system turns read-only after step 4: the step-6 save stops every rank with one
-    line naming the folder and the errno; step 3 stays intact."""
+    line naming the folder and the errno; step 3 stays intact and resumes bit-identically."""
     fs = tmpfs("200m")
+    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
+    assert straight.returncode == 0, straight.stderr[-3000:]
     proc = fit(tmp_path, fs, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
                "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -123,6 +125,9 @@ def test_read_only_folder_mid_run_is_one_line(tmp_path, tmpfs):
     assert line.startswith(f"error: ") and "Read-only file system" in line and str(fs) in line, line
     assert line.endswith("fix the storage (space, permissions) and resume from the last checkpoint")
     assert sorted(os.listdir(fs)) == ["last.ckpt", "step0000003.ckpt"]
+    resumed = fit(tmp_path, tmp_path / "resumed", "--ckpt_path", str(fs / "step0000003.ckpt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert losses(tmp_path, 2) == {k: losses(tmp_path, 0)[k] for k in range(3, 9)}
 
 
 @pytest.mark.slow
@@ -198,6 +203,21 @@ def test_failed_tensorboard_write_stops_every_rank_alike(tmp_path, tmpfs):
     assert "Traceback" not in broken.stderr and "Connection closed" not in broken.stderr
 
 
+@pytest.mark.slow
+def test_failed_samples_write_stops_every_rank_alike(tmp_path, tmpfs):
+    """TextSampleCallback's samples.txt (rank 0 writes it, gpt_tp.collective.one_does shares the outcome) on a file
+    system turned read-only: every rank stops with the one line naming it."""
+    fs = tmpfs("4m")
+    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path",
+                 str(fs), "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only",
+                 "--trainer.callbacks+=gpt_tp.eval.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "4", logs=fs)
+    assert broken.returncode == 2, broken.stderr[-3000:]
+    (line,) = errors(broken)
+    assert line == (f"error: Read-only file system while writing {fs}/run/version_0/samples.txt; remount it read-write, "
+                    "or write to another folder")
+    assert "Traceback" not in broken.stderr and "Connection closed" not in broken.stderr
+
+
 # ---- single-process writers: prepare's shards, HellaSwag's download, export -----------------------------------------
 def test_prepare_on_a_full_disk_then_resumes(user_run, tmpfs, tmp_path):
     """prepare fills a 48 KiB tmpfs: one line, no half-written shard or state file, every shard on disk complete;
@@ -246,3 +266,15 @@ def test_export_on_a_full_disk_leaves_nothing(user_run, tmpfs, ckpt):
     line = user_run(lambda: export_main([str(ckpt[0]), "--out", str(fs / "export")]))
     assert line == f"error: --out {fs}/export: no space left on its device; free space or choose another --out"
     assert os.listdir(fs) == []
+
+
+def test_plot_onto_a_read_only_disk(user_run, tmpfs, tmp_path):
+    from gpt_tp.eval.plot import main as plot_main
+
+    run = tmp_path / "logs" / "gpt_tp" / "version_0"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("epoch,step,train/loss\n0,0,10.9\n0,1,9.8\n")
+    fs = tmpfs("4m")
+    subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+    assert user_run(lambda: plot_main([str(run), "-o", str(fs / "run.png")])) == (
+        f"error: Read-only file system while writing {fs}/run.png; remount it read-write, or write to another folder")
