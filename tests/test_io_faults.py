@@ -63,6 +63,15 @@ data:
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, **kwargs)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[int, float]:
+    """The losses of the 9-step run no fault touches, by step."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    proc = fit(tmp, tmp / "ckpt", "--trainer.callbacks", "[]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return losses(tmp, 0)
+
+
 def errors(proc) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
 
@@ -86,13 +95,11 @@ def test_no_room_for_one_checkpoint_is_refused_before_launch(user_run, tmpfs):
 
 
 @pytest.mark.slow
-def test_full_disk_mid_save_stops_every_rank_and_resumes_exactly(tmp_path, tmpfs):
+def test_full_disk_mid_save_stops_every_rank_and_resumes_exactly(tmp_path, tmpfs, uninterrupted):
     """80 MiB hold the step-3 checkpoint (50.4 MiB) but not step 6's as well: the run warns before launch, stops at
     the step-6 save with one line naming the folder, the free and the needed bytes and the fixes (exit code 2), and
     leaves step 3 and last.ckpt -> step 3 as they were. Step 3 resumed elsewhere gives the uninterrupted run's losses."""
     fs = tmpfs("80m")
-    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
-    assert straight.returncode == 0, straight.stderr[-3000:]
     full = fit(tmp_path, fs)
     assert full.returncode == 2, full.stderr[-3000:]
     assert f"checkpoint folder {fs}: 80.0 MiB free, room for fewer than two checkpoints of {CHECKPOINT_MIB} MiB" in full.stderr
@@ -106,18 +113,16 @@ def test_full_disk_mid_save_stops_every_rank_and_resumes_exactly(tmp_path, tmpfs
     shutil.copytree(fs / "step0000003.ckpt", tmp_path / "kept" / "step0000003.ckpt")
     resumed = fit(tmp_path, tmp_path / "resumed", "--ckpt_path", str(tmp_path / "kept" / "step0000003.ckpt"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    uninterrupted, before, after = losses(tmp_path, 0), losses(tmp_path, 1), losses(tmp_path, 2)
+    before, after = losses(tmp_path, 0), losses(tmp_path, 1)
     assert before == {k: uninterrupted[k] for k in range(5)}  # step 5 ends in the failed save, before its row
     assert after == {k: uninterrupted[k] for k in range(3, 9)}  # bit-identical from the kept checkpoint
 
 
 @pytest.mark.slow
-def test_read_only_folder_mid_run_is_one_line(tmp_path, tmpfs):
+def test_read_only_folder_mid_run_is_one_line(tmp_path, tmpfs, uninterrupted):
     """The checkpoint folder's file system turns read-only after step 4: the step-6 save stops every rank with one
     line naming the folder and the errno; step 3 stays intact and resumes bit-identically."""
     fs = tmpfs("200m")
-    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
-    assert straight.returncode == 0, straight.stderr[-3000:]
     proc = fit(tmp_path, fs, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
                "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -127,7 +132,7 @@ def test_read_only_folder_mid_run_is_one_line(tmp_path, tmpfs):
     assert sorted(os.listdir(fs)) == ["last.ckpt", "step0000003.ckpt"]
     resumed = fit(tmp_path, tmp_path / "resumed", "--ckpt_path", str(fs / "step0000003.ckpt"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert losses(tmp_path, 2) == {k: losses(tmp_path, 0)[k] for k in range(3, 9)}
+    assert losses(tmp_path, 1) == {k: uninterrupted[k] for k in range(3, 9)}
 
 
 @pytest.mark.slow
@@ -144,14 +149,12 @@ def test_removed_folder_mid_run_is_made_again(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpoints", ["lightning.pytorch.callbacks.ModelCheckpoint", "gpt_tp.train.checkpoint.ModelCheckpoint"])
-def test_kill_while_last_ckpt_moves(tmp_path, checkpoints):
+def test_kill_while_last_ckpt_moves(tmp_path, checkpoints, uninterrupted):
     """SIGKILL at the moment last.ckpt's new link is made, after the step-6 save. Lightning's ModelCheckpoint has
     deleted the old link by then: `--ckpt_path last` links it to the newest complete checkpoint again (step 6), says
     so in one line and resumes from there. gpt_tp's makes the new link beside the old one and renames it over it:
     last.ckpt still names step 3, and the run resumes from step 3. Both bit-identical to the uninterrupted run."""
     ckpt = tmp_path / "ckpt"
-    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
-    assert straight.returncode == 0, straight.stderr[-3000:]
     killed = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.KillAtRelink", "--trainer.callbacks.step", "6",
                  checkpoints=checkpoints, start_new_session=True)
     assert killed.returncode == -9, killed.stderr[-3000:]
@@ -163,19 +166,17 @@ def test_kill_while_last_ckpt_moves(tmp_path, checkpoints):
     relinked = f"gpt_tp: {ckpt} had no last.ckpt (a run killed while moving it): linked it to step0000006.ckpt"
     assert (relinked in resumed.stderr) != atomic
     start = 3 if atomic else 6
-    uninterrupted, after = losses(tmp_path, 0), losses(tmp_path, 2)
+    after = losses(tmp_path, 1)
     assert after == {k: uninterrupted[k] for k in range(start, 9)}
     assert os.readlink(ckpt / "last.ckpt") == "step0000009.ckpt"
 
 
 @pytest.mark.slow
-def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs):
+def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs, uninterrupted):
     """Rank 0 alone writes metrics.csv; its file system turns read-only after step 4. Every rank stops at the next
     step with the same one line naming the file (no rank dies in a collective: no gloo "Connection closed", no
     traceback), and the newest checkpoint (on another disk) resumes bit-identically."""
     fs = tmpfs("4m")
-    straight = fit(tmp_path, tmp_path / "straight", "--trainer.callbacks", "[]")
-    assert straight.returncode == 0, straight.stderr[-3000:]
     ckpt = tmp_path / "ckpt"
     broken = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path",
                  str(fs), "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only", logs=fs)
@@ -187,7 +188,7 @@ def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs):
     assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0000003.ckpt"]
     resumed = fit(tmp_path, ckpt, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert losses(tmp_path, 1) == {k: losses(tmp_path, 0)[k] for k in range(3, 9)}
+    assert losses(tmp_path, 0) == {k: uninterrupted[k] for k in range(3, 9)}
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
-from gpt_tp.hardware import detect_device_memory_gib
+from gpt_tp.hardware import GIB, detect_device_memory_gib
 from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
@@ -33,6 +33,7 @@ from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
+from gpt_tp.train.simulate import format_simulation, simulate
 from gpt_tp.train.slurm import latest_checkpoint
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
@@ -77,9 +78,14 @@ class GPTCLI(TrainingCLI):
 
     def before_instantiate_classes(self) -> None:
         """The config's own checks (check_config); `auto` data/tensor-parallel sizes: the planner picks the smallest
-        TP that fits the device memory."""
+        TP that fits the device memory; then, for `fit --simulate`, the simulation instead of the run."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
+        self._plan_auto(cfg)
+        if self.subcommand == "fit" and cfg.get("simulate"):
+            self._simulate(cfg)
+
+    def _plan_auto(self, cfg) -> None:
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             return
@@ -95,6 +101,29 @@ class GPTCLI(TrainingCLI):
         )
         init.data_parallel_size, init.tensor_parallel_size = dp, tp
         print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
+
+    def _simulate(self, cfg) -> None:
+        """--simulate: the launch's checks, then one rank of the whole world in this process (gpt_tp.train.simulate);
+        exits 0 with the table, 2 with one line when the rank does not fit the memory given."""
+        devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
+        if devices is None:
+            raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to simulate")
+        init = getattr(cfg.trainer.strategy, "init_args", None) or {}
+        tp = int(init.get("tensor_parallel_size", 1)) if init else 1
+        dp = int(init.get("data_parallel_size", devices * nodes // tp)) if init else devices * nodes
+        config = built_config(cfg.model.model, cfg.model.init_from)
+        self._check_shapes(config, devices, nodes, dp, tp)
+        if not 0 <= cfg.simulate_rank < devices * nodes:
+            raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{devices * nodes - 1}")
+        sim = simulate(config, dp, tp, cfg.data.batch_size, cfg.data.seq_len, str(cfg.trainer.precision),
+                       cfg.model.activation_checkpointing, cfg.simulate_rank)
+        memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
+        print(format_simulation(sim, memory), flush=True)
+        if memory is not None and sim.peak["total"] > memory * GIB * 0.95:
+            raise LayoutError(f"rank {sim.rank} of DP={dp} x TP={tp} needs {sim.peak['total'] / GIB:.1f} GiB at its peak, "
+                              f"more than 95% of {memory:g} GiB: raise tensor_parallel_size, use more nodes, lower "
+                              "data.batch_size, or set model.activation_checkpointing")
+        raise SystemExit(0)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """Add the optimizer-step progress bar and the one-line model summary unless the config brings its own or
@@ -133,19 +162,12 @@ class GPTCLI(TrainingCLI):
             # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.trainer.num_devices))
         cfg = self.config[self.subcommand]
-        world = self.trainer.num_devices * self.trainer.num_nodes
-        dp, tp = world, 1  # DDP-like strategies
+        devices, nodes = self.trainer.num_devices, self.trainer.num_nodes
+        dp, tp = devices * nodes, 1  # DDP-like strategies
         if isinstance(self.trainer.strategy, ModelParallelStrategy):
             args = cfg.trainer.strategy.init_args  # numbers by now (before_instantiate_classes plans 'auto')
             dp, tp = int(args.data_parallel_size), int(args.tensor_parallel_size)
-        config = self.model.config  # resolved, init_from's folder included
-        seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
-        batch = (cfg.data.batch_size, self.trainer.accumulate_grad_batches, cfg.model.total_batch_size)
-        try:  # with the batch's arithmetic for a fit
-            check_run(config, tp, dp, seq_len, *(batch if self.subcommand == "fit" else ()), world_size=world)
-        except LayoutError as e:
-            raise LayoutError(f"{', '.join(self._layout_flags(e.quantities, dp, tp, seq_len))}: {e}", e.quantities) from None
-        check_compiled_ac(cfg.model.activation_checkpointing, cfg.model.compile, tp)
+        self._check_shapes(self.model.config, devices, nodes, dp, tp)
         if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
             raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
         ckpt = cfg.get("ckpt_path")
@@ -169,12 +191,26 @@ class GPTCLI(TrainingCLI):
             warnings.filterwarnings("ignore", message=".*there is no last checkpoint available")
             print(f"gpt_tp: no checkpoint in {', '.join(sorted(folders))}: starting from step 0", file=sys.stderr)
 
-    def _layout_flags(self, quantities: tuple[str, ...], dp: int, tp: int, seq_len: int | None) -> list[str]:
+    def _check_shapes(self, config, devices: int, nodes: int, dp: int, tp: int) -> None:
+        """The layout, the sequence length and (for a fit) the batch fit the model (check_run), and activation
+        checkpointing fits compile: the same lines for a launch and for --simulate."""
+        cfg = self.config[self.subcommand]
+        seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
+        batch = (cfg.data.batch_size, cfg.trainer.accumulate_grad_batches, cfg.model.total_batch_size)
+        try:  # with the batch's arithmetic for a fit
+            check_run(config, tp, dp, seq_len, *(batch if self.subcommand == "fit" else ()), world_size=devices * nodes)
+        except LayoutError as e:
+            flags = self._layout_flags(config, e.quantities, dp, tp, seq_len, devices, nodes)
+            raise LayoutError(f"{', '.join(flags)}: {e}", e.quantities) from None
+        check_compiled_ac(cfg.model.activation_checkpointing, cfg.model.compile, tp)
+
+    def _layout_flags(self, config, quantities: tuple[str, ...], dp: int, tp: int, seq_len: int | None, devices: int,
+                      nodes: int) -> list[str]:
         """The settings behind a LayoutError's quantities, as flag=value."""
-        cfg, config = self.config[self.subcommand], self.model.config
+        cfg = self.config[self.subcommand]
         init = "trainer.strategy.init_args"
         flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
-                 "world_size": f"trainer.devices={self.trainer.num_devices} x trainer.num_nodes={self.trainer.num_nodes}",
+                 "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}",
                  "seq_len": f"data.seq_len={seq_len}"}
         for q in ("n_head", "n_embd", "vocab_size"):
             if cfg.model.init_from is not None:

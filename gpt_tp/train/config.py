@@ -38,12 +38,12 @@ def default_loggers(save_dir: str = "logs") -> list:
 
 class TrainingParser(LightningArgumentParser):
     """LightningCLI's parser, raising jsonargparse's ArgumentError instead of printing its usage block and exiting.
-    prompt_flags: this parser is the predict subcommand's (TrainingCLI passes it through `parser_kwargs`)."""
+    for_subcommand: the subcommand this parser is for (TrainingCLI passes it through `parser_kwargs`)."""
 
-    def __init__(self, *args, prompt_flags: bool = False, **kwargs):
+    def __init__(self, *args, for_subcommand: str | None = None, **kwargs):
         kwargs.setdefault("exit_on_error", False)
         super().__init__(*args, **kwargs)
-        self.prompt_flags = prompt_flags
+        self.for_subcommand = for_subcommand
 
 
 # settings that are no longer model options, and where they went
@@ -115,7 +115,7 @@ class TrainingCLI(LightningCLI):
             },
             save_config_kwargs={"overwrite": True},
             parser_class=TrainingParser,
-            parser_kwargs={"predict": {"prompt_flags": True}},
+            parser_kwargs={sub: {"for_subcommand": sub} for sub in ("fit", "validate", "predict")},
             auto_configure_optimizers=False,  # GPTModule.configure_optimizers: AdamW + warmup/cosine
             args=args,
             run=run,
@@ -128,10 +128,18 @@ class TrainingCLI(LightningCLI):
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "test"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """trainer.max_steps is the schedule's length too (model.max_steps); predict: --prompt ... --seed linked into
-        data.prompts, --output into the PromptWriter callback."""
+        """trainer.max_steps is the schedule's length too (model.max_steps); fit: --simulate; predict: --prompt ...
+        --seed linked into data.prompts, --output into the PromptWriter callback."""
         parser.link_arguments("trainer.max_steps", "model.max_steps")
-        if not getattr(parser, "prompt_flags", False):
+        sub = getattr(parser, "for_subcommand", None)
+        if sub == "fit":
+            parser.add_argument("--simulate", action="store_true",
+                                help="check the config at its full world size on this machine, without GPUs: one rank "
+                                     "on a fake process group with fake tensors, its peak memory against the planner's")
+            parser.add_argument("--simulate_rank", type=int, default=0, help="the rank --simulate builds")
+            parser.add_argument("--simulate_memory_gib", type=float | None, default=None,
+                                help="device memory --simulate checks the peak against (default: this machine's GPU)")
+        if sub != "predict":
             return
         parser.add_class_arguments(Prompts, None, as_group=True)
         parser.link_arguments(PROMPT_FLAGS, "data.prompts", compute_fn=prompt_settings)
