@@ -88,6 +88,8 @@ def _write_json(path: Path, obj) -> None:
         tmp.write_text(json.dumps(obj, indent=1) + "\n")
     except OSError as e:  # a full disk: the previous state stays, no half-written file beside it
         tmp.unlink(missing_ok=True)
+        if e.errno is None:
+            raise
         raise OSError(e.errno, e.strerror, str(path)) from e
     os.replace(tmp, path)
 

@@ -101,6 +101,8 @@ def write_shard(path, tokens) -> None:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
     except OSError as e:  # a full disk: no half-written file left, and the error names the shard
         os.unlink(tmp) if os.path.exists(tmp) else None
+        if e.errno is None:
+            raise
         raise OSError(e.errno, e.strerror, path) from e
     os.replace(tmp, path)
 

@@ -105,7 +105,7 @@ def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
         os.replace(tmp, dest)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError):  # a full disk: named with the file it was writing
+        if isinstance(e, OSError) and e.errno is not None:  # a full disk: named with the file it was writing
             raise OSError(e.errno, e.strerror, str(dest)) from e
         raise
     return dest
