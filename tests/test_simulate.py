@@ -30,7 +30,6 @@ def table(proc) -> dict[str, list[float]]:
 
 @pytest.mark.parametrize("config, world, layout", [
     ("tp2.yaml", 2, "DP=1 x TP=2"),
-    ("gpt2-xl-8gpu.yaml", 8, None),
     ("multinode-2x8.yaml", 16, "DP=8 x TP=2"),
 ])
 def test_shipped_configs_simulate(config, world, layout):
