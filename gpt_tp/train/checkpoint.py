@@ -219,10 +219,9 @@ class ModelParallel(ModelParallelStrategy):
         final = Path(self.broadcast(str(filepath)))
         tmp = final.with_name(final.name + PARTIAL)
         zero = self.is_global_zero
-        if not final.parent.is_dir():  # removed during the run: made again, said once
-            if zero:
-                rank_zero_warn(f"checkpoint folder {final.parent} was removed during the run: making it again (the "
-                               "checkpoints it held are gone)")
+        if zero and not final.parent.is_dir():  # removed during the run: made again, said once
+            rank_zero_warn(f"checkpoint folder {final.parent} was removed during the run: making it again (the "
+                           "checkpoints it held are gone)")
         self._on_every_rank(f"preparing {final.parent}", lambda: zero and recover_interrupted_saves(final.parent, clean=True))
         try:
             self._on_every_rank(f"writing checkpoint {tmp}", lambda: super(ModelParallel, self).save_checkpoint(checkpoint, tmp, storage_options))
@@ -231,11 +230,11 @@ class ModelParallel(ModelParallelStrategy):
             self._on_every_rank(f"removing {tmp}", lambda: zero and shutil.rmtree(tmp, ignore_errors=True))
             # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer
             # turns a short write into "unexpected pos" with no errno)
-            need = checkpoint_bytes(self.lightning_module.config)
-            if not (is_space_error(e) or shutil.disk_usage(final.parent).free < need):
+            need, free = checkpoint_bytes(self.lightning_module.config), shutil.disk_usage(final.parent).free
+            if not (is_space_error(e) or free < need):
                 raise
             raise CheckpointSpaceError(
-                f"no space left to save {final.name} in {final.parent} ({human_bytes(shutil.disk_usage(final.parent).free)} free; "
+                f"no space left to save {final.name} in {final.parent} ({human_bytes(free)} free; "
                 f"a checkpoint needs about {human_bytes(need)}): free space, lower save_top_k, or choose another dirpath; the "
                 f"checkpoints already there are intact (resume with --ckpt_path last)") from None
 

@@ -108,9 +108,9 @@ class GPTCLI(TrainingCLI):
         devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
         if devices is None:
             raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to simulate")
-        init = getattr(cfg.trainer.strategy, "init_args", None) or {}
-        tp = int(init.get("tensor_parallel_size", 1)) if init else 1
-        dp = int(init.get("data_parallel_size", devices * nodes // tp)) if init else devices * nodes
+        init = getattr(cfg.trainer.strategy, "init_args", None) or {}  # numbers by now (_plan_auto); none: DDP-like
+        tp = int(init.get("tensor_parallel_size", 1))
+        dp = int(init.get("data_parallel_size", devices * nodes // tp))
         config = built_config(cfg.model.model, cfg.model.init_from)
         self._check_shapes(config, devices, nodes, dp, tp)
         if not 0 <= cfg.simulate_rank < devices * nodes:
@@ -119,7 +119,7 @@ class GPTCLI(TrainingCLI):
                        cfg.model.activation_checkpointing, cfg.simulate_rank)
         memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
         print(format_simulation(sim, memory), flush=True)
-        if memory is not None and sim.peak["total"] > memory * GIB * 0.95:
+        if not sim.fits(memory):
             raise LayoutError(f"rank {sim.rank} of DP={dp} x TP={tp} needs {sim.peak['total'] / GIB:.1f} GiB at its peak, "
                               f"more than 95% of {memory:g} GiB: raise tensor_parallel_size, use more nodes, lower "
                               "data.batch_size, or set model.activation_checkpointing")
@@ -181,9 +181,10 @@ class GPTCLI(TrainingCLI):
         self._check_log_folders()
         if self.subcommand == "fit":
             self._check_checkpoint_folders(folders)
-        if ckpt == "last" and folders and not any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders):
-            relink_last(folders)
-        if ckpt == "last" and folders and not any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders):
+        has_last = lambda: any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders)  # noqa: E731
+        if ckpt == "last" and folders and not has_last():
+            relink_last(folders)  # a kill between Lightning's unlink and relink of last.ckpt
+        if ckpt == "last" and folders and not has_last():
             if self.subcommand != "fit":
                 raise UserError(f"--ckpt_path last: no checkpoint in {', '.join(sorted(folders))} yet; give a "
                                 "checkpoint folder, or train one first with cli.py fit")

@@ -22,7 +22,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, grad_norm, parallelize
 from gpt_tp.parallel.loss import cross_entropy
-from gpt_tp.sizing.memory import GIB, memory_per_device
+from gpt_tp.sizing.memory import GIB, Memory, fits, memory_per_device
 from gpt_tp.train.optim import make_adamw
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries")
@@ -45,6 +45,11 @@ class Simulation:
     planned: dict[str, int]  # the planner's estimate without its fixed overhead, by KINDS, and "total"
     collectives: dict[str, int]  # op -> count in one step
     notes: list[str] = field(default_factory=list)
+
+    def fits(self, memory_gib: float | None) -> bool:
+        """The peak fits memory_gib by the planner's own rule (gpt_tp.sizing.memory.fits: 95% usable)."""
+        p = self.peak
+        return fits(Memory(p["params"], p["grads"], p["optimizer"], p["activations"], p["temporaries"], 0), memory_gib)
 
 
 def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "32-true",
@@ -124,7 +129,7 @@ def format_simulation(s: Simulation, memory_gib: float | None) -> str:
     lines.append(f"simulated peak {s.peak['total'] / GIB:.2f} GiB, planner {s.planned['total'] / GIB:.2f} GiB "
                  f"({diff:+.1%}), both without the planner's fixed overhead (CUDA context, NCCL, allocator slack)")
     if memory_gib is not None:
-        verdict = "fits" if s.peak["total"] <= memory_gib * GIB * 0.95 else "does not fit"
+        verdict = "fits" if s.fits(memory_gib) else "does not fit"
         lines.append(f"{verdict} {memory_gib:g} GiB per device (95% usable)")
     lines.append("collectives in one step (all process groups): "
                  + ", ".join(f"{op} {n}" for op, n in sorted(s.collectives.items())))
