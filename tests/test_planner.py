@@ -81,7 +81,7 @@ def test_12_heads_on_8_devices_gives_a_clear_answer():
     assert by_tp[8].memory is None and "n_head=12" in by_tp[8].reason
     assert (p.choice.dp, p.choice.tp) == (8, 1)  # 124M fits: the smallest TP wins
     # without enough memory for TP=1 or 2 the planner moves up to TP=4 x DP=2, never to TP=8
-    p = planner.plan(c, devices_per_node=8, batch_size=64, seq_len=1024, device_memory_gib=24)
+    p = planner.plan(c, devices_per_node=8, batch_size=80, seq_len=1024, device_memory_gib=24)
     assert (p.choice.dp, p.choice.tp) == (2, 4)
     assert planner.resolve_layout(c, 8, 8, 1, 16, 1024, 24) == (8, 1)
     assert planner.resolve_layout(c, 8, 8, 1, 16, 1024, 24, tp=4) == (2, 4)
@@ -154,9 +154,9 @@ def test_three_devices_per_node_gives_the_real_reason():
 def test_bigger_node_hint_only_when_it_fits():
     """The 'nodes of N devices' hint is given only when TP=N would fit; memory that fits nothing gets no such hint."""
     c = GPTConfig.from_name("gpt2")
-    p = planner.plan(c, devices_per_node=2, batch_size=64, seq_len=1024, device_memory_gib=24)
+    p = planner.plan(c, devices_per_node=2, batch_size=80, seq_len=1024, device_memory_gib=24)
     assert p.choice is None
-    tp4 = memory.memory_per_device(c, 1, 4, 64, 1024).total
+    tp4 = memory.memory_per_device(c, 1, 4, 80, 1024).total
     assert tp4 <= 0.95 * 24 * GIB and "nodes of 4 devices (TP=4) would fit" in p.notes[-1]
     p = planner.plan(c, devices_per_node=2, batch_size=256, seq_len=1024, device_memory_gib=24)
     assert memory.memory_per_device(c, 1, 4, 256, 1024).total > 0.95 * 24 * GIB

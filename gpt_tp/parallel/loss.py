@@ -20,7 +20,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         m = logits.amax(dim=-1, keepdim=True).to(acc)  # (N, 1)
         if group is not None:
             dist.all_reduce(m, dist.ReduceOp.MAX, group=group)
-        e = torch.sub(logits, m)  # (N, V_local) float32 (bf16 logits promote), a new buffer
+        # (N, V_local) float32, one new buffer: bf16 logits are copied to float32 and shifted in place (torch.sub on
+        # CPU would first cast them into a second float32 buffer; docs/scale.md, "transient")
+        e = torch.sub(logits, m) if logits.dtype == acc else logits.to(acc).sub_(m)
         local = targets - vocab_start
         owned = (local >= 0) & (local < v_local)  # (N,) this rank holds the target's logit
         idx = local.clamp(0, v_local - 1).unsqueeze(1)  # (N, 1)

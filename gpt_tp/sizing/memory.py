@@ -101,7 +101,7 @@ def transient_bytes(
     _, r, m, _, _ = precision_bytes(precision)
     g = _gather_bytes(precision, dp)
     r = 2 if g == 2 and r == 4 else r
-    at_loss = batch_size * seq_len * (config.vocab_size // tp) * (m + (4 if m < 4 else 0))
+    at_loss = batch_size * seq_len * (config.vocab_size // tp) * m  # the logits; their float32 shift is saved
     backward = 0
     if ac != "none":
         backward += _layer_bytes(config, batch_size, seq_len, tp, r, m, sdpa, "none")
