@@ -2,11 +2,12 @@
 process on PyTorch's fake process group with fake tensors, through gpt_tp's own parallelize (TP, activation
 checkpointing, FSDP2), vocab-parallel loss, backward, clip and AdamW step; no GPU, no cluster, no real memory.
 It reports that rank's peak memory by kind (FSDPMemTracker), the planner's estimate beside it, and the step's
-collectives. torch.compile is skipped (the eager step's memory); what it cannot tell is in docs/scale.md.
+collectives per process group. torch.compile is skipped (the eager step's memory); what it cannot tell is in docs/scale.md.
 """
 
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from contextlib import nullcontext
 
@@ -16,8 +17,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, grad_norm, parallelize
@@ -33,6 +35,32 @@ TRACKER_KINDS = {
     "optimizer": ("OPT",), "activations": ("ACT", "INP"),
     "temporaries": ("TEMP", "UNSHARDED_PARAM", "ALL_GATHER", "REDUCE_SCATTER"),
 }
+# c10d's ops (FSDP2's, the loss's) and functional collectives (DTensor's, sequence parallelism's) by a common name
+COLLECTIVE_NAMES = {"_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather", "allreduce_": "all_reduce",
+                    "all_reduce": "all_reduce", "_reduce_scatter_base_": "reduce_scatter",
+                    "reduce_scatter_tensor": "reduce_scatter"}
+
+
+class CollectiveCounts(TorchDispatchMode):
+    """Counts the collectives run under it by process group: (group's label, collective) -> count."""
+
+    def __init__(self, labels: dict[str, str]):
+        super().__init__()
+        self.labels, self.counts = labels, Counter()  # labels: group_name -> mesh dimension
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t is DTensor for t in types):
+            return NotImplemented  # DTensor first turns the op into local ops and its collectives
+        out = func(*args, **(kwargs or {}))
+        if getattr(func, "namespace", None) in ("c10d", "_c10d_functional"):
+            # the group: functional collectives name it last; c10d's take it boxed, as their first script object
+            names = [a for a in args if isinstance(a, str)]
+            boxed = [a for a in args if isinstance(a, torch.ScriptObject)]
+            group = names[-1] if names else dist.ProcessGroup.unbox(boxed[0]).group_name if boxed else None
+            if group is not None:  # (wait_tensor and the like name no group)
+                op = func._overloadpacket.__name__
+                self.counts[self.labels.get(group, group), COLLECTIVE_NAMES.get(op, op)] += 1
+        return out
 
 
 @dataclass
@@ -43,7 +71,7 @@ class Simulation:
     device: str
     peak: dict[str, int]  # bytes by KINDS at the step's peak, and "total"
     planned: dict[str, int]  # the planner's estimate without its fixed overhead, by KINDS, and "total"
-    collectives: dict[str, int]  # op -> count in one step
+    collectives: dict[tuple[str, str], int]  # (process group, collective) -> count in one micro-batch and step
     notes: list[str] = field(default_factory=list)
 
     def fits(self, memory_gib: float | None) -> bool:
@@ -53,10 +81,11 @@ class Simulation:
 
 
 def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "32-true",
-             activation_checkpointing: str = "none", rank: int = 0) -> Simulation:
+             activation_checkpointing: str = "none", rank: int = 0, accumulate: int = 1) -> Simulation:
     """Rank `rank` of a dp x tp world: the model built on the meta device, parallelized, given fake storage, and two
     training steps taken: the first's collectives are counted, the second's peak memory measured (AdamW's moments
-    exist by then)."""
+    exist by then). With accumulation a step takes two micro-batches: the second runs with the first's gradients
+    held, as every micro-batch after the first does (Lightning reduces FSDP2's gradients in each backward)."""
     world = dp * tp
     notes = []
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,25 +109,29 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
                 model.to(torch.bfloat16)
             opt = make_adamw(model, 6e-4, fused=False)
 
-            def step() -> None:
-                x = torch.randint(0, config.vocab_size, (batch_size, seq_len), device=device)  # (B, T)
-                with autocast:
-                    loss = cross_entropy(model(x), x)
-                loss.backward()
+            def step(micro_batches: int, tracker: MemTracker | None = None) -> None:
+                for i in range(micro_batches):
+                    if tracker is not None and i:  # the tracker's peak stays; its per-module stats restart
+                        tracker.reset_mod_stats()
+                    x = torch.randint(0, config.vocab_size, (batch_size, seq_len), device=device)  # (B, T)
+                    with autocast:
+                        loss = cross_entropy(model(x), x)
+                    loss.backward()
                 clip_grad_norm(model, 1.0, grad_norm(model))
                 opt.step()
                 opt.zero_grad()
 
-            with CommDebugMode() as comms:  # the first step: its collectives (and AdamW's moments come to exist)
-                step()
-            counts = dict(comms.get_comm_counts())
+            labels = {dist.group.WORLD.group_name: "world"}
+            labels |= {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}  # a dimension spanning the world
+            with CollectiveCounts(labels) as comms:  # the first step: its collectives (AdamW's moments come to exist)
+                step(1)
             if dp > 1:
                 tracker = FSDPMemTracker(model, opt)
             else:
                 tracker = MemTracker()
                 tracker.track_external(model, opt)
             with tracker:  # the steady state's peak
-                step()
+                step(min(accumulate, 2), tracker)
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
         dist.destroy_process_group()
@@ -109,12 +142,10 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
     planned = {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
                "temporaries": m.transient}
     planned["total"] = sum(planned.values())
-    # c10d_functional ops are DTensor's (the TP plan, the grad norm); c10d's own are FSDP2's and the loss's
-    collectives = {str(op): n for op, n in counts.items()}
     if tp > 1 and config.vocab_size % tp == 0:
         notes.append(f"every rank holds its own 1/{tp} of wte/lm_head's vocabulary and of each block's heads; the "
                      "sizes are the same on every rank")
-    return Simulation(dp, tp, rank, device, peak, planned, collectives, notes)
+    return Simulation(dp, tp, rank, device, peak, planned, dict(comms.counts), notes)
 
 
 def format_simulation(s: Simulation, memory_gib: float | None) -> str:
@@ -127,11 +158,13 @@ def format_simulation(s: Simulation, memory_gib: float | None) -> str:
              f"{'planner':<12}" + "".join(f"{gib(s.planned[k]):>12}" for k in (*KINDS, "total"))]
     diff = s.peak["total"] / s.planned["total"] - 1 if s.planned["total"] else math.nan
     lines.append(f"simulated peak {s.peak['total'] / GIB:.2f} GiB, planner {s.planned['total'] / GIB:.2f} GiB "
-                 f"({diff:+.1%}), both without the planner's fixed overhead (CUDA context, NCCL, allocator slack)")
+                 f"({diff:+.2%}), both without the planner's fixed overhead (CUDA context, NCCL, allocator slack)")
     if memory_gib is not None:
         verdict = "fits" if s.fits(memory_gib) else "does not fit"
         lines.append(f"{verdict} {memory_gib:g} GiB per device (95% usable)")
-    lines.append("collectives in one step (all process groups): "
-                 + ", ".join(f"{op} {n}" for op, n in sorted(s.collectives.items())))
+    groups = sorted({group for group, _ in s.collectives})
+    lines.append("collectives in one micro-batch and the optimizer step: " + "; ".join(
+        f"{group} " + ", ".join(f"{op} {n}" for (g, op), n in sorted(s.collectives.items()) if g == group)
+        for group in groups))
     lines += [f"note: {n}" for n in s.notes]
     return "\n".join(lines)
