@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt_tp.data.shards import GPT2_VOCAB, SHARD_RE, DataError, _SHARD_LIKE_RE, check_token_ids, shard_header, shard_name, write_shard
+from gpt_tp.data.shards import (
+    GPT2_VOCAB, SHARD_RE, DataError, _SHARD_LIKE_RE, atomic_file, check_token_ids, shard_header, shard_name, write_shard
+)
 from gpt_tp.data.sources import load_rows, local_files, texts_of
 from gpt_tp.data.tokenizer import ENCODING, get_encoding
 from gpt_tp.entry import ArgumentParser, run
@@ -27,12 +29,7 @@ DEFAULT_OUT = "edu_fineweb10B"
 DEFAULT_PREFIX = "edufineweb"
 DEFAULT_SHARD_SIZE = 100_000_000
 CHUNK_DOCS = 64  # documents per task sent to a worker
-
-
-# ----------------------------------------------------------------------------------------------
-# tokenizing, in worker processes
-
-_enc = None
+_enc = None  # a worker process's encoding
 
 
 def _init_worker(encoding: str) -> None:
@@ -74,24 +71,13 @@ def tokenized(texts, workers: int, encoding: str, first_index: int = 0):
             yield from pending.popleft().get()
 
 
-# ----------------------------------------------------------------------------------------------
-# output folder and resume state
-
-
 def _state_path(out: Path, prefix: str) -> Path:
     return out / f"{prefix}_prepare.json"
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    except OSError as e:  # a full disk: the previous state stays, no half-written file beside it
-        tmp.unlink(missing_ok=True)
-        if e.errno is None:
-            raise
-        raise OSError(e.errno, e.strerror, str(path)) from e
-    os.replace(tmp, path)
+    with atomic_file(path) as f:  # a full disk: the previous state stays, no half-written file beside it
+        f.write((json.dumps(obj, indent=1) + "\n").encode())
 
 
 def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
@@ -132,10 +118,6 @@ def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
         good.append(entry)
     complete = state.get("complete", False) and len(good) == len(state["shards"])
     return {**state, "shards": good, "complete": complete}
-
-
-# ----------------------------------------------------------------------------------------------
-# preparation
 
 
 def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local=None, text_column="text",
@@ -198,16 +180,14 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
         bar.set_description(f"{prefix} shard {index}")
 
     for doc, tokens in enumerate(tokenized(texts, workers, encoding, next_doc), next_doc):
-        done = 0
-        if doc == next_doc and skip:
-            done = skip  # these tokens already ended the last complete shard
+        done = skip if doc == next_doc else 0  # these tokens already ended the last complete shard
+        ndocs, ntok = doc + 1, ntok + len(tokens) - done
         while done < len(tokens):
             n = min(shard_size - fill, len(tokens) - done)
             buf[fill : fill + n] = tokens[done : done + n]
             fill, done = fill + n, done + n
             if fill == shard_size:
                 flush((doc, done) if done < len(tokens) else (doc + 1, 0))
-        ndocs, ntok = doc + 1, ntok + len(tokens) - (skip if doc == next_doc else 0)
         bar.update(len(tokens))
         if ndocs % 256 == 0:
             bar.set_postfix(docs=f"{ndocs:,}", docs_s=f"{(ndocs - next_doc) / (time.time() - t0 + 1e-9):,.0f}")

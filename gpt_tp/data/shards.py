@@ -1,9 +1,11 @@
 """Token shards in build-nanogpt's format and the stream that reads them (the LightningDataModule over it:
 gpt_tp.train.datamodule). The format and the reading scheme: docs/data.md, "Shard format" and "GPTDataModule"."""
 
+import copy
 import errno
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +23,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 class DataError(UserError):
     """Bad data input: the message names the file or flag at fault and how to fix it."""
-
-
-# ----------------------------------------------------------------------------------------------
-# token ids
 
 
 def check_token_ids(ids, vocab_size: int, where: str) -> None:
@@ -47,11 +45,9 @@ def check_token_ids(ids, vocab_size: int, where: str) -> None:
         lo, hi = (0 if np.issubdtype(ids.dtype, np.unsignedinteger) else int(ids.min())), int(ids.max())
     if lo >= 0 and hi < limit:
         return
-    bad = (ids < 0) | (ids >= limit)
-    flat = int(torch.argmax(bad.flatten().to(torch.uint8))) if isinstance(ids, torch.Tensor) else int(np.argmax(bad.ravel()))
-    pos = np.unravel_index(flat, tuple(ids.shape)) if len(ids.shape) > 1 else flat
-    pos = tuple(int(i) for i in pos) if isinstance(pos, tuple) else pos
-    value = int(ids.flatten()[flat]) if isinstance(ids, torch.Tensor) else int(ids.ravel()[flat])
+    flat = int(((ids < 0) | (ids >= limit)).reshape(-1).nonzero()[0][0])  # the first bad id (numpy or torch)
+    pos = tuple(int(i) for i in np.unravel_index(flat, tuple(ids.shape))) if ids.ndim > 1 else flat
+    value = int(ids.reshape(-1)[flat])
     if value < 0:
         why = "is negative: the data is corrupt; rebuild it with python -m gpt_tp.data.prepare"
     elif value >= GPT2_VOCAB:
@@ -61,10 +57,6 @@ def check_token_ids(ids, vocab_size: int, where: str) -> None:
         why = (f"is outside the model's vocabulary (0..{limit - 1}): set model.vocab_size to at least {GPT2_VOCAB} "
                "(e.g. 50304), and model.vocab_used, if set, to 50257")
     raise DataError(f"{where}: token id {value} at position {pos} {why}")
-
-
-# ----------------------------------------------------------------------------------------------
-# shard files
 
 
 def shard_name(prefix: str, split: str, index: int) -> str:
@@ -86,21 +78,28 @@ def write_shard(path, tokens) -> None:
             raise DataError(f"{path}: token ids must be integers, got dtype {arr.dtype}")
         bad = np.flatnonzero((arr < 0) | (arr >= 2**16)) if arr.size else []
         if len(bad):
-            raise DataError(
-                f"{path}: token id {int(arr[bad[0]])} (at position {int(bad[0])}) does not fit uint16 (0..65535); "
-                "shards hold GPT-2 BPE ids (vocab 50257): use the gpt2/r50k_base encoding"
-            )
+            raise DataError(f"{path}: token id {int(arr[bad[0]])} (at position {int(bad[0])}) does not fit uint16 "
+                            "(0..65535); shards hold GPT-2 BPE ids (vocab 50257): use the gpt2/r50k_base encoding")
         arr = arr.astype(np.uint16)
+    with atomic_file(path) as f:  # a file object: np.save must not append another ".npy"
+        np.save(f, arr)
+
+
+@contextmanager
+def atomic_file(path):
+    """A binary file that appears at ``path`` only when whole: written to ``path + ".tmp"``, synced, then renamed.
+    On a full disk no half-written file is left, and the OSError names ``path``."""
+    path = os.fspath(path)
     tmp = path + ".tmp"
     try:
-        with open(tmp, "wb") as f:  # a file object: np.save must not append another ".npy"
-            np.save(f, arr)
+        with open(tmp, "wb") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
             if os.fstat(f.fileno()).st_size != f.tell():  # numpy's tofile can come up short on a full disk, silently
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
-    except OSError as e:  # a full disk: no half-written file left, and the error names the shard
-        os.unlink(tmp) if os.path.exists(tmp) else None
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
         if e.errno is None:
             raise
         raise OSError(e.errno, e.strerror, path) from e
@@ -113,19 +112,15 @@ def shard_header(path) -> tuple[int, int]:
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            fmt = np.lib.format
+            read_header = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+            shape, fortran, dtype = read_header(f)
             offset = f.tell()
     except (ValueError, OSError, SyntaxError) as e:
         raise DataError(f"{path}: not a readable .npy token shard ({e}); rebuild it with python -m gpt_tp.data.prepare") from e
     if dtype != np.dtype("<u2") or len(shape) != 1 or fortran:
-        raise DataError(
-            f"{path}: expected a 1-D uint16 token array (build-nanogpt shard format), got dtype {dtype} shape {shape}; "
-            "rebuild it with python -m gpt_tp.data.prepare"
-        )
+        raise DataError(f"{path}: expected a 1-D uint16 token array (build-nanogpt shard format), got dtype {dtype} "
+                        f"shape {shape}; rebuild it with python -m gpt_tp.data.prepare")
     expected = offset + 2 * shape[0]
     actual = os.path.getsize(path)
     if actual != expected:
@@ -182,29 +177,24 @@ def find_shards(data_dir, split: str) -> list[Path]:
     """The shard files of ``split`` in ``data_dir``, in index order (names like build-nanogpt's)."""
     d = resolve_data_dir(data_dir)
     if not d.is_dir():
-        raise DataError(
-            f"data directory {os.fspath(data_dir)!r} does not exist (or is not a directory): "
-            "set data_dir to a folder of token shards, e.g. made by python -m gpt_tp.data.prepare"
-        )
+        raise DataError(f"data directory {os.fspath(data_dir)!r} does not exist (or is not a directory): "
+                        "set data_dir to a folder of token shards, e.g. made by python -m gpt_tp.data.prepare")
     found, prefixes = [], set()
     for name in sorted(os.listdir(d)):
         m = SHARD_RE.match(name)
         if m is None:
             m2 = _SHARD_LIKE_RE.match(name)
             if m2 and m2.group("split") == split and not name.endswith((".tmp", ".json", ".md", ".txt")):
-                raise DataError(
-                    f"{d / name}: looks like a {split} shard but is not a uint16 .npy shard named "
-                    f"PREFIX_{split}_NNNNNN.npy (another format, e.g. llm.c .bin?); rebuild with python -m gpt_tp.data.prepare"
-                )
+                raise DataError(f"{d / name}: looks like a {split} shard but is not a uint16 .npy shard named "
+                                f"PREFIX_{split}_NNNNNN.npy (another format, e.g. llm.c .bin?); rebuild with "
+                                "python -m gpt_tp.data.prepare")
             continue
         if m.group("split") == split:
             found.append((int(m.group("index")), d / name))
             prefixes.add(m.group("prefix"))
     if not found:
-        raise DataError(
-            f"no {split} shards (*_{split}_NNNNNN.npy) in {d}: point data_dir at a folder made by "
-            "python -m gpt_tp.data.prepare or build-nanogpt's fineweb.py"
-        )
+        raise DataError(f"no {split} shards (*_{split}_NNNNNN.npy) in {d}: point data_dir at a folder made by "
+                        "python -m gpt_tp.data.prepare or build-nanogpt's fineweb.py")
     if len(prefixes) > 1:
         raise DataError(f"{d}: {split} shards with several prefixes {sorted(prefixes)}: keep one dataset per folder")
     return [p for _, p in sorted(found)]
@@ -217,23 +207,19 @@ class TokenStream:
 
     def __init__(self, paths, vocab_size: int = GPT2_VOCAB):
         self.paths = [Path(p) for p in paths]
-        headers = [shard_header(p) for p in self.paths]
+        self.headers = [shard_header(p) for p in self.paths]  # (num_tokens, data offset) of each shard
         for p in self.paths:
             check_shard(p, vocab_size)
-        self.sizes = np.array([n for n, _ in headers], dtype=np.int64)
-        self.data_offsets = [off for _, off in headers]
-        self.starts = np.concatenate([[0], np.cumsum(self.sizes)])
+        self.starts = np.cumsum([0] + [n for n, _ in self.headers], dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
     def reordered(self, order) -> "TokenStream":
         """The same shards in another order (headers are not read again)."""
-        s = TokenStream.__new__(TokenStream)
-        s.paths = [self.paths[i] for i in order]
-        s.sizes = self.sizes[list(order)]
-        s.data_offsets = [self.data_offsets[i] for i in order]
-        s.starts = np.concatenate([[0], np.cumsum(s.sizes)])
+        s = copy.copy(self)
+        s.paths, s.headers = [self.paths[i] for i in order], [self.headers[i] for i in order]
+        s.starts = np.cumsum([0] + [n for n, _ in s.headers], dtype=np.int64)
         return s
 
     def read(self, start: int, stop: int) -> np.ndarray:
@@ -244,10 +230,11 @@ class TokenStream:
         i = int(np.searchsorted(self.starts, start, side="right")) - 1
         pos = start
         while pos < stop:
+            size, offset = self.headers[i]
             lo = pos - int(self.starts[i])
-            n = min(stop - pos, int(self.sizes[i]) - lo)
+            n = min(stop - pos, size - lo)
             if n > 0:
-                m = np.memmap(self.paths[i], dtype=np.uint16, mode="r", offset=self.data_offsets[i] + 2 * lo, shape=(n,))
+                m = np.memmap(self.paths[i], dtype=np.uint16, mode="r", offset=offset + 2 * lo, shape=(n,))
                 out[pos - start : pos - start + n] = m
                 del m
             pos += n

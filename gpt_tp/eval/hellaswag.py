@@ -7,28 +7,16 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from gpt_tp.collective import one_does
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.eval.hellaswag_data import DEFAULT_CACHE_DIR, HellaSwagError, read_examples, resolve_path
 from gpt_tp.eval.hellaswag_score import evaluate
+from gpt_tp.eval.sampling import StepCallback
 from gpt_tp.train.ranks import block_size_of, parallel_layout
 
 
-def log_to_loggers(trainer, metrics: dict[str, float], step: int) -> None:
-    """Write metrics straight to the trainer's loggers at `step` (rank 0, its failure raised on every rank; works in
-    hooks where self.log cannot, and whatever log_every_n_steps is). Call on every rank."""
-
-    def write():
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
-            logger.save()
-
-    one_does(write, doer=trainer.global_rank == 0)
-
-
-class HellaSwagCallback(Callback):
+class HellaSwagCallback(StepCallback):
     """HellaSwag acc_norm / acc every `every_n_steps` optimizer steps and at the end of fit, logged as
     hellaswag/acc_norm and hellaswag/acc (and put in trainer.callback_metrics).
 
@@ -49,11 +37,9 @@ class HellaSwagCallback(Callback):
             raise HellaSwagError(f"HellaSwagCallback limit={limit} must be >= 1, or null for every example")
         if batch_size < 1 or pad_to < 1:
             raise HellaSwagError(f"HellaSwagCallback batch_size={batch_size} and pad_to={pad_to} must be >= 1")
-        self.path, self.cache_dir, self.every_n_steps, self.limit = path, cache_dir, every_n_steps, limit
-        self.batch_size, self.pad_to = batch_size, pad_to
+        super().__init__(every_n_steps)
+        self.path, self.cache_dir, self.limit, self.batch_size, self.pad_to = path, cache_dir, limit, batch_size, pad_to
         self.examples: list[dict] | None = None
-        self.history: list[tuple[int, dict]] = []  # (step, result) of every evaluation on this rank
-        self._last_step = -1
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage not in ("fit", "validate") or self.examples is not None:
@@ -62,36 +48,29 @@ class HellaSwagCallback(Callback):
         one_does(lambda: resolve_path(self.path, self.cache_dir), doer=trainer.local_rank == 0)
         self.examples = read_examples(resolve_path(self.path, self.cache_dir), self.limit)
 
+    def compute(self, trainer, pl_module) -> dict:
+        tp, dp_rank, dp_size, dp_group = parallel_layout(trainer, pl_module)
+        return evaluate(pl_module, self.examples, block_size=block_size_of(pl_module), batch_size=self.batch_size,
+                        tp=tp, dp_rank=dp_rank, dp_size=dp_size, dp_group=dp_group, device=pl_module.device,
+                        forward_context=trainer.precision_plugin.forward_context, pad_to=self.pad_to)
+
     def run(self, trainer, pl_module) -> dict:
         """Evaluate now (on every rank), log on rank 0, return the result."""
-        tp, dp_rank, dp_size, dp_group = parallel_layout(trainer, pl_module)
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            res = evaluate(pl_module, self.examples, block_size=block_size_of(pl_module), batch_size=self.batch_size,
-                           tp=tp, dp_rank=dp_rank, dp_size=dp_size, dp_group=dp_group, device=pl_module.device,
-                           forward_context=trainer.precision_plugin.forward_context, pad_to=self.pad_to)
-        finally:
-            pl_module.train(was_training)
+        res = super().run(trainer, pl_module)
         step = trainer.global_step
         metrics = {"hellaswag/acc_norm": res["acc_norm"], "hellaswag/acc": res["acc"]}
-        log_to_loggers(trainer, metrics, step)
+
+        def write():  # straight to the loggers: works in hooks where self.log cannot, whatever log_every_n_steps is
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+                logger.save()
+
+        one_does(write, doer=trainer.global_rank == 0)  # rank 0 writes; its failure ends every rank with it
         trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
-        self.history.append((step, res))
-        self._last_step = step
         if trainer.global_rank == 0:
             print(f"step {step}: HellaSwag acc_norm {res['correct_norm']}/{res['total']} = {res['acc_norm']:.4f}, "
                   f"acc {res['acc']:.4f}" + (f" ({res['truncated']} truncated to block_size)" if res["truncated"] else ""), flush=True)
         return res
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
-            self.run(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step != self._last_step:
-            self.run(trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         """`python cli.py validate` evaluates HellaSwag beside the val loss (fit's validations leave it to every_n_steps)."""

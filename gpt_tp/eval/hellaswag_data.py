@@ -69,10 +69,9 @@ def read_examples(path: str | os.PathLike, limit: int | None = None) -> list[dic
                 examples.append(rec)
     if errors:  # the first and the count: one readable line however many there are
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise HellaSwagError(
-            f"{len(errors)} malformed HellaSwag record(s) (each needs 'ctx', 4 'endings', 'label' 0-3), the first "
-            f"{errors[0]}{more}; fix or delete them, or re-download the file (delete it from the cache dir)"
-        )
+        raise HellaSwagError(f"{len(errors)} malformed HellaSwag record(s) (each needs 'ctx', 4 'endings', 'label' "
+                             f"0-3), the first {errors[0]}{more}; fix or delete them, or re-download the file (delete "
+                             "it from the cache dir)")
     if not examples:
         raise HellaSwagError(f"{path} holds no HellaSwag records")
     return examples
@@ -91,10 +90,8 @@ def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
     try:  # fetched before the cache folder is made: a failed download leaves no empty folder behind
         data = fetch_url(url)
     except Exception as e:
-        raise HellaSwagError(
-            f"could not download HellaSwag from {url} ({type(e).__name__}: {e}). Offline, fetch the file elsewhere "
-            f"and copy it to {dest}, or pass its location as path=/--path."
-        ) from e
+        raise HellaSwagError(f"could not download HellaSwag from {url} ({type(e).__name__}: {e}). Offline, fetch the "
+                             f"file elsewhere and copy it to {dest}, or pass its location as path=/--path.") from e
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
     try:

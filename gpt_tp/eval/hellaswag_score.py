@@ -21,11 +21,7 @@ def fit_rows(rows: list[list[int]], masks: list[list[int]], max_len: int) -> tup
     """Left-truncate rows longer than max_len (drop the oldest context tokens), as the model sees at most
     block_size positions. Returns the rows, the masks and whether anything was cut. An ending that alone does not
     fit loses its first tokens (their loss would need context the model cannot see)."""
-    cut = any(len(r) > max_len for r in rows)
-    if cut:
-        rows = [r[-max_len:] for r in rows]
-        masks = [m[-max_len:] for m in masks]
-    return rows, masks, cut
+    return [r[-max_len:] for r in rows], [m[-max_len:] for m in masks], any(len(r) > max_len for r in rows)
 
 
 def pad_batch(rows: list[list[int]], masks: list[list[int]], multiple: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,9 +36,8 @@ def pad_batch(rows: list[list[int]], masks: list[list[int]], multiple: int, max_
     return tokens, mask
 
 
-def ending_losses(
-    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, vocab_limit: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
+                  vocab_limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed and mean cross-entropy over each row's masked (ending) tokens: (sum_loss (R,), mean_loss (R,)), plain
     float tensors. logits (R, T, V) may be a DTensor sharded on the vocabulary (Shard(-1), under loss_parallel());
     position t predicts token t + 1; ids >= vocab_limit are left out of the softmax (mask_padded_vocab)."""
@@ -94,23 +89,9 @@ class HellaSwagCounts(Metric):
 
 
 @torch.no_grad()
-def evaluate(
-    model,
-    examples: list[dict],
-    *,
-    block_size: int,
-    batch_size: int = 4,
-    tp: int = 1,
-    dp_rank: int = 0,
-    dp_size: int = 1,
-    dp_group=None,
-    device: torch.device | str = "cpu",
-    forward_context=nullcontext,
-    pad_to: int = 1,
-    details: bool = False,
-    enc=None,
-    vocab_limit: int | None = -1,
-) -> dict:
+def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 4, tp: int = 1, dp_rank: int = 0,
+             dp_size: int = 1, dp_group=None, device: torch.device | str = "cpu", forward_context=nullcontext,
+             pad_to: int = 1, details: bool = False, enc=None, vocab_limit: int | None = -1) -> dict:
     """Score `examples` with model(idx (B, T)) -> logits (B, T, V) (plain or vocab-sharded DTensor). Call it on every
     rank of the job: all take part in every forward's collectives. This DP rank scores examples dp_rank, dp_rank + dp,
     ... in batches of `batch_size` examples; counts are summed over dp_group (None: the default group) when dp_size > 1.

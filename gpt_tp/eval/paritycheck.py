@@ -42,14 +42,13 @@ def load_plan(spec: str, config: GPTConfig) -> dict:
     return plan
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
+def rel_diff(a: torch.Tensor | None, ref: torch.Tensor | None) -> float:
+    """max |a - ref| / max |ref|, `a` gathered if sharded; inf if the shapes differ or one is None, 0 if both are."""
     from torch.distributed.tensor import DTensor
 
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |a - ref| / max |ref| (inf if the shapes differ)."""
+    if a is None or ref is None:
+        return 0.0 if a is None and ref is None else float("inf")
+    a = a.full_tensor() if isinstance(a, DTensor) else a
     if a.shape != ref.shape:
         return float("inf")
     return ((a.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12)).item()
@@ -71,7 +70,7 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
         ref = GPT(config)
     model = parallelize(copy.deepcopy(ref), mesh, plan=TP_PLAN if plan is None else plan)
     ref_params = dict(ref.named_parameters())  # the tied lm_head appears once, as wte
-    weights = {n: rel_diff(_full(p.detach()), ref_params[n].detach()) for n, p in model.named_parameters() if n in ref_params}
+    weights = {n: rel_diff(p.detach(), ref_params[n].detach()) for n, p in model.named_parameters() if n in ref_params}
 
     g = torch.Generator().manual_seed(seed)  # the same tokens on every rank: random ids of GPT-2's vocabulary
     tokens = torch.randint(0, min(config.vocab_size, 50257), (batch_size * dp, seq_len + 1), generator=g)
@@ -86,15 +85,7 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
     if dp > 1:
         dist.all_reduce(loss, group=mesh["data_parallel"].get_group())
         loss = loss / dp
-    grads = {}
-    for n, p in model.named_parameters():
-        if n not in ref_params:
-            continue
-        r = ref_params[n].grad
-        if p.grad is None or r is None:
-            grads[n] = 0.0 if p.grad is None and r is None else float("inf")
-        else:
-            grads[n] = rel_diff(_full(p.grad), r)
+    grads = {n: rel_diff(p.grad, ref_params[n].grad) for n, p in model.named_parameters() if n in ref_params}
     return {"loss": loss.item(), "ref_loss": loss_ref.item(), "weights": weights, "grads": grads}
 
 
@@ -137,9 +128,7 @@ def settings(args, world: int) -> dict:
         s.update(config_settings(args.config))
     if args.dp is not None or args.tp is not None:
         s["dp"], s["tp"] = (1 if args.dp is None else args.dp), args.tp
-    for k in ("batch_size", "seq_len"):
-        if getattr(args, k) is not None:
-            s[k] = getattr(args, k)
+    s.update({k: getattr(args, k) for k in ("batch_size", "seq_len") if getattr(args, k) is not None})
     for k in ("dp", "tp"):
         if s[k] is not None and s[k] < 1:
             raise ParityInputError(f"--{k}={s[k]} must be a positive integer")

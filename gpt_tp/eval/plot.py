@@ -144,28 +144,23 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
                 ax1.set_title(f"{label}: no finite value", loc="left")
             else:
                 ax1.set_title(f"min {label}: {min(good):.4f}" if key == "val/loss" else f"last {label}: {good[-1]:.4f}", loc="left")
-    if reference:
-        ax1.axhline(REF_VAL_LOSS_GPT2, color="r", ls="--", label=f"OpenAI GPT-2 (124M) val loss {REF_VAL_LOSS_GPT2}")
     losses = [v for k in ("train/loss", "val/loss") for _, v in finite.get(k, [])]
     if losses and reference and max(losses) < 2 * REF_VAL_LOSS_GPT2:  # build-nanogpt's 0-4 view once it is close
         ax1.set_ylim(0.0, max(4.0, max(losses) * 1.05))
-    ax1.set_xlabel("step")
-    ax1.set_ylabel("loss")
-    if ax1.get_legend_handles_labels()[0]:
-        ax1.legend()
-
     if finite.get("hellaswag/acc_norm"):
         ax2.plot(*zip(*metrics["hellaswag/acc_norm"]), marker=".", label="gpt_tp")
         ax2.set_title(f"max HellaSwag acc_norm: {max(v for _, v in finite['hellaswag/acc_norm']):.4f}", loc="left")
     else:
         ax2.set_title("no hellaswag/acc_norm logged", loc="left")
     if reference:
+        ax1.axhline(REF_VAL_LOSS_GPT2, color="r", ls="--", label=f"OpenAI GPT-2 (124M) val loss {REF_VAL_LOSS_GPT2}")
         ax2.axhline(REF_HELLASWAG_GPT2, color="r", ls="--", label=f"OpenAI GPT-2 (124M) {REF_HELLASWAG_GPT2}")
         ax2.axhline(REF_HELLASWAG_GPT3, color="g", ls="--", label=f"OpenAI GPT-3 (124M) {REF_HELLASWAG_GPT3}")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("HellaSwag acc_norm")
-    if ax2.get_legend_handles_labels()[0]:
-        ax2.legend()
+    for ax, ylabel in ((ax1, "loss"), (ax2, "HellaSwag acc_norm")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     if title:
         fig.suptitle(title)
     fig.tight_layout()

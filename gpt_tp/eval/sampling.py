@@ -12,7 +12,40 @@ from gpt_tp.train.generate import PROMPT, sample_texts
 from gpt_tp.train.ranks import block_size_of, parallel_layout
 
 
-class TextSampleCallback(Callback):
+class StepCallback(Callback):
+    """Runs every `every_n_steps` optimizer steps and, with `at_end`, at the end of fit, once a step: `run` calls
+    `compute` with the module in eval mode and keeps (step, result) in `history`."""
+
+    def __init__(self, every_n_steps: int, at_end: bool = True):
+        self.every_n_steps, self.at_end = every_n_steps, at_end
+        self.history: list[tuple[int, object]] = []  # (step, result) of every run on this rank
+        self._last_step = -1
+
+    def compute(self, trainer, pl_module):
+        raise NotImplementedError
+
+    def run(self, trainer, pl_module):
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            result = self.compute(trainer, pl_module)
+        finally:
+            pl_module.train(was_training)
+        self.history.append((trainer.global_step, result))
+        self._last_step = trainer.global_step
+        return result
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
+            self.run(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.at_end and trainer.global_step != self._last_step:
+            self.run(trainer, pl_module)
+
+
+class TextSampleCallback(StepCallback):
     """Every `every_n_steps` optimizer steps (and at the end of fit), `num_samples` top-k continuations of `prompt` up
     to `max_length` tokens, the generator seeded with `seed` at every call; rank 0 prints them and writes them to the
     run's logs (docs/eval.md, "Text samples")."""
@@ -23,10 +56,9 @@ class TextSampleCallback(Callback):
             raise UserError(f"TextSampleCallback every_n_steps={every_n_steps} must be >= 0 (0: only at the end of fit)")
         if num_samples < 1 or top_k < 1:
             raise UserError(f"TextSampleCallback num_samples={num_samples} and top_k={top_k} must be >= 1")
-        self.prompt, self.every_n_steps, self.num_samples, self.max_length = prompt, every_n_steps, num_samples, max_length
-        self.top_k, self.seed, self.at_end = top_k, seed, at_end
-        self.history: list[tuple[int, list[str]]] = []  # (step, samples) on this rank
-        self._last_step = -1
+        super().__init__(every_n_steps, at_end)
+        self.prompt, self.num_samples, self.max_length = prompt, num_samples, max_length
+        self.top_k, self.seed = top_k, seed
         self._enc = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -35,20 +67,15 @@ class TextSampleCallback(Callback):
             raise UserError(f"TextSampleCallback max_length={self.max_length} must exceed the prompt's token count: "
                             "raise max_length or shorten the prompt")
 
+    def compute(self, trainer, pl_module) -> list[str]:
+        return sample_texts(pl_module, self._enc, self.prompt, num_samples=self.num_samples, max_length=self.max_length,
+                            top_k=self.top_k, seed=self.seed, block_size=block_size_of(pl_module),
+                            tp=parallel_layout(trainer, pl_module)[0], device=pl_module.device,
+                            forward_context=trainer.precision_plugin.forward_context)
+
     def run(self, trainer, pl_module) -> list[str]:
-        tp = parallel_layout(trainer, pl_module)[0]
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            texts = sample_texts(pl_module, self._enc, self.prompt, num_samples=self.num_samples,
-                                 max_length=self.max_length, top_k=self.top_k, seed=self.seed,
-                                 block_size=block_size_of(pl_module), tp=tp, device=pl_module.device,
-                                 forward_context=trainer.precision_plugin.forward_context)
-        finally:
-            pl_module.train(was_training)
+        texts = super().run(trainer, pl_module)
         step = trainer.global_step
-        self.history.append((step, texts))
-        self._last_step = step
         log_dir = trainer.log_dir  # a broadcast inside: every rank must ask
 
         def write():
@@ -64,12 +91,3 @@ class TextSampleCallback(Callback):
 
         one_does(write, doer=trainer.global_rank == 0)  # rank 0 writes; its failure ends every rank with it
         return texts
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
-            self.run(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.at_end and trainer.global_step != self._last_step:
-            self.run(trainer, pl_module)

@@ -57,8 +57,7 @@ class GPTConfig:
 
     @classmethod
     def resolve(cls, value) -> "GPTConfig":
-        """A GPTConfig from what configs and checkpoints hold: a size name, a GPTConfig, or its fields (a dict or
-        a namespace)."""
+        """A GPTConfig from a size name, a GPTConfig, or its fields (a dict or a namespace)."""
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
@@ -104,9 +103,8 @@ class CausalSelfAttention(nn.Module):
         B, T = qkv.shape[:2]  # from qkv: c_attn may gather a sequence slice x
         qkv = qkv.view(B, T, -1, 3, self.head_dim)  # (B, T, nh, 3, hd)
         q, k, v = qkv.transpose(1, 2).unbind(dim=3)  # each (B, nh, T, hd)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, nh, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)  # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh * hd)
         return self.resid_dropout(self.c_proj(y))
 
@@ -141,8 +139,7 @@ class Block(nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        return x + self.mlp(self.ln_2(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_kwargs is None:
@@ -157,15 +154,13 @@ class GPT(nn.Module):
         # drawn from the global RNG before any module exists, so a model built on the meta device and initialised
         # after sharding (gpt_tp.parallel.materialize) gets exactly the numbers of the single-device init
         self.init_seed = int(torch.randint(0, 2**62, (), device="cpu"))
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                ln_f=nn.LayerNorm(config.n_embd),
-            )
-        )
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+            ln_f=nn.LayerNorm(config.n_embd),
+        ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.vocab_used is not None)
         if self.lm_head.bias is not None:
             self.lm_head.bias.requires_grad_(False)  # a fixed mask over the vocabulary padding
@@ -183,9 +178,8 @@ class GPT(nn.Module):
         plan = []
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                std = 0.02
-                if getattr(module, "RESIDUAL_SCALE_INIT", False):
-                    std *= (2 * self.config.n_layer) ** -0.5
+                residual = getattr(module, "RESIDUAL_SCALE_INIT", False)
+                std = 0.02 * (2 * self.config.n_layer) ** -0.5 if residual else 0.02
                 if module is not self.lm_head:  # lm_head.weight is wte.weight, initialised as an embedding
                     plan.append((module.weight, std, 0.0))
                 if module.bias is not None:

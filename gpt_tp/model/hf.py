@@ -9,10 +9,8 @@ import torch
 from gpt_tp.errors import UserError
 from gpt_tp.model.gpt import GPT, GPTConfig
 
-# ---------------------------------------------------------------------------------------------------------
-# Hugging Face GPT-2 state dicts. HF keeps OpenAI's Conv1D layout: weights are (in, out), the transpose of
-# nn.Linear's (out, in), and c_attn's output columns are [q(all heads) | k(all heads) | v(all heads)].
-# HF's vocabulary is the unpadded 50257.
+# HF keeps OpenAI's Conv1D layout: weights are (in, out), the transpose of nn.Linear's (out, in), and c_attn's output
+# columns are [q(all heads) | k(all heads) | v(all heads)]. HF's vocabulary is the unpadded 50257.
 
 HF_VOCAB_SIZE = 50257
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -36,19 +34,16 @@ def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
     """Map a transformers GPT2LMHeadModel state dict onto ours (vocab padded with zero rows)."""
     out = {}
     for k, v in sd.items():
-        if k.endswith(".attn.bias") or k.endswith(".attn.masked_bias"):  # causal-mask buffers of old versions
+        k = k.removeprefix("transformer.")
+        if k == "lm_head.weight" or k.endswith((".attn.bias", ".attn.masked_bias")):  # tied; old causal-mask buffers
             continue
-        k = k.removeprefix("transformer.") if k.startswith("transformer.") else k
-        if k == "lm_head.weight":
-            continue  # tied to wte
-        name = "transformer." + k
         if k.endswith(_CONV1D):
             v = v.t()
-        if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
+        if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias")):
             v = qkv_to_per_head(v, config.n_head)
         if k == "wte.weight" and v.shape[0] < config.vocab_size:
             v = torch.cat([v, v.new_zeros(config.vocab_size - v.shape[0], v.shape[1])])
-        out[name] = v.contiguous()
+        out["transformer." + k] = v.contiguous()
     out["lm_head.weight"] = out["transformer.wte.weight"]
     if config.vocab_used is not None:
         out["lm_head.bias"] = GPT.vocab_mask(SimpleNamespace(config=config))
@@ -62,7 +57,7 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
         if name.startswith("lm_head."):  # weight tied to wte; bias is our padding mask
             continue
         k = name.removeprefix("transformer.")
-        if k.endswith("attn.c_attn.weight") or k.endswith("attn.c_attn.bias"):
+        if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias")):
             v = qkv_from_per_head(v, config.n_head)
         if k.endswith(_CONV1D):
             v = v.t()
@@ -76,23 +71,12 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
 def hf_config_dict(config: GPTConfig) -> dict:
     """The config.json transformers expects for this model (vocabulary 50257)."""
     return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": HF_VOCAB_SIZE,
-        "n_positions": config.block_size,
-        "n_ctx": config.block_size,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "activation_function": "gelu_new",
-        "resid_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "attn_pdrop": config.dropout,
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
-        "bos_token_id": 50256,
-        "eos_token_id": 50256,
-        "tie_word_embeddings": True,
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": HF_VOCAB_SIZE,
+        "n_positions": config.block_size, "n_ctx": config.block_size,
+        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head, "activation_function": "gelu_new",
+        "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
+        "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+        "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True,
     }
 
 
