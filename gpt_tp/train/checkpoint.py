@@ -1,7 +1,5 @@
-"""Distributed checkpoints: crash-safe saving, checked loading, resharding, and consolidation. `ModelParallel` is
-ModelParallelStrategy whose saves appear under their name only once complete and fail on every rank together, whose
-loads check the folder first, and which resumes ModelCheckpoint where the saved run left it. See docs/train.md,
-"Checkpoints"."""
+"""Distributed checkpoints: crash-safe saving, checked loading and resharding (the ModelParallel strategy), and
+consolidation (load_consolidated). See docs/train.md, "Checkpoints"."""
 
 import errno
 import os
@@ -35,7 +33,6 @@ if TYPE_CHECKING:
 META = "meta.pt"  # Lightning's name for the non-tensor part (lightning.fabric.utilities.load._METADATA_FILENAME)
 PARTIAL = ".partial"
 OLD = ".old"  # a checkpoint being replaced under its name
-
 
 SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", f"[Errno {errno.ENOSPC}]", f"[Errno {errno.EDQUOT}]")
@@ -82,10 +79,9 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
     if not p.exists():
         aside = p.with_name(p.name + OLD)
         if aside.is_dir():
-            raise CheckpointError(
-                f"checkpoint folder {p} does not exist: a save that replaced it was interrupted and {aside} holds it; "
-                f"load {aside}, or resume training from {p} (which moves it back first)"
-            )
+            raise CheckpointError(f"checkpoint folder {p} does not exist: a save that replaced it was interrupted and "
+                                  f"{aside} holds it; load {aside}, or resume training from {p} (which moves it back "
+                                  "first)")
         raise CheckpointError(f"checkpoint folder {p} does not exist (for a run: --ckpt_path takes a checkpoint folder or 'last')")
     if p.name.endswith(PARTIAL):
         raise CheckpointError(f"{p} is an unfinished checkpoint (its save was interrupted); resume from a checkpoint without '{PARTIAL}'")
@@ -95,8 +91,8 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
     if inside:
         pick = "last.ckpt" if "last.ckpt" in inside else inside[-1]
         raise CheckpointError(f"{p} is a folder of checkpoints ({len(inside)}), not one: give {p / pick}, or 'last'")
-    if not (p / ".metadata").is_file() or not (p / META).is_file():
-        missing = [f for f in (".metadata", META) if not (p / f).is_file()]
+    missing = [f for f in (".metadata", META) if not (p / f).is_file()]
+    if missing:
         raise CheckpointError(f"{p} is not a complete distributed checkpoint: {', '.join(missing)} missing")
     try:
         metadata = FileSystemReader(str(p)).read_metadata()
@@ -108,20 +104,15 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
         raise CheckpointError(f"{p} is missing shard files {', '.join(missing)}; copy the whole checkpoint folder")
     if expected_shapes is None:
         return
-    saved = {
-        k.removeprefix("state_dict."): tuple(v.size)
-        for k, v in metadata.state_dict_metadata.items()
-        if k.startswith("state_dict.") and isinstance(v, TensorStorageMetadata)
-    }
+    saved = {k.removeprefix("state_dict."): tuple(v.size) for k, v in metadata.state_dict_metadata.items()
+             if k.startswith("state_dict.") and isinstance(v, TensorStorageMetadata)}
     problems = [f"{k}: checkpoint {saved[k]} vs model {s}" for k, s in expected_shapes.items() if k in saved and saved[k] != s]
     problems += [f"{k}: in the model, not in the checkpoint" for k in expected_shapes if k not in saved]
     problems += [f"{k}: in the checkpoint, not in the model" for k in saved if k not in expected_shapes]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CheckpointError(
-            f"checkpoint {p} does not fit this model (another model size?); set model.model to the size it was "
-            f"trained with: {problems[0]}{more}"
-        )
+        raise CheckpointError(f"checkpoint {p} does not fit this model (another model size?); set model.model to the "
+                              f"size it was trained with: {problems[0]}{more}")
 
 
 def _fsync(path: Path) -> None:
@@ -172,9 +163,8 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
-    """A resumed run's ModelCheckpoint callbacks carry on the saved run's: the loaded step
-    counts as saved, and a saved state with an empty last_model_path gets `<dirpath>/last.ckpt` (the callback's
-    unversioned last name) when resuming in the same folder."""
+    """A resumed run's ModelCheckpoint callbacks carry on the saved run's: the loaded step counts as saved, and a saved
+    state with an empty last_model_path gets `<dirpath>/last.ckpt` (its unversioned last name) in the same folder."""
     states = checkpoint.get("callbacks") or {}
     for cb in callbacks:
         if not isinstance(cb, LightningModelCheckpoint):
@@ -182,15 +172,15 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
         if "global_step" in checkpoint:
             mark_saved(cb, checkpoint["global_step"])  # not restored by Lightning (gpt_tp.train.lightning_internals)
         state = states.get(cb.state_key)
-        if (
-            cb.save_last and cb.dirpath and "{" not in cb.CHECKPOINT_NAME_LAST and isinstance(state, dict)
-            and not state.get("last_model_path") and state.get("dirpath") == cb.dirpath
-        ):
+        if (cb.save_last and cb.dirpath and "{" not in cb.CHECKPOINT_NAME_LAST and isinstance(state, dict)
+                and not state.get("last_model_path") and state.get("dirpath") == cb.dirpath):
             state["last_model_path"] = cb.format_checkpoint_name({}, cb.CHECKPOINT_NAME_LAST)
 
 
 class ModelParallel(ModelParallelStrategy):
-    """ModelParallelStrategy with crash-safe saves, checked loads, and single-device loading (TP=1 x DP=1, plain tensors)."""
+    """ModelParallelStrategy whose saves appear under their name only once complete and fail on every rank together,
+    whose loads check the folder first (and load on a single device, TP=1 x DP=1, as plain tensors), and which
+    resumes ModelCheckpoint where the saved run left it."""
 
     def __init__(self, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
                  save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,

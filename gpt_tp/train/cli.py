@@ -58,6 +58,18 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader: `PromptBatches`")
 
 
+def make_writable(folder: str, what: str, flag: str, fix: str) -> None:
+    """Create `folder` in the launching process: one that cannot be made or written is one line before any rank
+    starts, not a failure on rank 0 alone while the others wait in a collective."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{flag}: cannot create the {what} {folder} ({e.strerror}); set {fix} to a writable "
+                        "folder") from e
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}: the {what} {folder} is not writable; set {fix} to a writable folder")
+
+
 def relink_last(folders: set[str]) -> None:
     """Lightning moves last.ckpt to a new step by deleting the link and making it again: a run killed in between
     leaves complete checkpoints and no last.ckpt, and `--ckpt_path last` would start from step 0. Link it to the
@@ -85,14 +97,19 @@ class GPTCLI(TrainingCLI):
         if self.subcommand == "fit" and cfg.get("simulate"):
             self._simulate(cfg)
 
+    @staticmethod
+    def _devices(cfg, to: str) -> tuple[int, int]:
+        """(devices per node, nodes) of a config that must name a number of devices `to` plan or simulate."""
+        devices = device_count(cfg.trainer.devices)
+        if devices is None:
+            raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to {to}")
+        return devices, cfg.trainer.num_nodes
+
     def _plan_auto(self, cfg) -> None:
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             return
-        devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
-        if devices is None:
-            raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to plan an "
-                              "'auto' layout")
+        devices, nodes = self._devices(cfg, "plan an 'auto' layout")
         dp, tp = resolve_layout(
             built_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
             detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
@@ -105,9 +122,7 @@ class GPTCLI(TrainingCLI):
     def _simulate(self, cfg) -> None:
         """--simulate: the launch's checks, then one rank of the whole world in this process (gpt_tp.train.simulate);
         exits 0 with the table, 2 with one line when the rank does not fit the memory given."""
-        devices, nodes = device_count(cfg.trainer.devices), cfg.trainer.num_nodes
-        if devices is None:
-            raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to simulate")
+        devices, nodes = self._devices(cfg, "simulate")
         init = getattr(cfg.trainer.strategy, "init_args", None) or {}  # numbers by now (_plan_auto); none: DDP-like
         tp = int(init.get("tensor_parallel_size", 1))
         dp = int(init.get("data_parallel_size", devices * nodes // tp))
@@ -224,18 +239,11 @@ class GPTCLI(TrainingCLI):
         return [flags[q] for q in quantities if q in flags]
 
     def _check_log_folders(self) -> None:
-        """Create each logger's folder here, in the launching process: a folder that cannot be made or written is
-        one line before any rank starts, not a failure on rank 0 alone while the others wait in a collective."""
-        dirs = [(lg.save_dir, "trainer.logger", "the logger's save_dir") for lg in self.trainer.loggers
-                if getattr(lg, "save_dir", None) is not None]
-        for save_dir, flag, fix in [(self.trainer.default_root_dir, "trainer.default_root_dir", "it"), *dirs]:
-            try:
-                os.makedirs(save_dir, exist_ok=True)
-            except OSError as e:
-                raise UserError(f"{flag}: cannot create the log folder {save_dir} ({e.strerror}); "
-                                f"set {fix} to a writable folder") from e
-            if not os.access(save_dir, os.W_OK | os.X_OK):
-                raise UserError(f"{flag}: the log folder {save_dir} is not writable; set {fix} to a writable folder")
+        """Create each logger's folder before launch (make_writable)."""
+        make_writable(self.trainer.default_root_dir, "log folder", "trainer.default_root_dir", "it")
+        for lg in self.trainer.loggers:
+            if getattr(lg, "save_dir", None) is not None:
+                make_writable(lg.save_dir, "log folder", "trainer.logger", "the logger's save_dir")
 
     def _check_weights(self) -> None:
         """validate and predict score or continue with trained weights only, never the random init."""
@@ -248,14 +256,7 @@ class GPTCLI(TrainingCLI):
         """Create each checkpoint folder before launch: one that cannot be made or written, or has no room for one
         checkpoint (sizes.checkpoint_bytes), fails now, not at the first save, every_n_train_steps into the run."""
         for folder in sorted(folders):
-            try:
-                os.makedirs(folder, exist_ok=True)
-            except OSError as e:
-                raise UserError(f"ModelCheckpoint dirpath: cannot create the checkpoint folder {folder} ({e.strerror}); "
-                                "set its dirpath to a writable folder") from e
-            if not os.access(folder, os.W_OK | os.X_OK):
-                raise UserError(f"ModelCheckpoint dirpath: the checkpoint folder {folder} is not writable; set its "
-                                "dirpath to a writable folder")
+            make_writable(folder, "checkpoint folder", "ModelCheckpoint dirpath", "its dirpath")
             free, need = shutil.disk_usage(folder).free, checkpoint_bytes(self.model.config)
             if free < need:
                 raise UserError(f"ModelCheckpoint dirpath: {folder} has {human_bytes(free)} free, but a checkpoint of "

@@ -1,11 +1,6 @@
-"""The training configuration, read the way `python cli.py fit` reads it.
-
-TrainingCLI is gpt_tp's LightningCLI: GPTModule, GPTDataModule and gpt_tp's trainer defaults, with the
-subcommands fit, validate and predict (whose prompt flags it links into the data module and PromptWriter); a bad flag or value is a UserError (one ``error:`` line, exit 2). cli.py runs
-it; read_training_config parses the arguments of `cli.py fit` with the same parser (every --config file in order,
-then the command-line overrides, over the classes' defaults) and returns the settings the tools need, without
-building a Trainer, a model or a process group.
-"""
+"""The training configuration: TrainingCLI, gpt_tp's LightningCLI (fit, validate and predict; a bad flag or value
+is a UserError), and read_training_config, which parses `cli.py fit`'s arguments with the same parser and returns the
+settings the tools need, without building a Trainer, a model or a process group."""
 
 import importlib
 import importlib.util
@@ -27,8 +22,7 @@ from gpt_tp.train.predict import PROMPT_FLAGS, Prompts, PromptWriter
 
 
 def default_loggers(save_dir: str = "logs") -> list:
-    """CSV always (gpt_tp.train.logs.CSVLogger: a failed write stops every rank alike); TensorBoard too where it is
-    installed."""
+    """CSV always (gpt_tp.train.logs.CSVLogger: a failed write stops every rank alike); TensorBoard where installed."""
     loggers = [{"class_path": "gpt_tp.train.logs.CSVLogger", "init_args": {"save_dir": save_dir, "name": "gpt_tp"}}]
     if importlib.util.find_spec("tensorboard"):  # its own folder, so both number their versions alike
         tb_dir = f"{save_dir}/tensorboard"
@@ -106,20 +100,13 @@ class TrainingCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, model_class: type = GPTModule, **kwargs):
         """model_class: GPTModule or a subclass of it (benchmarks/fit.py trains the reference plans through it)."""
         super().__init__(
-            model_class,
-            GPTDataModule,
-            trainer_defaults={
-                "logger": default_loggers(),
-                "inference_mode": False,  # DTensors do not support inference_mode on GPUs
-                "gradient_clip_val": 1.0,
-            },
-            save_config_kwargs={"overwrite": True},
-            parser_class=TrainingParser,
+            model_class, GPTDataModule,
+            trainer_defaults={"logger": default_loggers(), "gradient_clip_val": 1.0,
+                              "inference_mode": False},  # DTensors do not support inference_mode on GPUs
+            save_config_kwargs={"overwrite": True}, parser_class=TrainingParser,
             parser_kwargs={sub: {"for_subcommand": sub} for sub in ("fit", "validate", "predict")},
             auto_configure_optimizers=False,  # GPTModule.configure_optimizers: AdamW + warmup/cosine
-            args=args,
-            run=run,
-            **kwargs,
+            args=args, run=run, **kwargs,
         )
 
     @staticmethod
@@ -186,10 +173,8 @@ def built_config(model, init_from: str | None) -> GPTConfig:
                         "config.json and model.safetensors)")
     try:
         return read_hf_config(cfg_file, vocab_size=config.vocab_size)
-    except UserError as e:
+    except UserError as e:  # read_hf_config turns a file that is not JSON, or a wrong field, into one
         raise UserError(f"model.init_from={init_from}: {e}") from None
-    except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type
-        raise UserError(f"model.init_from={init_from}: {cfg_file} is not a GPT-2 config.json ({e})") from None
 
 
 def device_count(devices) -> int | None:
@@ -210,54 +195,33 @@ class TrainingConfig:
     """What `python cli.py fit` with the same arguments trains: the values after every --config file, the
     command-line overrides and the classes' defaults."""
 
-    model: GPTConfig
-    """The model GPTModule builds: model.model (a named size or the fields), or model.init_from's config.json."""
-    batch_size: int
-    """data.batch_size: micro-batch rows per data-parallel rank."""
-    seq_len: int
-    """data.seq_len: tokens per row."""
-    data_dir: str
-    """data.data_dir: the token shards' folder."""
-    val_batches: int
-    """data.val_batches: batches per validation run (0: no validation)."""
+    model: GPTConfig  # the model GPTModule builds: model.model (a size or the fields), or model.init_from's config
+    batch_size: int  # data.batch_size: micro-batch rows per data-parallel rank
+    seq_len: int  # data.seq_len: tokens per row
+    data_dir: str  # data.data_dir: the token shards' folder
+    val_batches: int  # data.val_batches: batches per validation run (0: no validation)
+    # trainer.strategy.init_args.tensor_parallel_size under ModelParallelStrategy, 1 under any other strategy; "auto"
+    # where the planner picks it at launch
     tensor_parallel_size: int | str
-    """trainer.strategy.init_args.tensor_parallel_size under ModelParallelStrategy, 1 under any other strategy;
-    "auto" where the planner picks it at launch."""
+    # trainer.strategy.init_args.data_parallel_size; "auto" with a numeric tensor-parallel size is the world size over
+    # it; the world size under any other strategy; "auto" where the planner, or the hardware, decides
     data_parallel_size: int | str
-    """trainer.strategy.init_args.data_parallel_size; "auto" with a numeric tensor-parallel size is the world size
-    over it; the world size under any other strategy; "auto" where the planner, or the hardware, decides."""
-    devices: int | None
-    """trainer.devices: devices per node; None where the hardware decides at launch ("auto", -1)."""
-    num_nodes: int
-    """trainer.num_nodes."""
-    world_size: int | None
-    """devices x num_nodes; None where devices is."""
-    accelerator: str
-    """trainer.accelerator: "cpu", "gpu", "cuda" or "auto"."""
-    strategy: str
-    """trainer.strategy: its class_path, or the name given ("auto", "ddp")."""
-    model_parallel: bool
-    """The strategy is ModelParallelStrategy (gpt_tp.train.checkpoint.ModelParallel included)."""
-    precision: str
-    """trainer.precision, e.g. "32-true" (Lightning's default) or "bf16-mixed"."""
-    accumulate_grad_batches: int
-    """trainer.accumulate_grad_batches: micro-batches per optimizer step."""
-    max_steps: int
-    """trainer.max_steps: optimizer steps (-1: no limit)."""
-    total_batch_size: int | None
-    """model.total_batch_size: tokens per optimizer step the run asks for (None: unchecked)."""
-    activation_checkpointing: str
-    """model.activation_checkpointing: "none", "full" or "selective"."""
-    compile: bool
-    """model.compile: torch.compile each block."""
-    async_tp: bool
-    """model.async_tp: asynchronous tensor-parallel collectives (CUDA)."""
-    meta_init: bool
-    """model.meta_init: build on the meta device, initialise the local shards only."""
-    init_from: str | None
-    """model.init_from: a Hugging Face GPT-2 folder the weights come from."""
-    seed: int | bool
-    """seed_everything."""
+    devices: int | None  # trainer.devices: devices per node; None where the hardware decides at launch ("auto", -1)
+    num_nodes: int  # trainer.num_nodes
+    world_size: int | None  # devices x num_nodes; None where devices is
+    accelerator: str  # trainer.accelerator: "cpu", "gpu", "cuda" or "auto"
+    strategy: str  # trainer.strategy: its class_path, or the name given ("auto", "ddp")
+    model_parallel: bool  # the strategy is ModelParallelStrategy (gpt_tp.train.checkpoint.ModelParallel included)
+    precision: str  # trainer.precision, e.g. "32-true" (Lightning's default) or "bf16-mixed"
+    accumulate_grad_batches: int  # trainer.accumulate_grad_batches: micro-batches per optimizer step
+    max_steps: int  # trainer.max_steps: optimizer steps (-1: no limit)
+    total_batch_size: int | None  # model.total_batch_size: tokens per optimizer step the run asks for (None: unchecked)
+    activation_checkpointing: str  # model.activation_checkpointing: "none", "full" or "selective"
+    compile: bool  # model.compile: torch.compile each block
+    async_tp: bool  # model.async_tp: asynchronous tensor-parallel collectives (CUDA)
+    meta_init: bool  # model.meta_init: build on the meta device, initialise the local shards only
+    init_from: str | None  # model.init_from: a Hugging Face GPT-2 folder the weights come from
+    seed: int | bool  # seed_everything
 
 
 class _ParseOnly(TrainingCLI):

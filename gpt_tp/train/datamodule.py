@@ -15,15 +15,11 @@ from gpt_tp.train.ranks import data_parallel_rank_size, model_vocab
 
 
 class TokenBatches(IterableDataset):
-    """(x, y) int64 batches of shape (batch_size, seq_len) for one data-parallel rank.
-
-    Global batch ``k`` covers ``batch_size * seq_len * dp_size + 1`` stream tokens; rank ``dp_rank``
-    takes its slice (see the module docstring). The shards' token ids are checked against
-    ``min(50257, vocab_size)`` on construction (``TokenStream``). Iteration starts at global batch ``start`` and runs
-    for ``num_batches`` batches, or forever (wrapping over epochs) if ``num_batches`` is None.
-    With DataLoader workers, worker ``w`` of ``W`` makes batches ``start + w, start + w + W, ...``,
-    which the DataLoader returns in order, so the output does not depend on the worker count.
-    """
+    """(x, y) int64 batches of shape (batch_size, seq_len) for one data-parallel rank: global batch ``k`` covers
+    ``batch_size * seq_len * dp_size + 1`` stream tokens, of which rank ``dp_rank`` takes its slice (docs/data.md);
+    token ids are checked against ``min(50257, vocab_size)`` on construction. Iteration runs from global batch
+    ``start`` for ``num_batches`` batches, or forever (wrapping over epochs). Worker ``w`` of ``W`` makes batches
+    ``start + w, start + w + W, ...``, returned in order by the DataLoader: the output does not depend on ``W``."""
 
     def __init__(self, paths, batch_size: int, seq_len: int, dp_rank: int = 0, dp_size: int = 1,
                  seed: int = 1337, start: int = 0, num_batches: int | None = None, split: str = "train",
@@ -40,11 +36,9 @@ class TokenBatches(IterableDataset):
         self.span = self.rank_tokens * dp_size  # tokens one global batch advances
         n = len(self.stream)
         if n < self.span + 1:
-            raise DataError(
-                f"{split} split in {self.stream.paths[0].parent} has {n} tokens, too few for one batch of "
-                f"batch_size*seq_len*dp_size+1 = {batch_size}*{seq_len}*{dp_size}+1 = {self.span + 1}: "
-                "lower batch_size/seq_len or add data"
-            )
+            raise DataError(f"{split} split in {self.stream.paths[0].parent} has {n} tokens, too few for one batch of "
+                            f"batch_size*seq_len*dp_size+1 = {batch_size}*{seq_len}*{dp_size}+1 = {self.span + 1}: "
+                            "lower batch_size/seq_len or add data")
 
     @property
     def batches_per_epoch0(self) -> int:
@@ -61,9 +55,9 @@ class TokenBatches(IterableDataset):
         offset = int(rng.integers(max_offset))
         return self.stream.reordered(order), offset, (len(self.stream) - 1 - offset) // self.span
 
-    def batch_at(self, k: int, layout=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Global batch ``k`` (this rank's slice) without iterating; ``layout`` = (epoch, first k of epoch)."""
-        epoch, k0 = layout if layout is not None else self._locate(k)
+    def batch_at(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global batch ``k`` (this rank's slice) without iterating."""
+        epoch, k0 = self._locate(k)
         stream, offset, _ = self.epoch_layout(epoch)
         return self._make(stream, offset + (k - k0) * self.span)
 
@@ -79,16 +73,7 @@ class TokenBatches(IterableDataset):
     def _make(self, stream: TokenStream, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         lo = pos + self.dp_rank * self.rank_tokens
         buf = torch.from_numpy(stream.read(lo, lo + self.rank_tokens + 1).astype(np.int64))
-        x = buf[:-1].view(self.batch_size, self.seq_len)
-        y = buf[1:].view(self.batch_size, self.seq_len)
-        return x, y
-
-    def __getstate__(self):
-        # the main-process hooks (bound to the data module and its trainer) stay behind in workers
-        state = self.__dict__.copy()
-        state.pop("start_fn", None)
-        state.pop("on_yield", None)
-        return state
+        return buf[:-1].view(self.batch_size, self.seq_len), buf[1:].view(self.batch_size, self.seq_len)
 
     def __iter__(self):
         info = get_worker_info()
@@ -108,18 +93,14 @@ class TokenBatches(IterableDataset):
 
 
 class _ResumableLoader(DataLoader):
-    """A DataLoader whose dataset starts, at each ``iter()``, at the position ``dataset.start_fn()``
-    gives (read in the main process before workers start), and which counts the batches it returns."""
+    """A DataLoader whose dataset starts, at each ``iter()``, at the position ``start_fn()`` gives (read in the main
+    process before workers start), and which calls ``on_yield()`` for each batch it returns. The hooks are the
+    loader's, not the dataset's: workers get the dataset without the data module and its trainer."""
 
     def __iter__(self):
-        ds = self.dataset
-        start_fn = getattr(ds, "start_fn", None)
-        if start_fn is not None:
-            ds.start = start_fn()
-        on_yield = getattr(ds, "on_yield", None)
+        self.dataset.start = self.start_fn()
         for batch in super().__iter__():
-            if on_yield is not None:
-                on_yield()
+            self.on_yield()
             yield batch
 
 
@@ -153,14 +134,9 @@ class GPTDataModule(L.LightningDataModule):
             raise DataError(f"val_batches and num_workers must be >= 0, got {val_batches} and {num_workers}")
         if batch_size < 1 or seq_len < 1:
             raise DataError(f"data.batch_size={batch_size} and data.seq_len={seq_len} must be >= 1")
-        self.data_dir = data_dir
-        self.batch_size = batch_size
-        self.seq_len = seq_len
-        self.val_batches = val_batches
-        self.seed = seed
-        self.num_workers = num_workers
+        self.data_dir, self.batch_size, self.seq_len, self.val_batches = data_dir, batch_size, seq_len, val_batches
+        self.seed, self.num_workers, self.pin_memory = seed, num_workers, pin_memory
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.pin_memory = pin_memory
         self.prompts = prompts or Prompts()
         self.train_data: TokenBatches | None = None
         self.val_data: TokenBatches | None = None
@@ -175,18 +151,14 @@ class GPTDataModule(L.LightningDataModule):
         return data_parallel_rank_size(getattr(self, "trainer", None))
 
     def setup(self, stage: str | None = None) -> None:
-        """Find and check the shards and build this rank's datasets.
-
-        Every rank opens every shard of the splits it uses, so every rank checks every shard's token ids
-        (``check_shard``) here, before any step: a bad id stops all ranks alike, none waits in a collective. The ids
-        must lie below the attached model's vocabulary (gpt_tp.train.ranks.model_vocab), GPT-2's 50257 without one."""
+        """Find the shards and build this rank's datasets. Every rank checks every shard's token ids here, before any
+        step, so a bad id stops all ranks alike and none waits in a collective. The ids must lie below the attached
+        model's vocabulary (gpt_tp.train.ranks.model_vocab), GPT-2's 50257 without one."""
         rank, size = self.data_parallel()
         vocab = model_vocab(getattr(getattr(self, "trainer", None), "lightning_module", None)) or GPT2_VOCAB
         if stage in (None, "fit"):
             self.train_data = TokenBatches(find_shards(self.data_dir, "train"), self.batch_size, self.seq_len,
                                            rank, size, self.seed, split="train", vocab_size=vocab)
-            self.train_data.start_fn = self._train_position_at_iter
-            self.train_data.on_yield = self._count_yield
         if stage in (None, "fit", "validate") and self.val_batches > 0:
             val = TokenBatches(find_shards(self.data_dir, "val"), self.batch_size, self.seq_len,
                                rank, size, self.seed, split="val", vocab_size=vocab)
@@ -200,8 +172,10 @@ class GPTDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_data is None:
             self.setup("fit")
-        return _ResumableLoader(self.train_data, batch_size=None, num_workers=self.num_workers,
-                                pin_memory=self.pin_memory)
+        loader = _ResumableLoader(self.train_data, batch_size=None, num_workers=self.num_workers,
+                                  pin_memory=self.pin_memory)
+        loader.start_fn, loader.on_yield = self._train_position_at_iter, self._count_yield
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         if self.val_data is None and self.val_batches > 0:
@@ -235,7 +209,7 @@ class GPTDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         """Saved in checkpoints by Lightning: the training position and the batch geometry."""
-        rank, size = self.data_parallel()
+        _, size = self.data_parallel()
         return {"train_batches": self.train_position(), "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "dp_size": size, "seed": self.seed}
 

@@ -1,12 +1,9 @@
 """Text generation as build-nanogpt samples: top-k 50 continuations of a prompt (the sampling callback and predict).
-
-Under tensor parallelism every rank of a TP group runs the same forwards (they share the collectives), so every
-rank samples, from the same seeded torch.Generator, on the same numbers: only the last position's logits are
-gathered over the vocabulary shards, (B, vocab) rather than (B, T, vocab), and all ranks then draw identical
-tokens. Sequences are right-padded to a multiple of the TP degree (sequence parallelism); a causal model's
-logits at the last real position do not see the padding. torch.compile is bypassed while sampling (every new
-length would be a new shape to compile).
-"""
+Under tensor parallelism every rank of a TP group runs the same forwards (they share the collectives) and samples from
+the same seeded torch.Generator on the same numbers: only the last position's logits are gathered over the vocabulary
+shards, (B, vocab) rather than (B, T, vocab), and all ranks draw identical tokens. Sequences are right-padded to a
+multiple of the TP degree (sequence parallelism); a causal model's logits at the last real position do not see the
+padding. torch.compile is bypassed while sampling (every new length would be a new shape to compile)."""
 
 import math
 from contextlib import nullcontext
@@ -34,20 +31,9 @@ def last_logits(logits: torch.Tensor, pos: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def generate(
-    model,
-    prompt: list[int],
-    *,
-    num_samples: int = 4,
-    max_length: int = 32,
-    top_k: int = 50,
-    seed: int = 42,
-    block_size: int = 1024,
-    tp: int = 1,
-    vocab_limit: int | None = None,
-    device: torch.device | str = "cpu",
-    forward_context=nullcontext,
-) -> torch.Tensor:
+def generate(model, prompt: list[int], *, num_samples: int = 4, max_length: int = 32, top_k: int = 50, seed: int = 42,
+             block_size: int = 1024, tp: int = 1, vocab_limit: int | None = None, device: torch.device | str = "cpu",
+             forward_context=nullcontext) -> torch.Tensor:
     """Extend `prompt` (token ids) to max_length tokens, num_samples times: softmax, top-k, multinomial with a
     generator seeded with `seed` (build-nanogpt's loop). Token ids >= vocab_limit (the padded vocabulary rows)
     are never drawn. Every prompt id must be below the model's vocabulary (where it has a config) and vocab_limit

@@ -1,8 +1,7 @@
 """Logging that fails every rank alike. Rank 0 alone writes metrics.csv (Lightning's loggers are rank-zero-only), so a
-full disk there would end rank 0 with an error and leave the other ranks to die inside their next collective with
-gloo's "Connection closed by peer". CSVLogger and TensorBoardLogger hold a failed write; LogWriteCheck (GPTCLI adds it) takes one tiny
-all-reduce per optimizer step, before the step's collectives, and when rank 0 holds an error every rank raises it.
-"""
+full disk there would end rank 0 and leave the other ranks to die in their next collective (gloo's "Connection closed
+by peer"). CSVLogger and TensorBoardLogger hold a failed write; LogWriteCheck (GPTCLI adds it) takes one tiny
+all-reduce per optimizer step, before the step's collectives, and when rank 0 holds an error every rank raises it."""
 
 import os
 import threading

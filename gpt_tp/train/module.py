@@ -12,11 +12,9 @@ from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import check_optimizer, fused_with_scaler, get_lr, make_adamw
-from gpt_tp.parallel import (
-    TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize,
-)
+from gpt_tp.parallel import TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize
 from gpt_tp.sizing import check_run
-from gpt_tp.train.ranks import data_parallel_rank_size, parallel_layout
+from gpt_tp.train.ranks import parallel_layout
 from gpt_tp.train.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
 from gpt_tp.train.throughput import StepThroughput
@@ -25,25 +23,12 @@ from gpt_tp.train.throughput import StepThroughput
 class GPTModule(L.LightningModule):
     tp_plan = TP_PLAN  # the plan configure_model applies; benchmarks/plans.py subclasses name the reference plans
 
-    def __init__(
-        self,
-        model: str | GPTConfig = "gpt2",
-        max_lr: float = 6e-4,
-        min_lr: float = 6e-5,
-        warmup_steps: int = 715,
-        max_steps: int = 19073,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
-        eps: float = 1e-8,
-        fused: bool | None = None,
-        total_batch_size: int | None = 524288,
-        compile: bool = False,
-        async_tp: bool = False,
-        meta_init: bool = False,
-        init_from: str | None = None,
-        peak_flops: float | None = None,
-        activation_checkpointing: str = "none",
-    ):
+    def __init__(self, model: str | GPTConfig = "gpt2", max_lr: float = 6e-4, min_lr: float = 6e-5,
+                 warmup_steps: int = 715, max_steps: int = 19073, weight_decay: float = 0.1,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
+                 total_batch_size: int | None = 524288, compile: bool = False, async_tp: bool = False,
+                 meta_init: bool = False, init_from: str | None = None, peak_flops: float | None = None,
+                 activation_checkpointing: str = "none"):
         """
         Args:
             model: a named size (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny) or the GPTConfig fields.
@@ -87,7 +72,6 @@ class GPTModule(L.LightningModule):
         self._batch_checked = False
         self._loss_sum = None  # sum of micro-batch losses since the last optimizer step
 
-    # ---- model setup -----------------------------------------------------------------------------------------
     def configure_model(self) -> None:
         """Apply the TP plan (+ FSDP2) on the strategy's mesh, then initialise any meta-device shards."""
         if self.hparams.async_tp:  # before the first compiled forward
@@ -132,7 +116,6 @@ class GPTModule(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    # ---- training --------------------------------------------------------------------------------------------
     def _check_batch(self, x: torch.Tensor) -> None:
         """At the first step, for runs that bypass cli.py (which checks the same before launch): check_run."""
         tp, _, dp, _ = parallel_layout(self.trainer, self)
@@ -144,9 +127,7 @@ class GPTModule(L.LightningModule):
         x, y = batch
         if not self._batch_checked:
             self._check_batch(x)
-        logits = self.model(x)
-        loss = self.compute_loss(logits, y)
-        del logits
+        loss = self.compute_loss(self.model(x), y)  # the logits go as soon as the loss is taken
         detached = loss.detach()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         return loss
@@ -161,22 +142,18 @@ class GPTModule(L.LightningModule):
         self._grad_norm = grad_norm(self.model)
         loss = self._loss_sum / self.trainer.accumulate_grad_batches
         self._loss_sum = None
-        dp = data_parallel_rank_size(self.trainer)[1]
+        _, _, dp, group = parallel_layout(self.trainer, self)
         if dp > 1:
-            group = self.device_mesh["data_parallel"].get_group() if self.device_mesh is not None else None  # DDP: all
-            loss = loss.clone()
-            torch.distributed.all_reduce(loss, group=group)
+            torch.distributed.all_reduce(loss, group=group)  # in place: `loss` is this step's own tensor
             loss = loss / dp
         loss, norm = torch.stack([loss, self._grad_norm.float()]).tolist()  # the step's one host sync
         # fp16: an overflow in the scaled gradients makes the norm inf; the scaler then skips this optimizer step and
         # lowers its scale (the scaler's own recovery, not a failure). A non-finite loss is a failure in any precision.
         scaler_skips = self._grad_scaler() is not None and math.isfinite(loss)
         if not (math.isfinite(loss) and (math.isfinite(norm) or scaler_skips)):
-            raise RuntimeError(
-                f"non-finite training at step {self.global_step}: loss={loss}, grad_norm={norm}. The run is stopped so "
-                f"no checkpoint holds NaNs; resume from the last good checkpoint with a lower model.max_lr, check the "
-                f"data, or use bf16 rather than fp16 precision."
-            )
+            raise RuntimeError(f"non-finite training at step {self.global_step}: loss={loss}, grad_norm={norm}. The "
+                               "run is stopped so no checkpoint holds NaNs; resume from the last good checkpoint "
+                               "with a lower model.max_lr, check the data, or use bf16 rather than fp16 precision.")
         self.log_dict({"train/loss": loss, "train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": norm},
                       on_step=True, on_epoch=False, rank_zero_only=True)
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
@@ -187,11 +164,9 @@ class GPTModule(L.LightningModule):
             raise UserError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
         clip_grad_norm(self.model, gradient_clip_val, self._grad_norm)
 
-    # ---- predict: continue prompts (python cli.py predict; gpt_tp.train.predict) -------------------------------------
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         return continue_prompt(self, batch)
 
-    # ---- validation ------------------------------------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
         x, y = batch
         loss = cross_entropy(self.model(x), y)

@@ -26,9 +26,7 @@ def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: 
 
 def check_optimizer(max_lr: float, min_lr: float, warmup_steps: int, max_steps: int, weight_decay: float = 0.1,
                     betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> None:
-    """The schedule and AdamW values a run can train with, each refused in one line naming its flag: 0 <= min_lr <=
-    max_lr, max_lr > 0, warmup_steps >= 0, max_steps >= 1 (cli.py links model.max_steps to trainer.max_steps: one
-    number for the run and its cosine), weight_decay >= 0, betas in [0, 1), eps > 0."""
+    """The schedule and AdamW values a run can train with; a bad one is refused in one line naming its flag."""
     if not (max_lr > 0 and 0 <= min_lr <= max_lr and warmup_steps >= 0):
         raise UserError(f"model.max_lr={max_lr}, model.min_lr={min_lr}, model.warmup_steps={warmup_steps}: "
                         "need max_lr > 0, 0 <= min_lr <= max_lr and warmup_steps >= 0")
@@ -51,21 +49,14 @@ def fused_with_scaler(fused: bool | None, grad_scaler: bool) -> bool | None:
     return False
 
 
-def make_adamw(
-    model: nn.Module,
-    lr: float,
-    weight_decay: float = 0.1,
-    betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-8,
-    fused: bool | None = None,
-) -> torch.optim.AdamW:
+def make_adamw(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
+               eps: float = 1e-8, fused: bool | None = None) -> torch.optim.AdamW:
     """AdamW with weight decay on >= 2-D parameters only (matmul weights and embeddings; not biases or LayerNorms).
     fused=None uses the fused kernel where the parameters' device has one. Works on plain and DTensor parameters
     alike, provided they are not mixed (gpt_tp.parallel puts every parameter on the mesh)."""
     params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head appears once
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
     if fused is None:
         fused = all(p.device.type in FUSED_ADAMW_DEVICES for p in params)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)

@@ -42,15 +42,14 @@ def main(argv: list[str] | None = None) -> Plan:
     ap.add_argument("--overhead-gib", type=float, default=1.5, help="CUDA context + NCCL + allocator slack per device")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args, training = ap.parse_known_args(argv)
-    if any(not a.startswith("-") for a in training[:1]):
+    if training and not training[0].startswith("-"):
         ap.error(f"unrecognized arguments: {' '.join(training)}")
 
-    settings = {
-        "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
-        "seq_len": None, "precision": "bf16-mixed", "ac": "none",
-    }
     if training:
         settings = training_settings(training)
+    else:
+        settings = {"config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
+                    "seq_len": None, "precision": "bf16-mixed", "ac": "none"}
     if args.model:
         settings["config"] = GPTConfig.from_name(args.model)
     if args.vocab_size is not None:
@@ -66,11 +65,9 @@ def main(argv: list[str] | None = None) -> Plan:
     memory = args.memory_gib if args.memory_gib is not None else detect_device_memory_gib()
     p = plan(settings.pop("config"), **settings, device_memory_gib=memory, sdpa=args.sdpa, overhead_gib=args.overhead_gib)
     if args.json:
-        rows = [
-            {"dp": lay.dp, "tp": lay.tp, "fits": lay.fits, "reason": lay.reason,
-             "memory": None if lay.memory is None else {**asdict(lay.memory), "total": lay.memory.total}}
-            for lay in p.layouts
-        ]
+        rows = [{"dp": lay.dp, "tp": lay.tp, "fits": lay.fits, "reason": lay.reason,
+                 "memory": None if lay.memory is None else {**asdict(lay.memory), "total": lay.memory.total}}
+                for lay in p.layouts]
         choice = None if p.choice is None else {"dp": p.choice.dp, "tp": p.choice.tp}
         print(json.dumps({"layouts": rows, "choice": choice, "notes": p.notes}, indent=1))
     else:

@@ -1,12 +1,7 @@
-"""`python cli.py predict`: continue prompts with a trained model (a checkpoint or init_from weights).
-
-The predict subcommand's flags are LightningCLI arguments: --prompt, --prompts_file, --max_new_tokens, --num_samples,
---top_k and --seed are linked into the data module's `prompts` (a `Prompts`), whose predict_dataloader yields one
-batch a prompt; --output is linked into `PromptWriter`, a BasePredictionWriter. Every rank runs every prompt (TP
-ranks share the forwards; DP replicas repeat them), drawing from a generator seeded per prompt, so every rank produces
-the same text, and the same text as the single-device run. Rank 0 prints the continuations and, with `--output FILE`,
-writes them as JSON lines {"prompt", "sample", "text"}.
-"""
+"""`python cli.py predict`: continue prompts with a trained model (a checkpoint or init_from weights). Its flags are
+linked into the data module's `prompts` (a `Prompts`), --output into `PromptWriter`. Every rank runs every prompt (TP
+ranks share the forwards; DP replicas repeat them) from a generator seeded per prompt, so every rank, and the
+single-device run, produces the same text."""
 
 import json
 import os

@@ -18,9 +18,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
+from gpt_tp.train.checkpoint import META  # a distributed checkpoint's last file (rank 0 writes it last)
 
-# distributed-checkpoint folders written by Lightning's ModelParallelStrategy end with this file (rank 0, last)
-LIGHTNING_META = "meta.pt"
 PREFIX = "gpt_tp"
 EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM": the run did not finish
 SLURM_ENV_FLAGS = "--trainer.plugins lightning.pytorch.plugins.environments.SLURMEnvironment --trainer.plugins.auto_requeue false"
@@ -56,7 +55,6 @@ class Preemption(Callback):
         self.requeue = requeue
         self.requested = False  # signal_name arrived
         self.terminated = False  # SIGTERM arrived
-        self.saved_path: str | None = None
         self._previous: dict = {}  # signal -> (our handler, the one it replaced)
         self._last_step = None
         self._leave_after: str | None = None  # "requeue" or "sigterm" once saved
@@ -76,10 +74,9 @@ class Preemption(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         env = getattr(trainer.strategy, "cluster_environment", None)
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:
-            raise PreemptionError(
-                "gpt_tp.train.slurm.Preemption saves and requeues the job itself, but Lightning's SLURMEnvironment has "
-                f"auto_requeue on (its default inside a Slurm job): pass {SLURM_ENV_FLAGS} (scripts/slurm/launch.sh does)"
-            )
+            raise PreemptionError("gpt_tp.train.slurm.Preemption saves and requeues the job itself, but Lightning's "
+                                  "SLURMEnvironment has auto_requeue on (its default inside a Slurm job): pass "
+                                  f"{SLURM_ENV_FLAGS} (scripts/slurm/launch.sh does)")
         self._install(self.signum, self._on_signal)
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -108,7 +105,6 @@ class Preemption(Callback):
         rank_zero_info(f"[{PREFIX}] preemption signal ({name}): saving {path} at step {trainer.global_step}")
         trainer.save_checkpoint(path)
         trainer.strategy.barrier("gpt_tp_preemption_saved")
-        self.saved_path = path
         job = os.environ.get("SLURM_ARRAY_JOB_ID")
         job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
         if terminated:
@@ -134,27 +130,22 @@ class Preemption(Callback):
         for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
             logger.save()
         if self._leave_after == "sigterm":
-            _exit_now(trainer, "checkpoint saved after SIGTERM", EXIT_SIGTERM)
-        self._leave_after = None
-        self._requeue_and_exit(trainer)
-
-    def _requeue_and_exit(self, trainer) -> None:
-        job, self._requeue_job = self._requeue_job, None
+            _exit_now(f"rank {trainer.global_rank}: checkpoint saved after SIGTERM: exiting", EXIT_SIGTERM)
+        self._leave_after, job = None, self._requeue_job
         ok = True
         if trainer.is_global_zero:
             rc = subprocess.call(["scontrol", "requeue", job])
             ok = rc == 0
             _say(f"scontrol requeue {job} -> {'ok' if ok else f'failed with exit code {rc}; stopping without requeue'}")
-        if not trainer.strategy.reduce_boolean_decision(ok, all=True):
-            trainer.should_stop = True
-            return
-        _exit_now(trainer, "checkpoint saved, job requeued", 0)  # Slurm is about to SIGTERM every task
+        if trainer.strategy.reduce_boolean_decision(ok, all=True):  # Slurm is about to SIGTERM every task
+            _exit_now(f"rank {trainer.global_rank}: checkpoint saved, job requeued: exiting", 0)
+        trainer.should_stop = True
 
 
-def _exit_now(trainer, what: str, code: int) -> None:
-    """Everything is saved and Slurm's SIGKILL follows its SIGTERM by KillWait seconds: leave now rather than run
-    end-of-training hooks (more checkpoints, collectives) into the kill."""
-    _say(f"rank {trainer.global_rank}: {what}: exiting")
+def _exit_now(message: str, code: int) -> None:
+    """Say `message` and leave now, without the end-of-training hooks (more checkpoints, collectives): after a save
+    they would run into Slurm's SIGKILL (KillWait seconds after its SIGTERM), after a peer died wait on it."""
+    _say(message)
     sys.stdout.flush()
     os._exit(code)
 
@@ -179,10 +170,8 @@ class FailFast(Callback):
         report_every_n_steps: rank 0 prints "[gpt_tp] rank 0: step N" this often (a heartbeat in batch logs).
     """
 
-    def __init__(
-        self, stall_timeout_s: float | None = 600.0, first_step_timeout_s: float = 1800.0, exit_code: int = 75,
-        report_every_n_steps: int | None = None,
-    ):
+    def __init__(self, stall_timeout_s: float | None = 600.0, first_step_timeout_s: float = 1800.0, exit_code: int = 75,
+                 report_every_n_steps: int | None = None):
         if stall_timeout_s is not None and stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s={stall_timeout_s} must be > 0 (or null to disable the watchdog)")
         self.stall_timeout_s = stall_timeout_s
@@ -204,11 +193,9 @@ class FailFast(Callback):
             limit = self.stall_timeout_s if self._started else max(self.stall_timeout_s, self.first_step_timeout_s)
             idle = time.monotonic() - self._beat
             if idle > limit:
-                _say(
-                    f"rank {self._rank}: no training progress for {idle:.0f} s (limit {limit:g} s, last step "
-                    f"{self._step}); another rank probably died or hangs in a collective. Exiting with code "
-                    f"{self.exit_code}; see the other ranks' logs, then resume from the latest checkpoint."
-                )
+                _say(f"rank {self._rank}: no training progress for {idle:.0f} s (limit {limit:g} s, last step "
+                     f"{self._step}); another rank probably died or hangs in a collective. Exiting with code "
+                     f"{self.exit_code}; see the other ranks' logs, then resume from the latest checkpoint.")
                 os._exit(self.exit_code)
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -244,23 +231,19 @@ class FailFast(Callback):
         self._shutdown()
         if is_collective_failure(exception):
             first = str(exception).strip().splitlines()[0][:300]
-            _say(
-                f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: another rank died or "
-                f"hung ({type(exception).__name__}: {first}). Exiting with code {self.exit_code}; see the other ranks' "
-                "logs, then resume from the latest checkpoint."
-            )
-            sys.stdout.flush()
-            os._exit(self.exit_code)  # skip teardown: it could wait on the dead peer
+            _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: another "
+                      f"rank died or hung ({type(exception).__name__}: {first}). Exiting with code {self.exit_code}; "
+                      "see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
 
 
 def _complete(path: Path) -> bool:
     if path.is_dir():
-        return (path / LIGHTNING_META).is_file()
+        return (path / META).is_file()
     return path.is_file() and path.stat().st_size > 0
 
 
 def _finished_at(path: Path) -> float:
-    return (path / LIGHTNING_META).stat().st_mtime if path.is_dir() else path.stat().st_mtime
+    return (path / META).stat().st_mtime if path.is_dir() else path.stat().st_mtime
 
 
 def latest_checkpoint(*dirs: str) -> str | None:
@@ -275,15 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     lat = sub.add_parser("latest", help="print the newest complete checkpoint in the folders (nothing if none)")
     lat.add_argument("dirs", nargs="+")
-    args = ap.parse_args(argv)
-    if args.cmd == "latest":
-        path = latest_checkpoint(*args.dirs)
-        if path:
-            print(path)
-        else:  # stdout stays empty (the sbatch scripts start from step 0); stderr says why, a typo included
-            missing = [d for d in args.dirs if not os.path.isdir(d)]
-            print(f"gpt_tp: no complete checkpoint in {' '.join(args.dirs)}"
-                  + (f" ({', '.join(missing)}: no such folder)" if missing else ""), file=sys.stderr)
+    args = ap.parse_args(argv)  # "latest", the one subcommand
+    path = latest_checkpoint(*args.dirs)
+    if path:
+        print(path)
+    else:  # stdout stays empty (the sbatch scripts start from step 0); stderr says why, a typo included
+        missing = [d for d in args.dirs if not os.path.isdir(d)]
+        print(f"gpt_tp: no complete checkpoint in {' '.join(args.dirs)}"
+              + (f" ({', '.join(missing)}: no such folder)" if missing else ""), file=sys.stderr)
     return 0
 
 

@@ -1,11 +1,8 @@
-"""StepThroughput: tokens/s and MFU per optimizer step (GPTModule.configure_callbacks adds it).
-
-Lightning's ThroughputMonitor measures per micro-batch, synchronizes CUDA after every one, logs under its own names
-and gives MFU only for devices it knows. This callback keeps gpt_tp's names (train/tokens_per_sec, train/mfu, tok/s on
-the bar), times whole optimizer steps whatever the accumulation, and takes FLOPs from GPTConfig.flops_per_token and
-the peak from model.peak_flops or gpt_tp.hardware's table. Its timing needs no sync of its own: GPTModule reads the
-step's loss and grad norm to the host once a step.
-"""
+"""StepThroughput: tokens/s and MFU per optimizer step (GPTModule.configure_callbacks adds it). Unlike Lightning's
+ThroughputMonitor (per micro-batch, a CUDA sync after each, its own names, MFU only for devices it knows), it times
+whole optimizer steps under gpt_tp's names (train/tokens_per_sec, train/mfu, tok/s on the bar), with FLOPs from
+GPTConfig.flops_per_token and the peak from model.peak_flops or gpt_tp.hardware's table. It needs no sync of its
+own: GPTModule reads the step's loss and grad norm to the host once a step."""
 
 import math
 import time
