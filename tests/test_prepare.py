@@ -1,5 +1,5 @@
 """Tests of gpt_tp.data.prepare (build-nanogpt-identical shards from local jsonl/parquet/txt, resume, bad input) and
-of gpt_tp.data.sample (the bundled sample's build)."""
+of scripts/build_sample.py (the bundled sample's build)."""
 
 import json
 import re
@@ -18,7 +18,6 @@ import tiktoken  # noqa: E402
 
 from conftest import one_error_line  # noqa: E402
 from gpt_tp.data import prepare as prep  # noqa: E402
-from gpt_tp.data.sample import build_sample  # noqa: E402
 from gpt_tp.data.shards import DataError, read_shard, write_shard  # noqa: E402
 from gpt_tp.data.tokenizer import get_encoding  # noqa: E402
 from gpt_tp.train.datamodule import GPTDataModule  # noqa: E402
@@ -179,12 +178,12 @@ def test_prepared_shards_feed_the_data_module(tmp_path, reference):
 
 
 def test_bundled_sample_is_reproducible(tmp_path):
-    """python -m gpt_tp.data.sample on the opening of Hamlet gives the same tokens as the bundled sample's Hamlet
+    """scripts/build_sample.py on the opening of Hamlet gives the same tokens as the bundled sample's Hamlet
     document, with the sample's settings (the whole sample is 42 such documents; the full rebuild needs the 42
     plays, see data/sample/README.md)."""
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "hamlet_gut.txt").write_text((CORPUS / "hamlet_gut.txt").read_text())
-    r = subprocess.run([sys.executable, "-m", "gpt_tp.data.sample", "--corpus", str(tmp_path / "corpus"), "--out",
+    r = subprocess.run([sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "corpus"), "--out",
                         str(tmp_path / "out"), "--quiet"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     built = np.concatenate([read_shard(f) for f in sorted((tmp_path / "out").glob("shakespeare_*.npy"))])
@@ -200,18 +199,20 @@ def test_bundled_sample_is_reproducible(tmp_path):
     ours = json.loads((tmp_path / "out" / "shakespeare_prepare.json").read_text())["settings"]
     assert ours.pop("local") == [["hamlet_gut.txt", len((CORPUS / "hamlet_gut.txt").read_bytes())]]
     assert ours == {k: v for k, v in record["settings"].items() if k != "local"}  # shard size, prefix, encoding
-    with pytest.raises(DataError, match=r"--corpus .*empty: no .txt files"):
-        build_sample(tmp_path / "empty", tmp_path / "out2")
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "empty"), "--out",
+                           str(tmp_path / "out2")], cwd=REPO, capture_output=True, text=True)
+    assert re.fullmatch(r"error: --corpus .*empty: no .txt files.*", one_error_line(proc)), proc.stderr
 
 
 @pytest.mark.parametrize("command, flag, message", [
-    ("gpt_tp.data.prepare", "--shard-size=lots", "argument --shard-size: not an integer: 'lots'"),
-    ("gpt_tp.data.sample", "--shard-size=lots", "argument --shard-size: invalid int value: 'lots'"),
+    ("python -m gpt_tp.data.prepare", "--shard-size=lots", "argument --shard-size: not an integer: 'lots'"),
+    ("python scripts/build_sample.py", "--shard-size=lots", "argument --shard-size: invalid int value: 'lots'"),
 ])
 def test_bad_flag_is_one_error_line(command, flag, message):
-    proc = subprocess.run([sys.executable, "-m", command, flag, "--corpus", "x"] if command.endswith("sample")
-                          else [sys.executable, "-m", command, flag], cwd=REPO, capture_output=True, text=True)
-    assert one_error_line(proc) == f"error: {message} (see python -m {command} --help)"
+    args = [sys.executable, *command.split()[1:], flag, *(["--corpus", "x"] if "sample" in command else [])]
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    assert one_error_line(proc) == f"error: {message} (see {command} --help)"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Build the bundled sample corpus data/sample/ from the public-domain Shakespeare plays.
+"""Build the bundled sample corpus data/sample/ from the public-domain Shakespeare plays (a maintainer's tool:
+the repository ships the result).
 
 Each play or poem is one document, in sorted file order; the output is deterministic. See docs/data.md,
 "Bundled sample corpus"."""
@@ -32,7 +33,7 @@ def build_sample(corpus, out=OUT, shard_size: int = SHARD_SIZE, progress: bool =
 
 
 def main(argv=None) -> dict:
-    p = ArgumentParser("python -m gpt_tp.data.sample", __doc__.split("\n\n")[0])
+    p = ArgumentParser("python scripts/build_sample.py", __doc__.split("\n\n")[0])
     p.add_argument("--corpus", required=True, help="folder of the plays' .txt files (and metadata.txt, their sources)")
     p.add_argument("--out", default=str(OUT), help="output folder (default: the repository's data/sample)")
     p.add_argument("--shard-size", type=int, default=SHARD_SIZE, help=f"tokens per shard (default {SHARD_SIZE})")
