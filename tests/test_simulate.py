@@ -88,7 +88,7 @@ def test_64_ranks_and_another_rank_and_a_memory_that_does_not_fit():
 
 def test_a_config_that_cannot_work_fails_as_a_launch_does():
     """TP=3 with cpu.yaml's 4 heads: the same one line as the real launch, exit 2 (the check is the launch's own
-    GPTCLI._check_shapes, which also refuses full checkpointing compiled at TP > 1)."""
+    GPTCLI._check_shapes); full checkpointing compiled at TP > 1 and a total batch that does not add up likewise."""
     args = ["--config", "configs/cpu.yaml", "--trainer.devices", "6", "--trainer.strategy.init_args.tensor_parallel_size", "3"]
     simulated = one_error_line(simulate(*args))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -97,3 +97,12 @@ def test_a_config_that_cannot_work_fails_as_a_launch_does():
     assert simulated == launched and "tensor_parallel_size=3" in simulated, (simulated, launched)
     proc = simulate("--config", "configs/multinode-2x8.yaml", "--trainer.strategy.init_args.tensor_parallel_size", "3")
     assert proc.returncode == 2 and "trainer.strategy.init_args.tensor_parallel_size=3" in one_error_line(proc)
+    # full checkpointing compiled at TP=2, and a total batch that B x T x DP x accumulation does not make: the lines
+    # docs/errors.md gives for the launch
+    proc = simulate("--config", "configs/tp2.yaml", "--model.activation_checkpointing", "full", "--model.compile", "true")
+    assert proc.returncode == 2 and one_error_line(proc) == (
+        "error: model.activation_checkpointing=full does not compile at tensor-parallel size > 1: use "
+        "model.activation_checkpointing=selective, or model.compile=false")
+    proc = simulate("--config", "configs/multinode-2x8.yaml", "--model.total_batch_size", "4096")
+    assert proc.returncode == 2 and re.fullmatch(r"error: model\.total_batch_size=4096 tokens, but .* = 524288: choose .*",
+                                                 one_error_line(proc)), proc.stderr
