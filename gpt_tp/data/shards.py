@@ -5,6 +5,7 @@ import copy
 import errno
 import os
 import re
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,24 +87,33 @@ def write_shard(path, tokens) -> None:
 
 
 @contextmanager
-def atomic_file(path):
-    """A binary file that appears at ``path`` only when whole: written to ``path + ".tmp"``, synced, then renamed.
-    On a full disk no half-written file is left, and the OSError names ``path``."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
+def atomic_file(path, unique: bool = False):
+    """A binary file that appears at ``path`` only when whole: written to a temporary file beside it, synced, then
+    renamed. On any failure the temporary file is removed, and an OSError (a full disk) names ``path``. The temporary
+    file is ``path + ".tmp"``, or with ``unique`` a name of its own (mkstemp, mode 0600) for a file several processes
+    may write at once."""
+    path, tmp = os.fspath(path), None
     try:
-        with open(tmp, "wb") as f:
+        if unique:
+            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                                       dir=os.path.dirname(path) or ".")
+            f = os.fdopen(fd, "wb")
+        else:
+            tmp = path + ".tmp"
+            f = open(tmp, "wb")
+        with f:
             yield f
             f.flush()
             os.fsync(f.fileno())
             if os.fstat(f.fileno()).st_size != f.tell():  # numpy's tofile can come up short on a full disk, silently
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        if e.errno is None:
-            raise
-        raise OSError(e.errno, e.strerror, path) from e
-    os.replace(tmp, path)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None:
+            raise OSError(e.errno, e.strerror, path) from e
+        raise
 
 
 def shard_header(path) -> tuple[int, int]:

@@ -4,11 +4,10 @@ rendering an example as token rows (build-nanogpt's render_example)."""
 import json
 import reprlib
 import os
-import tempfile
 import urllib.request
 from pathlib import Path
 
-from gpt_tp.data.shards import resolve_data_dir
+from gpt_tp.data.shards import atomic_file, resolve_data_dir
 from gpt_tp.errors import UserError
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -93,18 +92,8 @@ def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
         raise HellaSwagError(f"could not download HellaSwag from {url} ({type(e).__name__}: {e}). Offline, fetch the "
                              f"file elsewhere and copy it to {dest}, or pass its location as path=/--path.") from e
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.errno is not None:  # a full disk: named with the file it was writing
-            raise OSError(e.errno, e.strerror, str(dest)) from e
-        raise
+    with atomic_file(dest, unique=True) as f:  # a temporary name of its own: nodes may share the cache folder
+        f.write(data)
     return dest
 
 

@@ -97,6 +97,10 @@ class _ResumableLoader(DataLoader):
     process before workers start), and which calls ``on_yield()`` for each batch it returns. The hooks are the
     loader's, not the dataset's: workers get the dataset without the data module and its trainer."""
 
+    def __init__(self, dataset, start_fn, on_yield, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.start_fn, self.on_yield = start_fn, on_yield
+
     def __iter__(self):
         self.dataset.start = self.start_fn()
         for batch in super().__iter__():
@@ -172,10 +176,8 @@ class GPTDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_data is None:
             self.setup("fit")
-        loader = _ResumableLoader(self.train_data, batch_size=None, num_workers=self.num_workers,
-                                  pin_memory=self.pin_memory)
-        loader.start_fn, loader.on_yield = self._train_position_at_iter, self._count_yield
-        return loader
+        return _ResumableLoader(self.train_data, self._train_position_at_iter, self._count_yield, batch_size=None,
+                                num_workers=self.num_workers, pin_memory=self.pin_memory)
 
     def val_dataloader(self) -> DataLoader:
         if self.val_data is None and self.val_batches > 0:

@@ -2,7 +2,8 @@
 process on PyTorch's fake process group with fake tensors, through gpt_tp's own parallelize (TP, activation
 checkpointing, FSDP2), vocab-parallel loss, backward, clip and AdamW step; no GPU, no cluster, no real memory.
 It reports that rank's peak memory by kind (FSDPMemTracker), the planner's estimate beside it, and the step's
-collectives per process group. torch.compile is skipped (the eager step's memory); what it cannot tell is in docs/scale.md.
+collectives per process group. torch.compile is skipped (the eager step's memory); what it cannot tell is in
+docs/scale.md.
 """
 
 import math
