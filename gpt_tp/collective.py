@@ -13,8 +13,6 @@ T = TypeVar("T")
 
 def _portable(e: Exception | None) -> Exception | None:
     """``e`` if it survives pickling (what the all-gather does), else a RuntimeError with its type and message."""
-    if e is None:
-        return None
     try:
         pickle.loads(pickle.dumps(e))
         return e
@@ -23,12 +21,10 @@ def _portable(e: Exception | None) -> Exception | None:
 
 
 def one_does(fn: Callable[[], T], doer: bool | None = None) -> T | None:
-    """Run ``fn`` where ``doer`` is true (None: on global rank 0), then raise its error on every rank if it failed
-    on any doer. Returns ``fn``'s result on the doers and None elsewhere. Call it on every rank of the job."""
+    """``fn``'s result on the doers, None elsewhere (or a doer's error everywhere); call it on every rank of the job."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return fn()
-    if doer is None:
-        doer = dist.get_rank() == 0
+    doer = dist.get_rank() == 0 if doer is None else doer
     result, error = None, None
     if doer:
         try:

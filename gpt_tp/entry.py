@@ -3,6 +3,7 @@ a distributed process leaves through os._exit, without the interpreter's shutdow
 abort it after it trained correctly (docs/scale.md, "How a distributed command exits")."""
 
 import argparse
+import contextlib
 import errno
 import hashlib
 import logging
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 
 import torch.distributed as dist
@@ -22,8 +24,6 @@ EXIT_USER_ERROR = 2  # argparse's code for a bad command line; used for every us
 
 def import_attribute(spec: str, flag: str, example: str):
     """`module:attribute` (a flag's value) -> the object; a UserError naming the flag when it cannot be had."""
-    from importlib import import_module
-
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise UserError(f"{flag}={spec!r} must be module:attribute, e.g. {example}")
@@ -57,50 +57,39 @@ def torchrun_world() -> int:
 
 
 def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
-    """Start a command launched by torchrun: the process group (NCCL on CUDA, else gloo) and its (data_parallel,
-    tensor_parallel) DeviceMesh. device: "auto" (CUDA when present), "cuda" or "cpu". Returns (mesh, torch.device).
-    Outside torchrun, or when dp x tp is not the world size, a UserError says how to launch."""
+    """The process group (NCCL on CUDA, else gloo) of a command torchrun started, and its (data_parallel,
+    tensor_parallel) DeviceMesh: (mesh, torch.device). device: "auto" (CUDA when present), "cuda" or "cpu"."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-
     world = torchrun_world()
     if dp * tp != world:
         raise UserError(f"data-parallel {dp} x tensor-parallel {tp} = {dp * tp} processes, but torchrun started "
                         f"{world}: pass --nproc_per_node={dp * tp} or change the layout")
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
-    mesh = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    return mesh, dev
+    return init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel")), dev
 
 
 def _claim_once(message: str) -> bool:
-    """True for the first process of this run to report ``message``: a marker file in the temp folder, named from
-    the rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT) and the message, created exclusively, picks one
-    per node."""
+    """True for the first process of this run (per node) to report ``message``: it creates the marker file named
+    from the rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT) and the message."""
     run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT")
     if run is None:
         return True
     key = hashlib.sha1(f"{run}|{os.environ.get('MASTER_ADDR')}|{message}".encode()).hexdigest()[:20]
     marker = Path(tempfile.gettempdir()) / f"gpt_tp-error-{key}"
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
+    with contextlib.suppress(OSError):  # a marker that cannot be made or read: print
         try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
             if time.time() - marker.stat().st_mtime < 300:
                 return False  # another rank of this run printed it
             marker.touch()  # a marker left by an earlier run on the same port
-            return True
-        except OSError:
-            return True
-    except OSError:
-        return True
+    return True
 
 
 def report(message: str) -> None:
@@ -114,9 +103,8 @@ STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a full disk, a quo
 
 
 def _user_error_in(e: BaseException | None) -> BaseException | None:
-    """The user's mistake that `e` is, or was raised from (jsonargparse wraps an exception raised while it builds a
-    config's class, e.g. a callback refusing its arguments, in its own ValueError), or the storage fault under it;
-    None for a bug."""
+    """The user's mistake or storage fault that `e` is or was raised from (jsonargparse wraps one raised while it
+    builds a config's class in its own ValueError); None for a bug."""
     while e is not None and not (isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in STORAGE_ERRNOS):
         e = e.__cause__ or e.__context__
     return e
@@ -125,7 +113,6 @@ def _user_error_in(e: BaseException | None) -> BaseException | None:
 def run(main: Callable[[], object]) -> None:
     """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake, 1
     with the traceback for a bug. A distributed process then leaves through _leave (see the module doc)."""
-    code = 0
     try:
         result = main()
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
@@ -136,8 +123,8 @@ def run(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         code = 130
     except BaseException as e:
-        if _user_error_in(e) is not None:
-            report(_one_line(_user_error_in(e)))
+        if (mistake := _user_error_in(e)) is not None:
+            report(_one_line(mistake))
             code = EXIT_USER_ERROR
         else:  # a bug: its traceback
             sys.excepthook(type(e), e, e.__traceback__)

@@ -15,8 +15,7 @@ PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "3090": 71e12, "40
 
 @dataclass(frozen=True)
 class Link:
-    """An interconnect: effective bus bandwidth per direction per GPU (what nccl-tests reports as busbw) and a
-    per-collective latency."""
+    """An interconnect: bus bandwidth per direction per GPU (nccl-tests' busbw) and a per-collective latency."""
 
     name: str
     bandwidth: float  # bytes/s
@@ -45,8 +44,7 @@ def detect_peak_flops(device: torch.device) -> float | None:
 
 
 def resolve_peak_flops(peak_flops: float | None, gpu: str | None, device: torch.device) -> float | None:
-    """Peak FLOP/s per device for MFU: `peak_flops` (--peak-flops) wins; else `gpu` (--gpu) names a PEAK_FLOPS
-    entry; else the device is detected (None on CPU)."""
+    """Peak FLOP/s per device for MFU: --peak-flops, else PEAK_FLOPS[--gpu], else detected (None on CPU)."""
     if peak_flops is not None:
         if not peak_flops > 0:
             raise UserError(f"--peak-flops={peak_flops} must be > 0 (FLOP/s per device, e.g. 989e12 for an H100)")
@@ -60,9 +58,7 @@ def resolve_peak_flops(peak_flops: float | None, gpu: str | None, device: torch.
 
 def detect_device_memory_gib() -> float | None:
     """Memory of CUDA device 0 in GiB, or None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(0).total_memory / GIB
+    return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
 
 
 def check_peak_flops(peak_flops: float | None) -> None:
@@ -72,8 +68,5 @@ def check_peak_flops(peak_flops: float | None) -> None:
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, devices: int) -> float | None:
-    """Model FLOPs utilisation: flops_per_token (GPTConfig.flops_per_token) x tokens/s over devices x peak; None
-    without a peak."""
-    if not peak_flops:
-        return None
-    return flops_per_token * tokens_per_s / (peak_flops * devices)
+    """Model FLOPs utilisation: flops_per_token (GPTConfig.flops_per_token) x tokens/s over devices x peak."""
+    return flops_per_token * tokens_per_s / (peak_flops * devices) if peak_flops else None

@@ -1,17 +1,15 @@
 """Tokenize a text dataset into GPT-2 token shards in build-nanogpt's format.
 
-Resumable: complete shards are recorded in ``{prefix}_prepare.json`` and kept by a rerun. Inputs, usage and
-errors: docs/data.md, "Preparing data"."""
+Resumable through ``{prefix}_prepare.json``. Inputs, usage and errors: docs/data.md, "Preparing data"."""
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 import warnings
 from collections import deque
-from itertools import chain, islice
+from itertools import chain, islice, takewhile
 from pathlib import Path
 
 import numpy as np
@@ -37,30 +35,25 @@ def _init_worker(encoding: str) -> None:
     _enc = get_encoding(encoding)
 
 
-def _tokenize(index: int, text: str) -> np.ndarray:
-    """``[eot] + encode_ordinary(text)`` as uint16; DataError (``check_token_ids``) for an id that is not
-    GPT-2's (0..50256), checked before the cast, so no id is ever wrapped or written."""
-    tokens = np.array([_enc.eot_token] + _enc.encode_ordinary(text), dtype=np.int64)
-    check_token_ids(tokens, GPT2_VOCAB, f"--encoding {_enc.name}, document {index}")
-    return tokens.astype(np.uint16)
-
-
-def _tokenize_chunk(chunk):
-    return [_tokenize(i, t) for i, t in chunk]
+def _tokenize_chunk(chunk) -> list[np.ndarray]:
+    """Each ``(index, text)`` as uint16 ``[eot] + encode_ordinary(text)``, ids checked before the cast (none wraps)."""
+    out = []
+    for index, text in chunk:
+        tokens = np.array([_enc.eot_token] + _enc.encode_ordinary(text), dtype=np.int64)
+        check_token_ids(tokens, GPT2_VOCAB, f"--encoding {_enc.name}, document {index}")
+        out.append(tokens.astype(np.uint16))
+    return out
 
 
 def tokenized(texts, workers: int, encoding: str, first_index: int = 0):
-    """Yield each text's uint16 tokens, in order; ``workers`` > 1 tokenizes in that many processes,
-    with a bounded number of chunks in flight (memory does not grow with the dataset)."""
+    """Each text's uint16 tokens, in order, from ``workers`` processes with a bounded number of chunks in flight."""
     it = enumerate(texts, first_index)
     chunks = iter(lambda: list(islice(it, CHUNK_DOCS)), [])
     if workers <= 1:
         _init_worker(encoding)
-        for chunk in chunks:
-            yield from _tokenize_chunk(chunk)
+        yield from chain.from_iterable(map(_tokenize_chunk, chunks))
         return
     import multiprocessing as mp
-
     with mp.Pool(workers, initializer=_init_worker, initargs=(encoding,)) as pool:
         pending = deque()
         for chunk in chunks:
@@ -81,8 +74,7 @@ def _write_json(path: Path, obj) -> None:
 
 
 def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
-    """The resume state of the output folder (the shards already complete); DataError if it holds shards of
-    another format or dataset, or of a run with other settings."""
+    """The output folder's resume state (its complete shards); DataError for shards of another run or format."""
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file, not a folder: give a folder for the shards")
     ours = []
@@ -110,14 +102,9 @@ def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
         diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         raise DataError(f"--out {out} holds shards prepared with other settings ({', '.join(diff)} differ, see "
                         f"{sp.name}): use another --out, or delete the folder to start over")
-    good = []
-    for entry in state["shards"]:  # keep the leading shards that are on disk, complete
-        p = out / entry["file"]
-        if not p.exists() or shard_header(p)[0] != entry["tokens"]:
-            break
-        good.append(entry)
-    complete = state.get("complete", False) and len(good) == len(state["shards"])
-    return {**state, "shards": good, "complete": complete}
+    good = list(takewhile(lambda e: (out / e["file"]).exists() and shard_header(out / e["file"])[0] == e["tokens"],
+                          state["shards"]))  # the leading shards that are on disk, complete
+    return {**state, "shards": good, "complete": state.get("complete", False) and len(good) == len(state["shards"])}
 
 
 def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local=None, text_column="text",
@@ -127,23 +114,20 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
     default FineWeb-Edu sample-10BT), into shards under ``out_dir``; return the final state (shards, totals)."""
     if local and (dataset or config):
         raise DataError("--local reads local files: do not also give --dataset/--config")
-    if not local:
-        dataset, config = dataset or DEFAULT_DATASET, config or (DEFAULT_CONFIG if not dataset else None)
     if shard_size < 1:
         raise DataError(f"--shard-size must be positive, got {shard_size}")
     if not prefix or not SHARD_RE.match(shard_name(prefix, "val", 0)) or "/" in prefix:
         raise DataError(f"--prefix {prefix!r}: use a plain file-name prefix such as edufineweb")
     workers = workers or max(1, (os.cpu_count() or 2) // 2)
     if local:
-        files, _ = local_files(local)
-        source = {"local": [[Path(f).name, os.path.getsize(f)] for f in files]}
+        source = {"local": [[Path(f).name, os.path.getsize(f)] for f in local_files(local)[0]]}
         where = f"--local {' '.join(map(str, local))}"
     else:
+        dataset, config = dataset or DEFAULT_DATASET, config or (DEFAULT_CONFIG if not dataset else None)
         source = {"dataset": dataset, "config": config, "split": split}
         where = f"--dataset {dataset} --config {config} --split {split}"
     settings = {**source, "text_column": text_column, "encoding": encoding, "shard_size": shard_size, "prefix": prefix}
-    enc = get_encoding(encoding)  # fail early, before any worker starts
-    if enc.n_vocab > GPT2_VOCAB:
+    if (enc := get_encoding(encoding)).n_vocab > GPT2_VOCAB:  # loaded here to fail before any worker starts
         raise DataError(f"--encoding {encoding} has {enc.n_vocab:,} token ids; shards hold GPT-2 BPE ids (0..{GPT2_VOCAB - 1}), "
                         "the vocabulary the model trains on: use --encoding r50k_base")
 
@@ -159,15 +143,13 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
     if shards:
         _log(progress, f"{out}: resuming after {index} complete shards, at document {next_doc:,}")
 
-    rows = load_rows(dataset, config, split, local)
-    docs = texts_of(rows, text_column, where)
+    docs = texts_of(load_rows(dataset, config, split, local), text_column, where)
     first = next(docs)  # a wrong --text-column or an empty input fails here, before --out is created
     out.mkdir(parents=True, exist_ok=True)
     texts = islice(chain([first], docs), next_doc, None)
     buf = np.empty(shard_size, dtype=np.uint16)
     fill, ndocs, ntok, t0 = 0, next_doc, sum(s["tokens"] for s in shards), time.time()
     from tqdm.auto import tqdm
-
     bar = tqdm(unit="tok", unit_scale=True, desc=f"{prefix} shard {index}", disable=not progress, initial=ntok)
 
     def flush(next_at):
@@ -204,13 +186,11 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
 
 
 def _warn_if_no_train_shard(out: Path, state: dict) -> None:
-    """Warn when the input filled only shard 0 (val): training needs a train shard."""
-    if len(state["shards"]) > 1:
-        return
-    tokens, size = state["tokens"], state["settings"]["shard_size"]
-    warnings.warn(f"{out}: all {tokens:,} tokens fit in the val shard (--shard-size {size}), so there is no train "
-                  f"shard to train on: rerun into an empty --out with a --shard-size below {tokens}, e.g. "
-                  f"--shard-size {max(1, tokens // 10)} (shard 0 is val, the rest train)", stacklevel=3)
+    if len(state["shards"]) <= 1:
+        tokens, size = state["tokens"], state["settings"]["shard_size"]
+        warnings.warn(f"{out}: all {tokens:,} tokens fit in the val shard (--shard-size {size}), so there is no "
+                      f"train shard to train on: rerun into an empty --out with a --shard-size below {tokens}, "
+                      f"e.g. --shard-size {max(1, tokens // 10)} (shard 0 is val, the rest train)", stacklevel=3)
 
 
 def _log(on: bool, msg: str) -> None:
@@ -221,12 +201,11 @@ def _log(on: bool, msg: str) -> None:
 def _int(s: str) -> int:
     """An integer, also written like 1e8."""
     try:
-        v = float(s)
+        if float(s).is_integer():  # False for inf and nan
+            return int(float(s))
     except ValueError:
-        v = math.nan
-    if not math.isfinite(v) or v != int(v):
-        raise argparse.ArgumentTypeError(f"not an integer: {s!r}")
-    return int(v)
+        pass
+    raise argparse.ArgumentTypeError(f"not an integer: {s!r}")
 
 
 def main(argv=None) -> None:
@@ -237,17 +216,16 @@ def main(argv=None) -> None:
     p.add_argument("--local", nargs="+", metavar="PATH",
                    help="local .jsonl/.json/.parquet/.txt files or folders instead of the Hub (a .txt file is one document)")
     p.add_argument("--text-column", default="text", help="column holding the text (default text)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--out", dest="out_dir", metavar="OUT", default=DEFAULT_OUT,
+                   help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--shard-size", type=_int, default=DEFAULT_SHARD_SIZE, help="tokens per shard (default 1e8)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"shard file prefix (default {DEFAULT_PREFIX})")
     p.add_argument("--workers", type=int, help="tokenizer processes (default half the CPUs)")
     p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default {ENCODING} = GPT-2 BPE)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    a = p.parse_args(argv)
+    p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        prepare(a.out, a.dataset, a.config, a.split, a.local, a.text_column, a.shard_size, a.prefix, a.workers,
-                a.encoding, progress=not a.quiet)
+        prepare(**vars(p.parse_args(argv)))
     for w in caught:  # one plain line each, as the errors are
         print(f"warning: {w.message}", file=sys.stderr)
 

@@ -1,5 +1,4 @@
-"""Token shards in build-nanogpt's format and the stream that reads them (the LightningDataModule over it:
-gpt_tp.train.datamodule). The format and the reading scheme: docs/data.md, "Shard format" and "GPTDataModule"."""
+"""Token shards in build-nanogpt's format and the stream that reads them (docs/data.md, "Shard format")."""
 
 import copy
 import errno
@@ -27,9 +26,8 @@ class DataError(UserError):
 
 
 def check_token_ids(ids, vocab_size: int, where: str) -> None:
-    """Raise DataError unless every id in ``ids`` (numpy array or torch tensor, any shape) is a GPT-2 BPE id the
-    model has a row for, ``0 .. min(50257, vocab_size) - 1``, naming ``where``, the first bad position, its id and
-    the fix. One pass (min and max); the position is searched only when an id is out of range."""
+    """DataError unless every id in ``ids`` (numpy array or torch tensor, any shape) is in 0..min(50257, vocab_size)-1,
+    naming ``where``, the first bad position, its id and the fix (sought only when the min/max pass fails)."""
     limit = min(GPT2_VOCAB, int(vocab_size))
     if isinstance(ids, torch.Tensor):
         if ids.is_floating_point() or ids.is_complex():
@@ -61,17 +59,14 @@ def check_token_ids(ids, vocab_size: int, where: str) -> None:
 
 
 def shard_name(prefix: str, split: str, index: int) -> str:
-    """build-nanogpt's file name of shard ``index``: ``{prefix}_{split}_{index:06d}.npy``."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return f"{prefix}_{split}_{index:06d}.npy"
 
 
 def write_shard(path, tokens) -> None:
-    """Write ``tokens`` as a uint16 ``.npy`` shard at ``path``, atomically (to ``path + ".tmp"``, then renamed);
-    DataError if a token id does not fit uint16."""
-    path = os.fspath(path)
-    arr = np.asarray(tokens)
+    """Write ``tokens`` as a uint16 ``.npy`` shard at ``path``, atomically; DataError for an id that does not fit."""
+    path, arr = os.fspath(path), np.asarray(tokens)
     if arr.ndim != 1:
         raise DataError(f"{path}: a shard must be a 1-D token array, got shape {arr.shape}")
     if arr.dtype != np.uint16:
@@ -88,10 +83,8 @@ def write_shard(path, tokens) -> None:
 
 @contextmanager
 def atomic_file(path, unique: bool = False):
-    """A binary file that appears at ``path`` only when whole: written to a temporary file beside it, synced, then
-    renamed. On any failure the temporary file is removed, and an OSError (a full disk) names ``path``. The temporary
-    file is ``path + ".tmp"``, or with ``unique`` a name of its own (mkstemp, mode 0600) for a file several processes
-    may write at once."""
+    """A binary file that appears at ``path`` only when whole: written beside it (``path + ".tmp"``, or with ``unique``
+    a mkstemp name, for several writers), synced, renamed; on failure removed, and an OSError names ``path``."""
     path, tmp = os.fspath(path), None
     try:
         if unique:
@@ -117,8 +110,7 @@ def atomic_file(path, unique: bool = False):
 
 
 def shard_header(path) -> tuple[int, int]:
-    """(num_tokens, data offset) of ``path`` from its header alone; DataError naming the file unless it is a 1-D
-    little-endian uint16 ``.npy`` file of the size its header says."""
+    """(num_tokens, data offset) from the header; DataError unless a 1-D little-endian uint16 .npy of the right size."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -131,8 +123,7 @@ def shard_header(path) -> tuple[int, int]:
     if dtype != np.dtype("<u2") or len(shape) != 1 or fortran:
         raise DataError(f"{path}: expected a 1-D uint16 token array (build-nanogpt shard format), got dtype {dtype} "
                         f"shape {shape}; rebuild it with python -m gpt_tp.data.prepare")
-    expected = offset + 2 * shape[0]
-    actual = os.path.getsize(path)
+    expected, actual = offset + 2 * shape[0], os.path.getsize(path)
     if actual != expected:
         raise DataError(f"{path}: file is {actual} bytes but its header needs {expected}: truncated or corrupt, rebuild it")
     return shape[0], offset
@@ -149,8 +140,7 @@ _checked_shards: set = set()  # (file identity, id limit) of the shards checked 
 
 
 def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
-    """``check_token_ids`` over the whole shard ``path`` (DataError naming the file, position and id),
-    once per process for each version of the file: a shard opened again is not read again."""
+    """``check_token_ids`` over the whole shard ``path``, once per process for each version of the file."""
     path = os.fspath(path)
     st = os.stat(path)
     limit = min(GPT2_VOCAB, int(vocab_size))
@@ -163,8 +153,7 @@ def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
 
 
 def shard_max(path) -> int:
-    """The largest token id in shard ``path`` (-1 if empty), read ``CHECK_CHUNK`` tokens at a time, so
-    memory does not grow with the shard's size."""
+    """The largest token id in shard ``path`` (-1 if empty), read ``CHECK_CHUNK`` tokens at a time (bounded memory)."""
     n, offset = shard_header(path)
     hi = -1
     for lo in range(0, n, CHECK_CHUNK):
@@ -175,12 +164,9 @@ def shard_max(path) -> int:
 
 
 def resolve_data_dir(data_dir) -> Path:
-    """``data_dir`` as given, or, when a relative path is missing from the working directory, the
-    same path under the repository root (so ``data/sample`` works from anywhere)."""
+    """``data_dir``, or a relative one missing here under the repository root (so ``data/sample`` works anywhere)."""
     p = Path(data_dir).expanduser()
-    if not p.exists() and not p.is_absolute() and (REPO_ROOT / p).exists():
-        return REPO_ROOT / p
-    return p
+    return REPO_ROOT / p if not p.exists() and not p.is_absolute() and (REPO_ROOT / p).exists() else p
 
 
 def find_shards(data_dir, split: str) -> list[Path]:
@@ -211,9 +197,8 @@ def find_shards(data_dir, split: str) -> list[Path]:
 
 
 class TokenStream:
-    """Several shards read as one concatenated token stream. Opening checks every shard (``check_shard``), so a
-    bad one raises DataError before any batch; ``read`` maps only the bytes it needs, so resident memory does not
-    depend on shard size or count."""
+    """Shards read as one token stream. Opening checks every shard (``check_shard``), so a bad one raises DataError
+    before any batch; ``read`` maps only the bytes it needs, so memory does not grow with shard size or count."""
 
     def __init__(self, paths, vocab_size: int = GPT2_VOCAB):
         self.paths = [Path(p) for p in paths]
@@ -237,8 +222,7 @@ class TokenStream:
         if not 0 <= start <= stop <= len(self):
             raise IndexError(f"read [{start}, {stop}) outside stream of {len(self)} tokens")
         out = np.empty(stop - start, dtype=np.uint16)
-        i = int(np.searchsorted(self.starts, start, side="right")) - 1
-        pos = start
+        i, pos = int(np.searchsorted(self.starts, start, side="right")) - 1, start
         while pos < stop:
             size, offset = self.headers[i]
             lo = pos - int(self.starts[i])
@@ -247,6 +231,5 @@ class TokenStream:
                 m = np.memmap(self.paths[i], dtype=np.uint16, mode="r", offset=offset + 2 * lo, shape=(n,))
                 out[pos - start : pos - start + n] = m
                 del m
-            pos += n
-            i += 1
+            pos, i = pos + n, i + 1
         return out

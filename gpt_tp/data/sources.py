@@ -1,5 +1,4 @@
-"""Where the documents to tokenize come from: local files (jsonl/json, parquet, or txt = one document per file,
-optionally compressed) or a Hugging Face dataset, streamed through ``datasets``."""
+"""Where prepare's documents come from: local files (jsonl/json, parquet, txt; maybe compressed) or a Hub dataset."""
 
 from pathlib import Path
 
@@ -10,8 +9,7 @@ COMPRESSION = {".gz", ".bz2", ".xz", ".zst", ".lz4"}
 
 
 def local_files(paths) -> tuple[list[str], str]:
-    """Expand files and folders (sorted, recursively) to data files, skipping empty ones; return
-    them and the ``datasets`` builder for their type (json / parquet / text)."""
+    """The non-empty data files of ``paths`` (folders searched recursively, sorted) and their ``datasets`` builder."""
     files = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -36,16 +34,13 @@ def local_files(paths) -> tuple[list[str], str]:
 
 
 def _builder(path: Path):
-    suffixes = [s.lower() for s in path.suffixes]
-    while suffixes and suffixes[-1] in COMPRESSION:
-        suffixes.pop()
-    return LOCAL_BUILDERS.get(suffixes[-1]) if suffixes else None
+    """The builder of ``path``'s last suffix that is not a compression's; None for an unknown type."""
+    return next((LOCAL_BUILDERS.get(s) for s in map(str.lower, reversed(path.suffixes)) if s not in COMPRESSION), None)
 
 
 def load_rows(dataset=None, config=None, split="train", local=None):
     """The input as a streaming ``datasets`` iterable of rows; errors mapped to DataError."""
     import datasets
-
     if local:
         files, builder = local_files(local)
         kwargs = {"sample_by": "document"} if builder == "text" else {}  # a .txt file is one document
@@ -65,16 +60,14 @@ def load_rows(dataset=None, config=None, split="train", local=None):
                         f"--local FILES; {hint}") from e
     except ValueError as e:
         msg = str(e)
-        if "split" in msg.lower():
-            raise DataError(f"--split {split!r}: no such split of {dataset!r} ({msg})") from e
-        if "config" in msg.lower():
-            raise DataError(f"--config {config!r}: no such config of {dataset!r} ({msg})") from e
+        for flag, value in (("split", split), ("config", config)):
+            if flag in msg.lower():
+                raise DataError(f"--{flag} {value!r}: no such {flag} of {dataset!r} ({msg})") from e
         raise DataError(f"--dataset {dataset!r} --config {config!r}: {msg}") from e
 
 
 def texts_of(rows, text_column: str, where: str):
-    """Iterate the non-empty ``text_column`` strings of ``rows`` (an empty text is no document and is
-    skipped); DataError if the column is missing or no row holds text."""
+    """The non-empty ``text_column`` strings of ``rows``; DataError if the column is missing or no row holds text."""
     n = rows_seen = 0
     for rows_seen, row in enumerate(rows, 1):
         if text_column not in row:

@@ -1,5 +1,4 @@
-"""GPT-2's BPE: tiktoken's ``r50k_base`` (the same ranks and ``<|endoftext|>`` = 50256 as tiktoken's ``gpt2``),
-built from the ranks file shipped in ``gpt_tp/data/assets``, so it never needs the network or a tiktoken cache."""
+"""GPT-2's BPE (tiktoken's ``r50k_base`` = ``gpt2``) from the ranks file in ``gpt_tp/data/assets``: no network."""
 
 import base64
 import hashlib
@@ -17,15 +16,13 @@ PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S
 
 
 def get_encoding(name: str = ENCODING):
-    """The tiktoken encoding ``name``: ``r50k_base`` from the shipped, sha256-checked ranks file; any other name
-    through ``tiktoken.get_encoding`` (network or ``TIKTOKEN_CACHE_DIR``). DataError if it cannot be loaded."""
+    """``r50k_base`` from the shipped ranks file, any other name through tiktoken (network or TIKTOKEN_CACHE_DIR)."""
     if name == ENCODING:
         return _r50k_base()
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:
         from gpt_tp.data.shards import DataError  # imported here: loading r50k_base does not need torch
-
         raise DataError(f"--encoding {name!r}: tiktoken cannot load it ({type(e).__name__}: {str(e).splitlines()[0]}); use {ENCODING} "
                         "(GPT-2's BPE, shipped with gpt_tp), or set TIKTOKEN_CACHE_DIR to a folder holding its ranks file") from e
 
@@ -35,7 +32,6 @@ def _r50k_base():
     data = RANKS.read_bytes() if RANKS.is_file() else b""
     if hashlib.sha256(data).hexdigest() != RANKS_SHA256:
         from gpt_tp.data.shards import DataError
-
         raise DataError(f"{RANKS} is missing or damaged (sha256 is not {RANKS_SHA256}): reinstall gpt_tp "
                         "(or restore the file with git checkout)")
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}

@@ -1,5 +1,5 @@
 """HellaSwag (val) accuracy during training (HellaSwagCallback) and of saved weights (the command, one process or
-torchrun for TP/DP; docs/eval.md). The file and its download: hellaswag_data.py; the scoring: hellaswag_score.py."""
+torchrun for TP/DP; docs/eval.md)."""
 
 import json
 import os
@@ -13,6 +13,8 @@ from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.eval.hellaswag_data import DEFAULT_CACHE_DIR, HellaSwagError, read_examples, resolve_path
 from gpt_tp.eval.hellaswag_score import evaluate
 from gpt_tp.eval.sampling import StepCallback
+from gpt_tp.model import GPT, GPTConfig, load_hf_dir
+from gpt_tp.parallel import parallelize
 from gpt_tp.train.ranks import block_size_of, parallel_layout
 
 
@@ -55,8 +57,7 @@ class HellaSwagCallback(StepCallback):
                         forward_context=trainer.precision_plugin.forward_context, pad_to=self.pad_to)
 
     def run(self, trainer, pl_module) -> dict:
-        """Evaluate now (on every rank), log on rank 0, return the result."""
-        res = super().run(trainer, pl_module)
+        res = super().run(trainer, pl_module)  # on every rank; rank 0 logs
         step = trainer.global_step
         metrics = {"hellaswag/acc_norm": res["acc_norm"], "hellaswag/acc": res["acc"]}
 
@@ -79,10 +80,7 @@ class HellaSwagCallback(StepCallback):
 
 
 def load_model(args):
-    """A GPT from --hf-dir, --ckpt_path (a Lightning checkpoint of GPTModule: a distributed checkpoint folder, as
-    ModelParallelStrategy saves, or a single .ckpt file) or --model (random init)."""
-    from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-
+    """A GPT from --hf-dir, --ckpt_path (GPTModule's distributed checkpoint folder or .ckpt file) or --model."""
     torch.manual_seed(args.seed)
     if args.hf_dir:
         config, sd = load_hf_dir(args.hf_dir)
@@ -153,8 +151,6 @@ def main(argv=None) -> dict:
     examples = read_examples(resolve_path(args.path, args.cache_dir), args.limit)
     model = load_model(args).to(device).eval()
     if mesh is not None:
-        from gpt_tp.parallel import parallelize
-
         parallelize(model, mesh)
     ctx = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.dtype == "bfloat16" else nullcontext
     res = evaluate(model, examples, block_size=model.config.block_size, batch_size=args.batch_size, tp=tp,

@@ -1,5 +1,4 @@
-"""The HellaSwag file: reading and checking its records, downloading the official val split once, and
-rendering an example as token rows (build-nanogpt's render_example)."""
+"""The HellaSwag file: checking its records, downloading the official val split once, rendering token rows."""
 
 import json
 import reprlib
@@ -20,12 +19,10 @@ class HellaSwagError(UserError):
 
 
 def check_record(rec) -> str | None:
-    """What is wrong with one parsed record (None if it is usable): a dict with a string `ctx`, a list of four
-    string `endings` and an integer `label` in 0-3."""
+    """What is wrong with one parsed record, or None if it is usable."""
     if not isinstance(rec, dict):
         return f"expected a JSON object, got {type(rec).__name__}"
-    missing = [k for k in ("ctx", "endings", "label") if k not in rec]
-    if missing:
+    if missing := [k for k in ("ctx", "endings", "label") if k not in rec]:
         return f"missing key(s) {', '.join(map(repr, missing))}"
     if not isinstance(rec["ctx"], str):
         return f"'ctx' must be a string, got {type(rec['ctx']).__name__}"
@@ -42,8 +39,7 @@ def check_record(rec) -> str | None:
 
 
 def read_examples(path: str | os.PathLike, limit: int | None = None) -> list[dict]:
-    """The records of a HellaSwag .jsonl file (the first `limit` if given), each checked. Blank lines are skipped.
-    Raises HellaSwagError listing every malformed line as path:line: problem."""
+    """The checked records of a HellaSwag .jsonl file (the first `limit` if given); blank lines are skipped."""
     path = Path(path)
     if not path.is_file():
         raise HellaSwagError(f"HellaSwag file {path} not found: pass an existing hellaswag_val.jsonl, or path=None to download it")
@@ -57,11 +53,9 @@ def read_examples(path: str | os.PathLike, limit: int | None = None) -> list[dic
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                problem = check_record(rec := json.loads(line))
             except json.JSONDecodeError as e:
-                errors.append(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})")
-                continue
-            problem = check_record(rec)
+                problem = f"invalid JSON ({e.msg} at column {e.colno})"
             if problem:
                 errors.append(f"{path}:{lineno}: {problem}")
             else:
@@ -83,8 +77,7 @@ def fetch_url(url: str, timeout: float = 60.0) -> bytes:
 
 
 def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
-    """Fetch url into dest atomically: written to a temporary file beside dest, then renamed, so a crash or a
-    concurrent reader never sees a half-written file."""
+    """Fetch url into dest atomically: a crash or a concurrent reader never sees a half-written file."""
     dest = Path(dest)
     try:  # fetched before the cache folder is made: a failed download leaves no empty folder behind
         data = fetch_url(url)
@@ -101,7 +94,7 @@ def resolve_path(path: str | os.PathLike | None = None, cache_dir: str | os.Path
     """The file to read: `path` if given (it must exist; a relative one missing from the working directory is
     taken from the repository root, like data.data_dir), else cache_dir/hellaswag_val.jsonl, downloaded once."""
     if path is not None:
-        p = resolve_data_dir(path)  # a relative path missing here is looked up under the repository root
+        p = resolve_data_dir(path)
         if not p.is_file():
             raise HellaSwagError(f"HellaSwag file {p} not found: give an existing hellaswag_val.jsonl, or no path to download it into the cache dir")
         return p
@@ -112,10 +105,6 @@ def resolve_path(path: str | os.PathLike | None = None, cache_dir: str | os.Path
 def render_example(example: dict, enc) -> tuple[list[list[int]], list[list[int]], int]:
     """build-nanogpt's render_example, unpadded: 4 token rows (context + " " + ending), 4 mask rows (1 on the
     ending tokens), and the label."""
-    ctx_tokens = enc.encode(example["ctx"])
-    rows, masks = [], []
-    for end in example["endings"]:
-        end_tokens = enc.encode(" " + end)  # GPT-2's tokenizer: the space belongs to the ending's first token
-        rows.append(ctx_tokens + end_tokens)
-        masks.append([0] * len(ctx_tokens) + [1] * len(end_tokens))
-    return rows, masks, example["label"]
+    ctx = enc.encode(example["ctx"])
+    ends = [enc.encode(" " + end) for end in example["endings"]]  # GPT-2: the space belongs to the ending's first token
+    return [ctx + e for e in ends], [[0] * len(ctx) + [1] * len(e) for e in ends], example["label"]

@@ -18,9 +18,8 @@ from gpt_tp.train.ranks import model_vocab
 
 
 def fit_rows(rows: list[list[int]], masks: list[list[int]], max_len: int) -> tuple[list[list[int]], list[list[int]], bool]:
-    """Left-truncate rows longer than max_len (drop the oldest context tokens), as the model sees at most
-    block_size positions. Returns the rows, the masks and whether anything was cut. An ending that alone does not
-    fit loses its first tokens (their loss would need context the model cannot see)."""
+    """Left-truncate rows to max_len (the model sees at most block_size positions): the rows, the masks and whether
+    anything was cut. An ending that alone does not fit loses its first tokens."""
     return [r[-max_len:] for r in rows], [m[-max_len:] for m in masks], any(len(r) > max_len for r in rows)
 
 
@@ -28,19 +27,16 @@ def pad_batch(rows: list[list[int]], masks: list[list[int]], multiple: int, max_
     """Right-pad to one length, rounded up to `multiple` (sequence parallelism needs T % tp == 0) and at most
     max_len. Padding is token 0 with mask 0: a causal model's earlier positions cannot see it."""
     T = min(math.ceil(max(len(r) for r in rows) / multiple) * multiple, max_len)
-    tokens = torch.zeros(len(rows), T, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    tokens, mask = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T, dtype=torch.long)
     for i, (r, m) in enumerate(zip(rows, masks)):
-        tokens[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(m)] = torch.tensor(m)
+        tokens[i, : len(r)], mask[i, : len(m)] = torch.tensor(r), torch.tensor(m)
     return tokens, mask
 
 
 def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
                   vocab_limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed and mean cross-entropy over each row's masked (ending) tokens: (sum_loss (R,), mean_loss (R,)), plain
-    float tensors. logits (R, T, V) may be a DTensor sharded on the vocabulary (Shard(-1), under loss_parallel());
-    position t predicts token t + 1; ids >= vocab_limit are left out of the softmax (mask_padded_vocab)."""
+    """Summed and mean cross-entropy over each row's masked (ending) tokens, (R,) each. logits (R, T, V) may be a
+    DTensor sharded on the vocabulary; position t predicts token t + 1; ids >= vocab_limit are left out."""
     target = torch.full_like(tokens, -100)  # (R, T): -100 = ignored
     target[:, :-1] = torch.where(mask[:, 1:].bool(), tokens[:, 1:], -100)
     logits = logits.float()
@@ -54,10 +50,8 @@ def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
         losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")  # (R * T,)
     if isinstance(losses, DTensor):
         losses = losses.full_tensor()  # replicated over TP: no communication
-    losses = losses.view(tokens.shape)
-    n = (target != -100).sum(dim=1)
-    sum_loss = losses.sum(dim=1)
-    return sum_loss, sum_loss / n.clamp_min(1)
+    sum_loss = losses.view(tokens.shape).sum(dim=1)
+    return sum_loss, sum_loss / (target != -100).sum(dim=1).clamp_min(1)
 
 
 def predict(sum_loss: torch.Tensor, mean_loss: torch.Tensor) -> tuple[int, int]:
@@ -92,12 +86,11 @@ class HellaSwagCounts(Metric):
 def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 4, tp: int = 1, dp_rank: int = 0,
              dp_size: int = 1, dp_group=None, device: torch.device | str = "cpu", forward_context=nullcontext,
              pad_to: int = 1, details: bool = False, enc=None, vocab_limit: int | None = -1) -> dict:
-    """Score `examples` with model(idx (B, T)) -> logits (B, T, V) (plain or vocab-sharded DTensor). Call it on every
-    rank of the job: all take part in every forward's collectives. This DP rank scores examples dp_rank, dp_rank + dp,
-    ... in batches of `batch_size` examples; counts are summed over dp_group (None: the default group) when dp_size > 1.
-    Rows are padded to a multiple of lcm(tp, pad_to); logits of ids >= vocab_limit are masked (-1: the tokenizer's
-    size, 50257; None: keep all). Returns {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"} (global
-    totals), plus "examples" (this rank's per-example index, label, losses and picks) with details=True."""
+    """Score `examples` with model(idx (B, T)) -> logits (B, T, V), plain or a vocab-sharded DTensor. Call it on every
+    rank of the job (every forward is collective). This DP rank scores examples dp_rank, dp_rank + dp_size, ...;
+    counts are summed over dp_group (None: the default group). Rows are padded to a multiple of lcm(tp, pad_to);
+    logits of ids >= vocab_limit are masked (-1: the tokenizer's size, 50257; None: keep all). Returns the global
+    {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"}, plus this rank's "examples" if details."""
     if batch_size < 1:
         raise HellaSwagError(f"batch_size={batch_size} must be >= 1")
     enc = enc or get_encoding()
@@ -120,16 +113,11 @@ def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 
             for k, row in enumerate(r):
                 check_token_ids(row, vocab_size, f"HellaSwag example {i}, ending {k}")
             r, m, cut = fit_rows(r, m, max_len)
-            rows += r
-            masks += m
-            labels.append(label)
-            cuts.append(cut)
-        tokens, mask = pad_batch(rows, masks, multiple, max_len)
-        tokens, mask = tokens.to(device), mask.to(device)
+            rows, masks, labels, cuts = rows + r, masks + m, labels + [label], cuts + [cut]
+        tokens, mask = (t.to(device) for t in pad_batch(rows, masks, multiple, max_len))
         with forward_context():
             logits = model(tokens)
-        sum_loss, mean_loss = ending_losses(logits, tokens, mask, vocab_limit)
-        sum_loss, mean_loss = sum_loss.view(-1, 4).cpu(), mean_loss.view(-1, 4).cpu()  # (examples, 4 endings)
+        sum_loss, mean_loss = (x.view(-1, 4).cpu() for x in ending_losses(logits, tokens, mask, vocab_limit))  # (ex, 4)
         preds = [predict(sum_loss[j], mean_loss[j]) for j in range(n)]
         pred, pred_norm = (torch.tensor([p[k] for p in preds], dtype=torch.long) for k in (0, 1))  # (n,) each
         counts.update(pred, pred_norm, torch.tensor(labels[:n], dtype=torch.long), torch.tensor(cuts[:n], dtype=torch.long))
@@ -140,6 +128,4 @@ def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 
     if res["total"] != len(examples):
         raise RuntimeError(f"HellaSwag counted {res['total']} examples, expected {len(examples)}: the DP rank/size passed do not match the job")
     res = {"acc": res["correct"] / res["total"], "acc_norm": res["correct_norm"] / res["total"], **res}
-    if details:
-        res["examples"] = out
-    return res
+    return {**res, "examples": out} if details else res

@@ -5,8 +5,7 @@
 
 One batch goes through the sharded model (gpt_tp's plan, or --plan module:attribute) and an unsharded copy built
 from the same seed, in float32; it prints both losses and the worst weight and gradient differences per parameter.
-Exit code 0 within --tol, 1 beyond it (or if the sharded model fails to run), 2 on bad input. See
-docs/performance.md, "Parity check".
+Exit code 0 within --tol, 1 beyond it (or if the sharded model fails to run), 2 on bad input (docs/performance.md).
 """
 
 import copy
@@ -16,10 +15,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from gpt_tp.entry import ArgumentParser, import_attribute, run, torchrun_mesh, torchrun_world
 from gpt_tp.errors import UserError
-from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.model import GPT, SIZES, GPTConfig
+from gpt_tp.parallel import TP_PLAN, parallelize, reduce_partial_grads
+from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.sizing import LayoutError, validate_layout
 
 
@@ -29,8 +34,6 @@ class ParityInputError(UserError):
 
 def load_plan(spec: str, config: GPTConfig) -> dict:
     """--plan module:attribute -> {module path: ParallelStyle}; a callable attribute is called with the config."""
-    from torch.distributed.tensor.parallel import ParallelStyle
-
     try:
         plan = import_attribute(spec, "--plan", "gpt_tp.parallel:TP_PLAN")
     except UserError as e:
@@ -44,8 +47,6 @@ def load_plan(spec: str, config: GPTConfig) -> dict:
 
 def rel_diff(a: torch.Tensor | None, ref: torch.Tensor | None) -> float:
     """max |a - ref| / max |ref|, `a` gathered if sharded; inf if the shapes differ or one is None, 0 if both are."""
-    from torch.distributed.tensor import DTensor
-
     if a is None or ref is None:
         return 0.0 if a is None and ref is None else float("inf")
     a = a.full_tensor() if isinstance(a, DTensor) else a
@@ -56,15 +57,7 @@ def rel_diff(a: torch.Tensor | None, ref: torch.Tensor | None) -> float:
 
 def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, plan: dict | None, device) -> dict:
     """Run one batch through the sharded model and an unsharded copy; return losses and per-parameter diffs."""
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from gpt_tp.model import GPT
-    from gpt_tp.parallel import TP_PLAN, parallelize, reduce_partial_grads
-    from gpt_tp.parallel.loss import cross_entropy
-
-    dp = mesh["data_parallel"].size()
-    dp_rank = mesh["data_parallel"].get_local_rank()
+    dp, dp_rank = mesh["data_parallel"].size(), mesh["data_parallel"].get_local_rank()
     torch.manual_seed(seed)
     with torch.device(device):
         ref = GPT(config)
@@ -93,8 +86,7 @@ def report(res: dict, tol: float, top: int) -> tuple[str, bool]:
     loss_rel = abs(res["loss"] - res["ref_loss"]) / max(abs(res["ref_loss"]), 1e-12)
     lines = [f"loss  sharded {res['loss']:.6f}  unsharded {res['ref_loss']:.6f}  "
              f"difference {res['loss'] - res['ref_loss']:+.3e} (relative {loss_rel:.2e})"]
-    bad_w = {n: v for n, v in res["weights"].items() if not v <= tol}
-    if bad_w:
+    if bad_w := {n: v for n, v in res["weights"].items() if not v <= tol}:
         lines.append("weights differ after sharding (the plan changes the model):")
         lines += [f"  {n:<45} {v:.2e}" for n, v in sorted(bad_w.items(), key=lambda kv: -kv[1])[:top]]
     worst = sorted(res["grads"].items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else float("-inf"))
@@ -158,8 +150,7 @@ def settings(args, world: int) -> dict:
         validate_layout(config, tp=s["tp"], dp=s["dp"], seq_len=s["seq_len"])
     except LayoutError as e:
         raise ParityInputError(f"{e} (--tp, --dp, --seq-len)") from None
-    s["config"] = config
-    return s
+    return {**s, "config": config}
 
 
 def parser() -> ArgumentParser:

@@ -1,6 +1,5 @@
 """Plot a run's CSV log like build-nanogpt's play.ipynb: train and val loss, HellaSwag acc_norm over steps, with
-GPT-2 / GPT-3 124M reference lines; the CSVLogger versions of a resumed run are joined into one curve
-(docs/eval.md, "Plots"). Needs matplotlib."""
+GPT-2 / GPT-3 124M reference lines (docs/eval.md, "Plots"). Needs matplotlib."""
 
 import csv
 import math
@@ -34,17 +33,14 @@ def find_csv(path: str | Path) -> Path:
     if p.is_dir():
         if (p / "metrics.csv").is_file():
             return p / "metrics.csv"
-        found = sorted(p.rglob("metrics.csv"), key=lambda f: f.stat().st_mtime)
-        fits = [f for f in found if _trained(f)]
-        if fits or found:
-            return (fits or found)[-1]
+        if found := sorted(p.rglob("metrics.csv"), key=lambda f: f.stat().st_mtime):
+            return ([f for f in found if _trained(f)] or found)[-1]
         raise PlotError(f"no metrics.csv under {p}: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
     raise PlotError(f"{p} not found: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
 
 
 def _version(d: Path) -> int | None:
-    name = d.name
-    return int(name[8:]) if name.startswith("version_") and name[8:].isdigit() else None
+    return int(d.name[8:]) if d.name.startswith("version_") and d.name[8:].isdigit() else None
 
 
 def _first_step(metrics: dict[str, list[tuple[int, float]]]) -> int:
@@ -58,9 +54,8 @@ def _hparams(d: Path) -> list[str] | None:
 
 
 def run_csvs(csv_path: str | Path) -> list[Path]:
-    """The metrics.csv files of the run that csv_path belongs to, oldest version first: a version continues the one
-    before it when both saved the same hparams.yaml but for max_steps and it starts at a later step (a fresh run
-    starts where it did). A validate run's version (no train/loss) is passed over."""
+    """The metrics.csv files of csv_path's run, oldest version first: a version continues the one before it when
+    both saved the same hparams.yaml but for max_steps and it starts later. Validate runs are passed over."""
     csv_path = Path(csv_path)
     if _version(csv_path.parent) is None:
         return [csv_path]
@@ -117,8 +112,7 @@ def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
                     out[k].append((int(float(row["step"])), float(v)))
                 except ValueError as e:
                     raise PlotError(f"{csv_path}:{lineno}: cannot read step={row['step']!r} {k}={v!r} as numbers") from e
-    out = {k: sorted(v) for k, v in out.items() if v}
-    if not out:
+    if not (out := {k: sorted(v) for k, v in out.items() if v}):
         raise PlotError(f"{csv_path} holds no values of {', '.join(SERIES)}: nothing to plot")
     return out
 
@@ -140,10 +134,8 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
             style = {**kw, "marker": "o"} if len(metrics[key]) == 1 else kw  # one point: a bare line draws nothing
             ax1.plot(*zip(*metrics[key]), label=label, **style)
             good = [v for _, v in finite[key]]
-            if not good:
-                ax1.set_title(f"{label}: no finite value", loc="left")
-            else:
-                ax1.set_title(f"min {label}: {min(good):.4f}" if key == "val/loss" else f"last {label}: {good[-1]:.4f}", loc="left")
+            ax1.set_title((f"min {label}: {min(good):.4f}" if key == "val/loss" else f"last {label}: {good[-1]:.4f}")
+                          if good else f"{label}: no finite value", loc="left")
     losses = [v for k in ("train/loss", "val/loss") for _, v in finite.get(k, [])]
     if losses and reference and max(losses) < 2 * REF_VAL_LOSS_GPT2:  # build-nanogpt's 0-4 view once it is close
         ax1.set_ylim(0.0, max(4.0, max(losses) * 1.05))
@@ -157,8 +149,7 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
         ax2.axhline(REF_HELLASWAG_GPT2, color="r", ls="--", label=f"OpenAI GPT-2 (124M) {REF_HELLASWAG_GPT2}")
         ax2.axhline(REF_HELLASWAG_GPT3, color="g", ls="--", label=f"OpenAI GPT-3 (124M) {REF_HELLASWAG_GPT3}")
     for ax, ylabel in ((ax1, "loss"), (ax2, "HellaSwag acc_norm")):
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="step", ylabel=ylabel)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     if title:

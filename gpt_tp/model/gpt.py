@@ -1,6 +1,5 @@
-"""GPT-2 as plain single-device PyTorch (build-nanogpt's model, laid out for tensor parallelism): c_attn's output
-rows are ordered per head and every reshape infers the number of heads, so a TP shard runs the same code
-(docs/train.md, "How the model is split"). The loss lives outside the model (gpt_tp/train/module.py)."""
+"""GPT-2 as plain single-device PyTorch (build-nanogpt's model): c_attn's output rows are ordered per head and every
+reshape infers the number of heads, so a TP shard runs the same code. The loss is in gpt_tp/train/module.py."""
 
 from dataclasses import dataclass
 
@@ -29,9 +28,8 @@ class GPTConfig:
     dropout: float = 0.0
     """Dropout after embeddings, attention and MLP; 0 for pre-training as in build-nanogpt."""
     vocab_used: int | None = None
-    """Token ids the tokenizer can produce (50257 for GPT-2), when below vocab_size: lm_head then gets a frozen
-    bias of 0 / -inf so the padding ids are never predicted. Set for imported Hugging Face weights, whose padding
-    rows were never trained (a zero row gives logit 0, far above GPT-2's typical logits). None: plain GPT-2."""
+    """Token ids the tokenizer can produce (50257) when below vocab_size: lm_head gets a frozen 0 / -inf bias so the
+    padding is never predicted (imported Hugging Face weights: their zero rows give logit 0). None: plain GPT-2."""
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd")}
@@ -72,9 +70,14 @@ class GPTConfig:
         return n - self.block_size * C if non_embedding else n
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token (forward + backward): 6 N for the matmuls (N counts lm_head through the tied
-        wte, not wpe) plus 12 L C T for attention scores, as nanoGPT's estimate_mfu (PaLM appendix B)."""
+        """Training FLOPs per token: 6 N (num_params) + 12 L C T (attention), as nanoGPT's estimate_mfu (PaLM B)."""
         return 6 * self.num_params(non_embedding=True) + 12 * self.n_layer * self.n_embd * seq_len
+
+    def vocab_mask(self) -> torch.Tensor:
+        """(vocab_size,) 0 for usable token ids, -inf for the padding from vocab_used on: lm_head's bias."""
+        mask = torch.zeros(self.vocab_size)
+        mask[self.vocab_used :] = float("-inf")
+        return mask
 
 
 SIZES = {
@@ -90,8 +93,7 @@ SIZES = {
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.head_dim = config.head_dim
-        self.dropout = config.dropout
+        self.head_dim, self.dropout = config.head_dim, config.dropout
         # q, k, v for all heads in one matmul; output rows are grouped per head: [h: q(hd) k(hd) v(hd)]
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
@@ -132,9 +134,8 @@ class Block(nn.Module):
         self.checkpoint_kwargs = None  # activation checkpointing (None: off): see checkpoint_activations
 
     def checkpoint_activations(self, context_fn=None) -> None:
-        """Recompute this block's forward in backward (torch.utils.checkpoint, non-reentrant) instead of keeping its
-        activations; `context_fn` picks what is kept anyway (None: only the input; then no context_fn is passed at
-        all, which torch.compile needs). Parameter names do not change."""
+        """Recompute this block's forward in backward (non-reentrant); `context_fn` picks what is kept anyway (None:
+        only the input, and no context_fn is passed at all, which torch.compile needs). Parameter names stay."""
         self.checkpoint_kwargs = {} if context_fn is None else {"context_fn": context_fn}
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -173,8 +174,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight
 
     def init_plan(self) -> list[tuple[torch.Tensor, float | None, float | torch.Tensor]]:
-        """build-nanogpt's init as (parameter, std, constant): N(0, 0.02); residual projections
-        N(0, 0.02 / sqrt(2 * n_layer)); zero biases; LayerNorm weight 1. std None means fill with the constant."""
+        """build-nanogpt's init as (parameter, std, constant); std None means fill with the constant."""
         plan = []
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -183,24 +183,17 @@ class GPT(nn.Module):
                 if module is not self.lm_head:  # lm_head.weight is wte.weight, initialised as an embedding
                     plan.append((module.weight, std, 0.0))
                 if module.bias is not None:
-                    plan.append((module.bias, None, self.vocab_mask() if module is self.lm_head else 0.0))
+                    plan.append((module.bias, None, self.config.vocab_mask() if module is self.lm_head else 0.0))
             elif isinstance(module, nn.Embedding):
                 plan.append((module.weight, 0.02, 0.0))
             elif isinstance(module, nn.LayerNorm):
                 plan += [(module.weight, None, 1.0), (module.bias, None, 0.0)]
         return plan
 
-    def vocab_mask(self) -> torch.Tensor:
-        """(vocab_size,) 0 for usable token ids, -inf for the padding above config.vocab_used."""
-        mask = torch.zeros(self.config.vocab_size)
-        mask[self.config.vocab_used :] = float("-inf")
-        return mask
-
     @torch.no_grad()
     def init_weights(self, fill=torch.Tensor.copy_) -> None:
-        """Initialise every parameter from a generator seeded with init_seed. Each value is drawn at the full
-        (unsharded) shape, one parameter at a time on the CPU, and handed to fill(param, full): the same numbers
-        whatever the device or the sharding (gpt_tp.parallel passes a fill that keeps the local shard)."""
+        """Draw every parameter at its full (unsharded) shape on the CPU from init_seed and hand it to fill(param,
+        full): the same numbers whatever the device or the sharding (gpt_tp.parallel's fill keeps the local shard)."""
         gen = torch.Generator().manual_seed(self.init_seed)
         for param, std, const in self.init_plan():
             full = torch.empty(param.shape, device="cpu")  # float32 draws, then cast: same numbers in any dtype
@@ -216,9 +209,7 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds model.block_size={self.config.block_size}")
         pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
-        x = self.transformer.drop(x)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C) + (T, C)
         for block in self.transformer.h:
             x = block(x)
-        x = self.transformer.ln_f(x)
-        return self.lm_head(x)  # (B, T, vocab_size)
+        return self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)

@@ -1,16 +1,14 @@
-"""Hugging Face GPT-2 files in and out: state-dict conversion, config.json, and loading a folder."""
+"""Hugging Face GPT-2 files in and out: state-dict conversion, config.json, and loading a folder. HF keeps OpenAI's
+Conv1D layout: weights are (in, out), the transpose of nn.Linear's, and c_attn's output columns are [q | k | v], each
+over all heads. HF's vocabulary is the unpadded 50257."""
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from gpt_tp.errors import UserError
 from gpt_tp.model.gpt import GPT, GPTConfig
-
-# HF keeps OpenAI's Conv1D layout: weights are (in, out), the transpose of nn.Linear's (out, in), and c_attn's output
-# columns are [q(all heads) | k(all heads) | v(all heads)]. HF's vocabulary is the unpadded 50257.
 
 HF_VOCAB_SIZE = 50257
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -19,15 +17,13 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 def qkv_to_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Rows [q | k | v] (each n_head blocks of hd) -> rows grouped per head [h: q k v]. Works for weight and bias."""
     rest = w.shape[1:]
-    w = w.view(3, n_head, -1, *rest)  # (3, nh, hd, ...)
-    return w.transpose(0, 1).reshape(-1, *rest)  # (nh * 3 * hd, ...)
+    return w.view(3, n_head, -1, *rest).transpose(0, 1).reshape(-1, *rest)  # (3, nh, hd, ...) -> (nh * 3 * hd, ...)
 
 
 def qkv_from_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Inverse of qkv_to_per_head."""
     rest = w.shape[1:]
-    w = w.view(n_head, 3, -1, *rest)  # (nh, 3, hd, ...)
-    return w.transpose(0, 1).reshape(-1, *rest)  # (3 * nh * hd, ...)
+    return w.view(n_head, 3, -1, *rest).transpose(0, 1).reshape(-1, *rest)  # (nh, 3, hd, ...) -> (3 * nh * hd, ...)
 
 
 def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -46,7 +42,7 @@ def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
         out["transformer." + k] = v.contiguous()
     out["lm_head.weight"] = out["transformer.wte.weight"]
     if config.vocab_used is not None:
-        out["lm_head.bias"] = GPT.vocab_mask(SimpleNamespace(config=config))
+        out["lm_head.bias"] = config.vocab_mask()
     return out
 
 

@@ -20,16 +20,11 @@ def is_parallelized(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-# selective activation checkpointing keeps the outputs of these ops (the matmuls and attention, whose recomputation
-# costs the FLOPs) and recomputes everything else in the block (LayerNorms, GELU, adds, casts, TP collectives)
-_AC_SAVE = {
-    torch.ops.aten.mm.default,
-    torch.ops.aten.addmm.default,
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-}
+# selective activation checkpointing keeps the outputs of the matmuls and attention (whose recomputation costs the
+# FLOPs) and recomputes everything else in the block (LayerNorms, GELU, adds, casts, TP collectives)
+_AC_SAVE = {getattr(torch.ops.aten, op).default for op in (
+    "mm", "addmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")}
 
 
 def _selective_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
@@ -50,8 +45,7 @@ def check_compiled_ac(mode: str, compile: bool, tp: int) -> None:
 
 
 def apply_ac(model: GPT, mode: str) -> None:
-    """Activation checkpointing per block (docs/train.md, "Model options"): "full", "selective" or "none". Each
-    block checkpoints itself (Block.checkpoint_activations), so parameter names are the same in every mode."""
+    """Activation checkpointing per block (Block.checkpoint_activations): "full", "selective" or "none"."""
     check_ac_mode(mode)
     if mode == "none":
         return
@@ -60,33 +54,25 @@ def apply_ac(model: GPT, mode: str) -> None:
         block.checkpoint_activations(context_fn)
 
 
-def parallelize(
-    model: GPT, mesh: DeviceMesh | None, compile: bool = False, param_dtype: torch.dtype | None = None,
-    activation_checkpointing: str = "none", plan: dict[str, ParallelStyle] = TP_PLAN,
-) -> GPT:
-    """Apply TP (on mesh["tensor_parallel"]), then activation checkpointing per block, then torch.compile per block,
-    then FSDP2 (on mesh["data_parallel"]): why this order, docs/train.md, "How the model is split". mesh=None (one
-    device) only checkpoints and compiles. param_dtype (bf16 for bf16-mixed): FSDP2 all-gathers parameters in it and
-    reduce-scatters gradients in float32. plan: module path -> ParallelStyle, TP_PLAN unless another is given.
-    Idempotent: an already-parallelized model is left as is."""
+def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False, param_dtype: torch.dtype | None = None,
+                activation_checkpointing: str = "none", plan: dict[str, ParallelStyle] = TP_PLAN) -> GPT:
+    """TP on mesh["tensor_parallel"] with `plan`, then per block checkpointing and torch.compile, then FSDP2 on
+    mesh["data_parallel"] (the order: docs/train.md, "How the model is split"); mesh=None: no TP and no FSDP2.
+    param_dtype (bf16-mixed): FSDP2 gathers parameters in it, reduces gradients in float32. Idempotent."""
     if is_parallelized(model):
         return model
-    tp_size = mesh["tensor_parallel"].size() if mesh is not None else 1
-    dp_size = mesh["data_parallel"].size() if mesh is not None else 1
+    tp_size, dp_size = (mesh["tensor_parallel"].size(), mesh["data_parallel"].size()) if mesh is not None else (1, 1)
     validate_layout(model.config, tp=tp_size, dp=dp_size)
     check_compiled_ac(activation_checkpointing, compile, tp_size)
 
     # 1. Tensor parallelism. parallelize_module registers new Parameters, which unties wte and lm_head:
     #    both are Shard(0) over the vocabulary, so the tie is restored by pointing lm_head at wte's new DTensor.
     if tp_size > 1:
-        tp_mesh = mesh["tensor_parallel"]
-        parallelize_module(model, tp_mesh, plan)
+        parallelize_module(model, mesh["tensor_parallel"], plan)
         model.tie_weights()
 
-    # 2. Activation checkpointing, each block's forward wrapped in place (apply_ac).
+    # 2. Activation checkpointing, then 3. torch.compile, per block and in place (no _orig_mod in parameter names).
     apply_ac(model, activation_checkpointing)
-
-    # 3. torch.compile each block in place (keeps parameter names free of _orig_mod).
     if compile:
         for block in model.transformer.h:
             block.compile()
@@ -95,9 +81,8 @@ def parallelize(
     if dp_size > 1:
         dp_mesh = mesh["data_parallel"]
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
-        for block in model.transformer.h:
-            fully_shard(block, mesh=dp_mesh, mp_policy=mp)
-        fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+        for module in (*model.transformer.h, model):
+            fully_shard(module, mesh=dp_mesh, mp_policy=mp)
     return model
 
 
@@ -112,8 +97,7 @@ def _fill_local_shard(param: torch.Tensor, full: torch.Tensor) -> None:
 
 def materialize(model: GPT, device: torch.device) -> None:
     """After building on the meta device and parallelizing: allocate the local shards and give them the single-device
-    init, each parameter drawn at full size from rank 0's init_seed and cut to the local shard. No-op without meta
-    parameters."""
+    init (GPT.init_weights with rank 0's init_seed). No-op without meta parameters."""
     if not any(p.is_meta for p in model.parameters()):
         return
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:

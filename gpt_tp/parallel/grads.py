@@ -12,25 +12,26 @@ from gpt_tp.parallel.plan import is_sequence_partial
 
 @torch.no_grad()
 def reduce_partial_grads(model: nn.Module) -> int:
-    """Sum the sequence-partial gradients (LayerNorms, wpe: see SequenceReplicated) over the TP group, all of them
-    in one flat all-reduce, in place. Call it once per optimizer step, after the (accumulated) backward and, at
-    DP > 1, after FSDP2's reduce-scatter, so each rank sums only its DP shard; clip_grad_norm calls it (a second
-    call would add the sums again). Returns the number of gradients reduced."""
-    grads = [p.grad.to_local() for m in model.modules() if is_sequence_partial(m)
-             for p in m.parameters(recurse=False) if p.grad is not None]
+    """Sum the sequence-partial gradients (SequenceReplicated) over TP in one flat all-reduce, in place, once per step:
+    after the (accumulated) backward and, at DP > 1, FSDP2's reduce-scatter (so each rank sums only its DP shard).
+    clip_grad_norm calls it; a second call would add the sums again. Returns the number of gradients reduced."""
+    params = [p for m in model.modules() if is_sequence_partial(m) for p in m.parameters(recurse=False)]
+    grads = [p.grad.to_local() for p in params if p.grad is not None]
     if grads:
         flat = torch.cat([g.reshape(-1) for g in grads])
-        mesh = next(p for m in model.modules() if is_sequence_partial(m) for p in m.parameters(recurse=False)).device_mesh
-        dist.all_reduce(flat, group=mesh.get_group("tensor_parallel"))
+        dist.all_reduce(flat, group=params[0].device_mesh.get_group("tensor_parallel"))
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))
     return len(grads)
 
 
-def _sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
-    """This rank's share of the squared global norm: the local shards' squares, each divided by how many ranks
-    hold a copy of it (the product of the mesh dims it is replicated on), so summing over all ranks counts every
-    element once."""
+def grad_norm(model: nn.Module) -> torch.Tensor:
+    """The step's gradient sync and global norm, for every layout: reduce_partial_grads, then one all-reduce of the
+    squared-norm shares over the whole (dp, tp) mesh. A plain scalar tensor, without a host sync; once per step."""
+    reduce_partial_grads(model)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    # each local shard's squares over how many ranks hold a copy of it (the product of the mesh dims it is replicated
+    # on), so summing over all ranks counts every element once
     by_copies: dict[int, list[torch.Tensor]] = {}
     for g in grads:
         copies = 1
@@ -41,16 +42,7 @@ def _sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
             g = g.to_local()
         by_copies.setdefault(copies, []).append(g)
     squares = [torch.nn.utils.get_total_norm(gs, foreach=True).float() ** 2 / c for c, gs in by_copies.items()]
-    return torch.stack(squares).sum() if squares else torch.zeros(())
-
-
-def grad_norm(model: nn.Module) -> torch.Tensor:
-    """The step's gradient sync and global norm, for every layout: sum the sequence-partial gradients over TP
-    (reduce_partial_grads), then one all-reduce of the squared-norm shares over the whole (dp, tp) mesh. Returns
-    the norm as a plain scalar tensor, without a host sync. Call it once per optimizer step."""
-    reduce_partial_grads(model)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    sq = _sum_of_squares(grads)
+    sq = torch.stack(squares).sum() if squares else torch.zeros(())
     meshes = {g.device_mesh for g in grads if isinstance(g, DTensor)}
     if meshes:
         (mesh,) = meshes  # every parameter lives on the one (dp, tp) mesh
@@ -61,8 +53,8 @@ def grad_norm(model: nn.Module) -> torch.Tensor:
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None, norm: torch.Tensor | None = None) -> torch.Tensor:
-    """Scale the gradients down to max_norm (if set) by their global norm: `norm` from grad_norm, or taken here
-    (grad_norm: the step's gradient sync). Returns the norm before clipping."""
+    """Scale the gradients down to max_norm (if set) by their global norm: `norm` from grad_norm, or taken here (the
+    step's gradient sync). Returns the norm before clipping."""
     norm = grad_norm(model) if norm is None else norm
     if max_norm:
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)

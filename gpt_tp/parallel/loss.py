@@ -48,10 +48,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy of (B, T, V) logits against (B, T) targets, as a plain scalar tensor, the same on
-    every rank. Logits may be a DTensor sharded over the vocabulary (Shard(-1) on the tensor-parallel mesh, as
-    lm_head leaves them); backward needs no context manager."""
-    group, vocab_start = None, 0
+    """Mean cross-entropy of (B, T, V) logits (or lm_head's Shard(-1) DTensor on the TP mesh) against (B, T) targets:
+    a plain scalar tensor, the same on every rank; backward needs no context manager."""
+    group, vocab_start, local = None, 0, logits
     if isinstance(logits, DTensor):
         if logits.device_mesh.ndim != 1 or logits.placements != (Shard(logits.ndim - 1),):
             raise ValueError(f"cross_entropy expects logits sharded over the vocabulary on a 1-D mesh, got "
@@ -62,6 +61,4 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         group = mesh.get_group()
         local = logits.to_local()  # differentiable: its gradient comes back as a Shard(-1) DTensor
         vocab_start = mesh.get_local_rank() * local.shape[-1]
-    else:
-        local = logits
     return _VocabParallelCrossEntropy.apply(local.flatten(0, 1), targets.flatten(), vocab_start, group)  # (B*T, V_local), (B*T,)

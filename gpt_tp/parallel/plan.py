@@ -1,6 +1,5 @@
-"""The tensor-parallel plan for gpt_tp.model.GPT: TP_PLAN, Megatron-style tensor parallelism with sequence
-parallelism on the mesh's "tensor_parallel" dim; the model file knows nothing of it. What each module becomes and
-what it communicates: docs/train.md, "How the model is split"."""
+"""TP_PLAN: Megatron-style tensor parallelism with sequence parallelism for gpt_tp.model.GPT on the mesh's
+"tensor_parallel" dim; the model file knows nothing of it (docs/train.md, "How the model is split")."""
 
 import warnings
 
@@ -32,10 +31,8 @@ _LOCAL = {nn.LayerNorm: _LocalLayerNorm, nn.Embedding: _LocalEmbedding}
 
 
 class SequenceReplicated(ParallelStyle):
-    """LayerNorms and wpe under sequence parallelism, Megatron's way: weights replicated DTensors on the TP mesh,
-    computed on this rank's slice of the sequence with their local copies (no communication in forward). Their
-    gradients, labelled Replicate, hold only this rank's share of the sequence: reduce_partial_grads sums them over
-    TP in one all-reduce. split_input: cut the input (wpe's positions, (T,) on every rank) to this rank's T/tp."""
+    """LayerNorms and wpe, Megatron's way: replicated weights used on this rank's sequence slice, so their gradients
+    (labelled Replicate) are partial: reduce_partial_grads sums them. split_input: cut wpe's positions (T,) to T/tp."""
 
     def __init__(self, split_input: bool = False):
         super().__init__()
@@ -80,10 +77,8 @@ def enable_async_tp(tp_mesh) -> None:
     """Turn on Inductor's micro-pipelining of TP collectives with their matmuls over symmetric memory
     (torch._inductor.config._micro_pipeline_tp) before the first compiled forward; refused without CUDA or at TP=1."""
     if tp_mesh.device_type != "cuda":
-        raise RuntimeError(
-            f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on '{tp_mesh.device_type}'. "
-            "Leave async TP off on CPU."
-        )
+        raise RuntimeError(f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on "
+                           f"'{tp_mesh.device_type}'. Leave async TP off on CPU.")
     if tp_mesh.size() < 2:
         raise RuntimeError("async TP needs tensor_parallel_size >= 2: there is nothing to overlap at TP=1")
     import torch._inductor.config as inductor_config

@@ -1,6 +1,7 @@
-"""Sequence parallelism on plain local tensors: the styles of gpt_tp's TP_PLAN. Parameters are DTensors on the TP
-mesh, but each block computes on their local shards with explicit functional collectives along dim 0, in
-"token-major" order where that saves a copy. See docs/performance.md, "The layout"."""
+"""The styles of TP_PLAN: parameters are DTensors on the TP mesh, but each block computes on their local shards with
+explicit functional collectives along dim 0, token-major where that saves a copy (docs/performance.md, "The layout")."""
+
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -36,8 +37,7 @@ def to_sequence_order(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def autocast_dtype_of(x: torch.Tensor) -> torch.dtype | None:
     """The dtype the next matmul runs in under autocast (None outside autocast)."""
-    device = x.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
 
 
 def cast_for_matmul(x: torch.Tensor) -> torch.Tensor:
@@ -55,22 +55,13 @@ class _TP:
         self.group = mesh.get_group().group_name
 
 
-def _distribute(module: nn.Module, mesh: DeviceMesh, placements: dict[str, list]) -> None:
-    for name, placement in placements.items():
-        p = getattr(module, name, None)
-        if p is not None:
-            param = nn.Parameter(distribute_tensor(p, mesh, placement), requires_grad=p.requires_grad)
-            module.register_parameter(name, param)
-
-
 def _local(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.to_local()
 
 
 class _RowParallel(torch.autograd.Function):
-    """A row-parallel layer: y = x W^T (partial sums over this rank's K slice), reduce-scattered along dim 0 into this
-    rank's (B, T/n, C) token slice, plus the replicated bias b. reorder_input: x is attention's (B, T, K) output, put
-    in token-major order by a copy that backward redoes rather than keeps; b's gradient needs no collective."""
+    """Row-parallel: x W^T (partial sums over this rank's K slice) reduce-scattered into this rank's (B, T/n, C) slice,
+    plus b. reorder_input: x is attention's (B, T, K) output, made token-major by a copy backward redoes, not keeps."""
 
     @staticmethod
     def forward(ctx, x, w, b, n: int, group: str, reorder_input: bool) -> torch.Tensor:
@@ -101,9 +92,8 @@ class _RowParallel(torch.autograd.Function):
 
 
 class _ColParallel(torch.autograd.Function):
-    """A column-parallel layer fed by a sequence all-gather: y = all_gather(x) W^T + b, x this rank's (B, T/n, C)
-    slice. Backward keeps only the slice and gathers it again (Megatron-LM), overlapped with the matmuls. in_order:
-    the gathered buffer is put in (B, T) order (attention, lm_head), else it stays token-major (the MLP)."""
+    """Column-parallel: all_gather(x) W^T + b, x this rank's (B, T/n, C) slice; backward gathers x again (Megatron-LM),
+    overlapped with the matmuls. in_order: the gather in (B, T) order (attention, lm_head), else token-major (MLP)."""
 
     @staticmethod
     def forward(ctx, x, w, b, n: int, group: str, in_order: bool) -> torch.Tensor:
@@ -137,8 +127,7 @@ class _ColParallel(torch.autograd.Function):
 
 
 class ColwiseLinear(nn.Linear):
-    """Column-parallel Linear: weight rows and bias split over TP (Shard(0)). `gather`: None takes the gathered
-    activation; "in_order" / "token_major" gather this rank's (B, T/n, C) slice first (_ColParallel)."""
+    """Column-parallel (Shard(0)); gather: None (input already whole), "in_order" or "token_major" (_ColParallel)."""
 
     tp: _TP
     gather: str | None
@@ -151,8 +140,7 @@ class ColwiseLinear(nn.Linear):
 
 
 class RowwiseLinear(nn.Linear):
-    """Row-parallel Linear: weight columns split (Shard(1)), bias replicated; the partial sums are reduce-scattered
-    into this rank's token slice. `reorder_input`: the input is attention's (B, T, K) output (_RowParallel)."""
+    """Row-parallel (weight Shard(1), bias replicated), reduce-scattered to this rank's slice (_RowParallel)."""
 
     tp: _TP
     reorder_input: bool
@@ -163,30 +151,27 @@ class RowwiseLinear(nn.Linear):
 
 
 class VocabParallelEmbedding(nn.Embedding):
-    """wte split over the vocabulary (Shard(0)): each rank looks up the ids it holds (zeros elsewhere) in token-major
-    order, and a reduce-scatter sums the ranks' rows into this rank's (B, T/n, C) slice."""
+    """wte split over the vocabulary (Shard(0)): token-major lookups of the ids held here (zeros elsewhere), summed
+    over ranks by a reduce-scatter into this rank's (B, T/n, C) slice."""
 
     tp: _TP
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        n = self.tp.n
-        w = self.weight.to_local()  # (V/n, C)
-        idx = to_token_major(idx, n)  # (B, T) -> (n B, T/n)
-        local = idx - self.tp.rank * w.shape[0]
+        n, w = self.tp.n, self.weight.to_local()  # (V/n, C)
+        local = to_token_major(idx, n) - self.tp.rank * w.shape[0]  # (B, T) -> (n B, T/n)
         outside = (local < 0) | (local >= w.shape[0])
         y = F.embedding(local.masked_fill(outside, 0), w).masked_fill(outside.unsqueeze(-1), 0.0)  # (n B, T/n, C) partial
         return reduce_scatter_rows(y, n, self.tp.group)  # (B, T/n, C)
 
 
-class VocabParallelHead(nn.Linear):
-    """lm_head split over the vocabulary (Shard(0), tied to wte): gathers the (B, T/n, C) slices in (B, T) order
-    and returns this rank's logits (B, T, V/n) as a Shard(-1) DTensor for gpt_tp.parallel.loss.cross_entropy."""
+class VocabParallelHead(ColwiseLinear):
+    """lm_head split over the vocabulary (Shard(0), tied to wte), gathering in (B, T) order: this rank's logits
+    (B, T, V/n) as a Shard(-1) DTensor for gpt_tp.parallel.loss.cross_entropy."""
 
-    tp: _TP
+    gather = "in_order"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _ColParallel.apply(x, self.weight.to_local(), _local(self.bias), self.tp.n, self.tp.group, True)  # (B, T, V/n)
-        return DTensor.from_local(y, self.tp.mesh, (Shard(-1),), run_check=False)
+        return DTensor.from_local(super().forward(x), self.tp.mesh, (Shard(-1),), run_check=False)  # (B, T, V/n)
 
 
 class LocalStyle(ParallelStyle):
@@ -197,7 +182,11 @@ class LocalStyle(ParallelStyle):
         self.cls, self.placements, self.attrs = cls, placements, attrs
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _distribute(module, device_mesh, self.placements)
+        for name, placement in self.placements.items():
+            p = getattr(module, name, None)
+            if p is not None:
+                param = nn.Parameter(distribute_tensor(p, device_mesh, placement), requires_grad=p.requires_grad)
+                module.register_parameter(name, param)
         module.__class__ = self.cls
         module.tp = _TP(device_mesh)
         for k, v in self.attrs.items():
@@ -205,17 +194,8 @@ class LocalStyle(ParallelStyle):
         return module
 
 
-def colwise(gather: str | None = None) -> LocalStyle:
-    return LocalStyle(ColwiseLinear, {"weight": [Shard(0)], "bias": [Shard(0)]}, gather=gather)
-
-
-def rowwise(reorder_input: bool) -> LocalStyle:
-    return LocalStyle(RowwiseLinear, {"weight": [Shard(1)], "bias": [Replicate()]}, reorder_input=reorder_input)
-
-
-def vocab_embedding() -> LocalStyle:
-    return LocalStyle(VocabParallelEmbedding, {"weight": [Shard(0)]})
-
-
-def vocab_head() -> LocalStyle:
-    return LocalStyle(VocabParallelHead, {"weight": [Shard(0)], "bias": [Shard(0)]})
+# TP_PLAN's styles: colwise(gather=...), rowwise(reorder_input=...), vocab_embedding(), vocab_head()
+colwise = partial(LocalStyle, ColwiseLinear, {"weight": [Shard(0)], "bias": [Shard(0)]}, gather=None)
+rowwise = partial(LocalStyle, RowwiseLinear, {"weight": [Shard(1)], "bias": [Replicate()]})
+vocab_embedding = partial(LocalStyle, VocabParallelEmbedding, {"weight": [Shard(0)]})
+vocab_head = partial(LocalStyle, VocabParallelHead, {"weight": [Shard(0)], "bias": [Shard(0)]})

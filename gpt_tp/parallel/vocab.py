@@ -1,6 +1,5 @@
-"""The padded vocabulary in evaluation: GPT-2's 50257 token ids padded to vocab_size (50304) rows. Scoring and
-sampling leave the padding out of the softmax: imported Hugging Face weights have zero rows there, whose logit 0
-lies far above GPT-2's real logits."""
+"""Scoring and sampling leave the vocabulary padding (ids 50257 .. vocab_size - 1) out of the softmax: imported Hugging
+Face weights have zero rows there, whose logit 0 lies far above GPT-2's real logits."""
 
 import torch
 from torch.distributed.tensor import DTensor

@@ -7,8 +7,8 @@ from gpt_tp.model import GPTConfig
 
 
 class LayoutError(UserError):
-    """A model / device layout that cannot work, stated in the model's terms; ``quantities`` names what is at fault
-    ("tp", "dp", "world_size", "n_head", "n_embd", "vocab_size", "seq_len") for a command to name its own flags."""
+    """A layout that cannot work; ``quantities`` names what is at fault ("tp", "dp", "world_size", "n_head",
+    "n_embd", "vocab_size", "seq_len") for a command to name its own flags."""
 
     def __init__(self, message: str, quantities: tuple[str, ...] = ()):
         super().__init__(message)
@@ -16,16 +16,12 @@ class LayoutError(UserError):
 
 
 def divisors(n: int) -> list[int]:
-    """1 <= d <= n with n % d == 0, ascending."""
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def valid_tp_sizes(config: GPTConfig, seq_len: int | None = None) -> list[int]:
-    """TP degrees this model can be split over: each must divide the heads, the widths, the vocab and T."""
-    g = gcd(config.n_head, config.n_embd, 4 * config.n_embd, config.vocab_size)
-    if seq_len is not None:
-        g = gcd(g, seq_len)
-    return divisors(g)
+    """TP degrees this model can be split over: each must divide the heads, the width, the vocab and T."""
+    return divisors(gcd(config.n_head, config.n_embd, config.vocab_size, seq_len or 0))  # gcd(x, 0) == x
 
 
 def fitting_layouts(config: GPTConfig, world_size: int, seq_len: int | None = None) -> list[tuple[int, int]]:
@@ -39,9 +35,8 @@ def _layouts_text(config: GPTConfig, world_size: int, seq_len: int | None) -> st
     return f"Layouts that fit {world_size} devices: {s}." if fits else f"No DP x TP layout fits {world_size} devices."
 
 
-def validate_layout(
-    config: GPTConfig, tp: int, dp: int = 1, world_size: int | None = None, seq_len: int | None = None
-) -> None:
+def validate_layout(config: GPTConfig, tp: int, dp: int = 1, world_size: int | None = None,
+                    seq_len: int | None = None) -> None:
     """Raise LayoutError, with the layouts that would fit, if this model cannot run as dp x tp on world_size devices."""
     world_size = dp * tp if world_size is None else world_size
     if tp < 1 or dp < 1:
@@ -51,10 +46,9 @@ def validate_layout(
             f"data-parallel size {dp} x tensor-parallel size {tp} = {dp * tp}, but the run has {world_size} devices. "
             f"{_layouts_text(config, world_size, seq_len)}", ("dp", "tp", "world_size")
         )
-    checks = [
+    checks = [  # a tp that divides n_embd divides the MLP's 4 * n_embd too
         ("n_head", config.n_head, "every rank holds whole attention heads"),
         ("n_embd", config.n_embd, "row-parallel projections split the width"),
-        ("4 * n_embd", 4 * config.n_embd, "the MLP's hidden units are split"),
         ("vocab_size", config.vocab_size, "the embedding and lm_head are split over the vocabulary; pad it"),
     ]
     if seq_len is not None:
@@ -65,7 +59,7 @@ def validate_layout(
                 f"tensor-parallel size {tp} must divide {name}={value} ({why}); it divides by "
                 f"{', '.join(map(str, divisors(value)[:12]))}. Valid tensor-parallel sizes for this model: "
                 f"{', '.join(map(str, valid_tp_sizes(config, seq_len)))}. {_layouts_text(config, world_size, seq_len)}",
-                ("tp", name.removeprefix("4 * ")),
+                ("tp", name),
             )
 
 
@@ -74,11 +68,8 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
     if total is None or B * T * dp * accum == total:
         return
     per_step = B * T * dp
-    hint = (
-        f"set trainer.accumulate_grad_batches={total // per_step}"
-        if total % per_step == 0
-        else f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}"
-    )
+    hint = (f"set trainer.accumulate_grad_batches={total // per_step}" if total % per_step == 0
+            else f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}")
     raise UserError(
         f"model.total_batch_size={total} tokens, but data.batch_size={B} x data.seq_len={T} x data-parallel size "
         f"{dp} x trainer.accumulate_grad_batches={accum} = {per_step * accum}: {hint} "
@@ -89,8 +80,7 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
 def check_run(config: GPTConfig, tp: int, dp: int, seq_len: int | None, batch_size: int | None = None,
               accum: int = 1, total_batch_size: int | None = None, world_size: int | None = None) -> None:
     """The one check of a run's shapes, before launch (cli.py) and at the first batch of a run that bypasses it
-    (GPTModule): T fits the model's block_size, the model splits as dp x tp (validate_layout: a LayoutError naming
-    the quantities at fault), and with a batch size, B x T x dp x accum is total_batch_size."""
+    (GPTModule): T <= block_size, the model splits as dp x tp, and B x T x dp x accum is total_batch_size."""
     if seq_len is not None and seq_len > config.block_size:
         raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
     validate_layout(config, tp=tp, dp=dp, world_size=world_size, seq_len=seq_len)

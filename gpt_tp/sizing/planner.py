@@ -1,7 +1,6 @@
-"""Layout planner: which data-parallel x tensor-parallel layouts can train this GPT on these devices, and how much
-memory each needs per device (the command: python -m gpt_tp.train.plan; cli.py's `auto` sizes: resolve_layout).
-TP divides the devices per node; among the layouts that fit the smallest TP wins, since TP communicates four times
-per layer on the critical path and FSDP2 overlaps its collectives with compute (docs/scale.md, "The planner")."""
+"""Layout planner (python -m gpt_tp.train.plan; resolve_layout for cli.py's `auto` sizes): each DP x TP layout's memory
+per device, and the pick: TP divides the devices per node and the smallest TP that fits wins, since TP communicates
+four times per layer on the critical path while FSDP2 overlaps its collectives (docs/scale.md, "The planner")."""
 
 from dataclasses import dataclass, field
 
@@ -40,12 +39,6 @@ class Plan:
         return self.devices_per_node * self.num_nodes
 
 
-def _invalid_reason(config: GPTConfig, tp: int, seq_len: int) -> str:
-    checks = [("n_head", config.n_head), ("n_embd", config.n_embd), ("vocab_size", config.vocab_size), ("seq_len", seq_len)]
-    bad = [f"{name}={v}" for name, v in checks if v % tp]
-    return f"TP={tp} does not divide {', '.join(bad)}"
-
-
 def _check_inputs(config: GPTConfig, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib,
                   overhead_gib, usable_fraction) -> None:
     for name, v in [("devices_per_node", devices_per_node), ("num_nodes", num_nodes), ("batch_size", batch_size),
@@ -68,41 +61,35 @@ def _check_inputs(config: GPTConfig, devices_per_node, num_nodes, batch_size, se
             "(--memory-gib) or a smaller --overhead-gib")
 
 
-def plan(
-    config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
-    device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
-    overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none",
-) -> Plan:
+def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
+         device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
+         overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none") -> Plan:
     """Every TP size that divides the devices per node, with its memory estimate, validity and fit; and the choice:
     the valid layout with the smallest TP that fits (all fit when device_memory_gib is None)."""
     _check_inputs(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, overhead_gib, usable_fraction)
     precision_bytes(precision)  # a PlanError naming the known precisions
     out = Plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, str(precision), ac)
-    world = devices_per_node * num_nodes
     valid = set(valid_tp_sizes(config, seq_len))
+    shapes = {"n_head": config.n_head, "n_embd": config.n_embd, "vocab_size": config.vocab_size, "seq_len": seq_len}
 
     def layout_memory(dp: int, tp: int) -> tuple[Memory, bool]:
         m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac)
         return m, fits(m, device_memory_gib, usable_fraction)
 
     for tp in divisors(devices_per_node):
-        lay = Layout(dp=world // tp, tp=tp)
+        lay = Layout(dp=out.world_size // tp, tp=tp)
         if tp not in valid:
-            lay.reason = _invalid_reason(config, tp, seq_len)
+            lay.reason = f"TP={tp} does not divide {', '.join(f'{n}={v}' for n, v in shapes.items() if v % tp)}"
         else:
             lay.memory, lay.fits = layout_memory(lay.dp, tp)
             if not lay.fits:
                 lay.reason = f"needs {lay.memory.total / GIB:.1f} GiB > {usable_fraction:.0%} of {device_memory_gib:g} GiB"
         out.layouts.append(lay)
     out.choice = next((lay for lay in out.layouts if lay.fits), None)
-
     bad = [lay for lay in out.layouts if lay.memory is None]
     if bad:
-        out.notes.append(
-            f"valid TP sizes for this model (n_head={config.n_head}, n_embd={config.n_embd}, vocab_size="
-            f"{config.vocab_size}, seq_len={seq_len}): {', '.join(map(str, sorted(valid)))}; "
-            + "; ".join(lay.reason for lay in bad)
-        )
+        out.notes.append(f"valid TP sizes for this model ({', '.join(f'{n}={v}' for n, v in shapes.items())}): "
+                         f"{', '.join(map(str, sorted(valid)))}; " + "; ".join(lay.reason for lay in bad))
         for tp in divisors(config.n_head):  # TP sizes a node of this size allows with whole heads, other V or T
             if 1 < tp <= devices_per_node and tp not in valid and config.n_embd % tp == 0:
                 needs = []
@@ -125,19 +112,17 @@ def _no_fit_hint(p: Plan, layout_memory, valid: set[int]) -> str:
     sized = [lay for lay in p.layouts if lay.memory is not None]
     if not sized:
         return "no valid TP size on nodes of this size (see the notes above)"
-    best = min(sized, key=lambda lay: lay.memory.total - lay.memory.activations - lay.memory.transient)
-    m = best.memory
-    state = m.total - m.activations - m.transient
-    hints = []
+    best = min(sized, key=lambda lay: lay.memory.states + lay.memory.overhead)
+    state = best.memory.states + best.memory.overhead
     if state <= p.device_memory_gib * GIB * 0.95:
-        hints.append("lower data.batch_size (planner: --batch-size) and raise trainer.accumulate_grad_batches to keep "
-                     "the tokens per step")
+        hints = ["lower data.batch_size (planner: --batch-size) and raise trainer.accumulate_grad_batches to keep the "
+                 "tokens per step"]
     else:
-        hints.append(f"weights, gradients, AdamW state and overhead alone need {state / GIB:.1f} GiB at DP={best.dp} x "
-                     f"TP={best.tp}, so a smaller batch cannot help")
+        hints = [f"weights, gradients, AdamW state and overhead alone need {state / GIB:.1f} GiB at DP={best.dp} x "
+                 f"TP={best.tp}, so a smaller batch cannot help"]
+        tps = [tp for tp in sorted(valid) if tp <= p.devices_per_node and p.devices_per_node % tp == 0]
         for nodes in range(p.num_nodes + 1, 1025):  # more ranks: FSDP2 shards the state over data parallelism
             world = nodes * p.devices_per_node
-            tps = [tp for tp in sorted(valid) if tp <= p.devices_per_node and p.devices_per_node % tp == 0]
             fit = next((tp for tp in tps if layout_memory(world // tp, tp)[1]), None)
             if fit is not None:
                 hints.append(f"{nodes} nodes of {p.devices_per_node} (DP={world // fit} x TP={fit}: the state sharded "
@@ -150,7 +135,6 @@ def _no_fit_hint(p: Plan, layout_memory, valid: set[int]) -> str:
 
 
 def format_plan(p: Plan) -> str:
-    """A human-readable table of the plan."""
     c = p.config
     mem = "unlimited" if p.device_memory_gib is None else f"{p.device_memory_gib:g} GiB"
     lines = [
@@ -167,9 +151,7 @@ def format_plan(p: Plan) -> str:
             continue
         m = lay.memory
         g = [x / GIB for x in (m.params, m.grads, m.optimizer, m.activations, m.transient, m.overhead, m.total)]
-        status = "fits" if lay.fits else lay.reason
-        if lay is p.choice:
-            status += "  <- chosen"
+        status = ("fits" if lay.fits else lay.reason) + ("  <- chosen" if lay is p.choice else "")
         lines.append(f"{name:<14}{g[0]:8.2f}{g[1]:8.2f}{g[2]:8.2f}{g[3]:8.2f}{g[4]:10.2f}{g[5]:9.2f}{g[6]:11.2f}  {status}")
     lines += [f"note: {n}" for n in p.notes]
     if p.choice is not None:
@@ -177,26 +159,19 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def resolve_layout(
-    config: GPTConfig, world_size: int, devices_per_node: int, num_nodes: int, batch_size: int, seq_len: int,
-    device_memory_gib: float | None = None, precision: str = "bf16-mixed", dp: int | str = "auto", tp: int | str = "auto",
-    ac: str = "none", accum: int = 1, total_batch_size: int | None = None,
-) -> tuple[int, int]:
-    """(dp, tp) for ModelParallelStrategy when either size is "auto": the planner's choice (smallest TP that fits;
-    without a memory size, the smallest valid TP) among the layouts whose batch_size x seq_len x dp x accum is
-    total_batch_size (None: any). A size given as a number is kept and the other one derived. Raises LayoutError
-    (with the valid layouts) when nothing works, before any process group exists."""
+def resolve_layout(config: GPTConfig, world_size: int, devices_per_node: int, num_nodes: int, batch_size: int,
+                   seq_len: int, device_memory_gib: float | None = None, precision: str = "bf16-mixed",
+                   dp: int | str = "auto", tp: int | str = "auto", ac: str = "none", accum: int = 1,
+                   total_batch_size: int | None = None) -> tuple[int, int]:
+    """(dp, tp) when either size is "auto" (docs/scale.md): the smallest TP that fits among the layouts whose
+    batch_size x seq_len x dp x accum is total_batch_size (None: any); a LayoutError when none does."""
     if world_size != devices_per_node * num_nodes:
         raise LayoutError(f"world_size={world_size} != devices_per_node={devices_per_node} x num_nodes={num_nodes}")
     if dp != "auto" and tp != "auto":
         return int(dp), int(tp)
     p = plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, precision, ac=ac)
-    candidates = [lay for lay in p.layouts if lay.memory is not None]
-    if tp != "auto":
-        candidates = [lay for lay in candidates if lay.tp == int(tp)]
-    if dp != "auto":
-        candidates = [lay for lay in candidates if lay.dp == int(dp)]
-    fits = [lay for lay in candidates if lay.fits]
+    fits = [lay for lay in p.layouts  # only a sized layout fits
+            if lay.fits and (tp == "auto" or lay.tp == int(tp)) and (dp == "auto" or lay.dp == int(dp))]
     adds_up = [lay for lay in fits if total_batch_size is None or batch_size * seq_len * lay.dp * accum == total_batch_size]
     if adds_up:
         return adds_up[0].dp, adds_up[0].tp

@@ -1,9 +1,7 @@
-"""What a data-parallel x tensor-parallel layout puts on each rank and sends each step: the one source of TP-local
-parameter shapes (as gpt_tp.parallel.TP_PLAN splits them), of parameter / gradient / AdamW bytes per rank and of a
-training step's collectives with their bytes, used by the planner, the cost model, the benchmark and the audit."""
+"""What a DP x TP layout puts on each rank and sends each step: TP-local parameter shapes (as gpt_tp.parallel.TP_PLAN
+splits them), bytes per rank and a step's collectives, for the planner, the cost model, the benchmark and the audit."""
 
 import math
-from math import gcd
 from typing import NamedTuple
 
 from gpt_tp.model import GPTConfig
@@ -13,16 +11,12 @@ TP, DP = "tensor_parallel", "data_parallel"
 # trainer.precision -> bytes of (parameters / gradients / optimizer state, residual-stream activations, matmul
 # activations, log-softmax, the autocast weight copies kept for backward): the one list of precisions gpt_tp sizes
 PRECISIONS = {
-    "32-true": (4, 4, 4, 4, 0),
-    "32": (4, 4, 4, 4, 0),
-    "bf16-mixed": (4, 4, 2, 4, 2),
-    "16-mixed": (4, 4, 2, 4, 2),
-    "bf16-true": (2, 2, 2, 2, 0),
-    "16-true": (2, 2, 2, 2, 0),
+    "32-true": (4, 4, 4, 4, 0), "32": (4, 4, 4, 4, 0),
+    "bf16-mixed": (4, 4, 2, 4, 2), "16-mixed": (4, 4, 2, 4, 2),
+    "bf16-true": (2, 2, 2, 2, 0), "16-true": (2, 2, 2, 2, 0),
 }
 
-# model.activation_checkpointing: per block, keep everything ("none"), only its input ("full"), or its input and
-# its matmul and attention outputs ("selective"; gpt_tp.parallel.apply_ac)
+# model.activation_checkpointing: per block keep everything, only its input, or also its matmul and attention outputs
 AC_MODES = ("none", "full", "selective")
 
 
@@ -35,7 +29,7 @@ class LocalParam(NamedTuple):
 
 def padded_vocab(vocab_size: int, tp: int, multiple: int = 128) -> int:
     """The smallest vocabulary >= vocab_size divisible by tp and by `multiple` (fast matmuls)."""
-    step = tp * multiple // gcd(tp, multiple)
+    step = tp * multiple // math.gcd(tp, multiple)
     return -(-vocab_size // step) * step
 
 
@@ -67,7 +61,6 @@ def root_params(config: GPTConfig, tp: int) -> list[LocalParam]:
 
 
 def local_params(config: GPTConfig, tp: int) -> list[LocalParam]:
-    """Every parameter on one TP rank: the blocks', then the root's."""
     return block_params(config, tp) * config.n_layer + root_params(config, tp)
 
 
@@ -78,8 +71,7 @@ def numel(params: list[LocalParam], dp: int = 1) -> int:
 
 
 def state_bytes(config: GPTConfig, dp: int, tp: int, param_bytes: int = 4) -> dict[str, int]:
-    """Parameters, gradients (in the parameter dtype) and AdamW's two moments per rank, in bytes, and their total
-    (compare benchmarks.audit.measure_state_bytes)."""
+    """Parameters, gradients (in the parameter dtype), AdamW's two moments and their total, in bytes per rank."""
     n = numel(local_params(config, tp), dp)
     out = {"params": n * param_bytes, "grads": n * param_bytes, "optimizer": 2 * n * param_bytes}
     return {**out, "total": sum(out.values())}
@@ -93,21 +85,17 @@ def checkpoint_bytes(config: GPTConfig) -> int:
     return s["params"] + s["optimizer"] + config.vocab_size * config.n_embd * 4
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Collectives of one training step
+# ------------------------------------------ Collectives of one training step ------------------------------------------
 
 
 def wire_bytes(kind: str, nbytes: float, group_size: int) -> float:
     """Bytes each rank sends for a collective over a tensor of nbytes (the full, unsharded size), with the ring
     algorithm: all-gather and reduce-scatter (p-1)/p N, all-reduce twice that (reduce-scatter + all-gather)."""
-    if group_size <= 1:
-        return 0.0
-    return (2.0 if kind == "all_reduce" else 1.0) * (group_size - 1) / group_size * nbytes
+    return (2.0 if kind == "all_reduce" else 1.0) * (group_size - 1) / group_size * nbytes if group_size > 1 else 0.0
 
 
 def collective(dim: str, kind: str, group_size: int, count: int, nbytes: float) -> dict:
-    """One row of a collectives list: `count` collectives of `kind` on mesh dim `dim` moving `nbytes` full-tensor
-    bytes in all, with the bytes each rank sends."""
+    """`count` collectives of `kind` on mesh dim `dim` moving `nbytes` full-tensor bytes in all."""
     return {"dim": dim, "kind": kind, "group_size": group_size, "count": count, "bytes": int(nbytes),
             "wire_bytes": wire_bytes(kind, nbytes, group_size) if count else 0.0}
 
@@ -119,9 +107,8 @@ def merge(rows: list[dict]) -> list[dict]:
         if r["count"] == 0:
             continue
         m = out.setdefault((r["dim"], r["kind"]), {**r, "count": 0, "bytes": 0, "wire_bytes": 0.0})
-        m["count"] += r["count"]
-        m["bytes"] += r["bytes"]
-        m["wire_bytes"] += r["wire_bytes"]
+        for k in ("count", "bytes", "wire_bytes"):
+            m[k] += r[k]
     return sorted(out.values(), key=lambda r: (r["dim"], r["kind"]))
 
 
@@ -133,28 +120,26 @@ def counts(rows: list[dict]) -> dict[str, dict[str, int]]:
     return out
 
 
-def check_precision(precision: str) -> None:
+def check_precision(precision: str) -> tuple[int, int, int, int, int]:
+    """PRECISIONS' row for trainer.precision; a ValueError for any other."""
     if str(precision) not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose one of {', '.join(PRECISIONS)}")
+    return PRECISIONS[str(precision)]
 
 
 def fsdp_gather_bytes(precision: str) -> int:
-    """Bytes per element of the weights FSDP2 all-gathers: bf16 under bf16-mixed (MixedPrecisionPolicy's
-    param_dtype, gpt_tp.parallel.parallelize), else the parameters' own."""
-    check_precision(precision)
-    return 2 if str(precision) == "bf16-mixed" else PRECISIONS[str(precision)][0]
+    """Bytes per element FSDP2 all-gathers: 2 under bf16-mixed (parallelize's param_dtype), else the parameters'."""
+    return 2 if str(precision) == "bf16-mixed" else check_precision(precision)[0]
 
 
 def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp: int, precision: str) -> list[dict]:
-    """The TP group's collectives of one step under TP_PLAN (Megatron sequence parallelism), for L blocks: all_gather
-    6L + 3, reduce_scatter 4L + 2, all_reduce 3 (Korthikanti et al. 2022, section 4.2.2; which is which:
-    docs/performance.md, "The layout"). Under bf16 autocast the gathered LayerNorm outputs and the c_proj outputs
-    move 2-byte elements (gpt_tp.parallel.sp.cast_for_matmul); the embedding's, float32 unless FSDP2 gathers bf16."""
+    """The TP group's collectives of one step under TP_PLAN for L blocks (Korthikanti et al. 2022, section 4.2.2;
+    docs/performance.md, "The layout"): all_gather 6L + 3, reduce_scatter 4L + 2, all_reduce 3. Under bf16 autocast
+    the gathered LayerNorm and c_proj outputs move 2-byte elements; the embedding's, fp32 unless FSDP2 gathers bf16."""
     if tp <= 1:
         return []
     L, act = config.n_layer, batch_size * seq_len * config.n_embd
-    check_precision(precision)
-    mm = PRECISIONS[str(precision)][2]  # matmul outputs, and LayerNorm outputs cast before their gather
+    mm = check_precision(precision)[2]  # matmul outputs, and LayerNorm outputs cast before their gather
     emb = mm if dp > 1 else 4
     partial = numel([p for p in local_params(config, tp) if p.sequence_partial], dp)
     return [
@@ -167,27 +152,19 @@ def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp
     ]
 
 
-def fsdp_unit_bytes(config: GPTConfig, dp: int, tp: int, dtype_bytes: int) -> tuple[int, int]:
-    """Bytes of one block's and of the root's parameters as FSDP2 gathers them (each tensor padded along dim 0 to
-    a multiple of dp)."""
-    return (dp * numel(block_params(config, tp), dp) * dtype_bytes, dp * numel(root_params(config, tp), dp) * dtype_bytes)
-
-
 def fsdp_collectives(config: GPTConfig, dp: int, tp: int, precision: str) -> list[dict]:
     """The DP group's collectives of one step under FSDP2 (one unit per block, one root unit): all_gather 2L + 1
     (each unit before forward, each block again before backward), reduce_scatter L + 1 of float32 gradients."""
     if dp <= 1:
         return []
-    L = config.n_layer
-    block, root = fsdp_unit_bytes(config, dp, tp, 4)
-    gblock, groot = fsdp_unit_bytes(config, dp, tp, fsdp_gather_bytes(precision))
-    return [collective(DP, "all_gather", dp, 2 * L + 1, 2 * L * gblock + groot),
-            collective(DP, "reduce_scatter", dp, L + 1, L * block + root)]
+    L, g = config.n_layer, fsdp_gather_bytes(precision)
+    block, root = (dp * numel(params(config, tp), dp) for params in (block_params, root_params))  # padded as FSDP2 does
+    return [collective(DP, "all_gather", dp, 2 * L + 1, (2 * L * block + root) * g),
+            collective(DP, "reduce_scatter", dp, L + 1, (L * block + root) * 4)]
 
 
 def norm_collective(dp: int, tp: int) -> list[dict]:
-    """The grad norm (gpt_tp.parallel.clip_grad_norm): one float32 all-reduced over the whole mesh (the default
-    group on a 2-D mesh)."""
+    """The grad norm (gpt_tp.parallel.clip_grad_norm): one float32 all-reduced over the whole mesh."""
     if dp * tp <= 1:
         return []
     return [collective("world" if dp > 1 and tp > 1 else DP if dp > 1 else TP, "all_reduce", dp * tp, 1, 4)]

@@ -1,6 +1,7 @@
 """Distributed checkpoints: crash-safe saving, checked loading and resharding (the ModelParallel strategy), and
 consolidation (load_consolidated). See docs/train.md, "Checkpoints"."""
 
+import contextlib
 import errno
 import os
 import re
@@ -15,8 +16,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
-from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict
@@ -39,8 +39,7 @@ SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", f"[Errno {errno
 
 
 def is_space_error(e: BaseException | None) -> bool:
-    """A full disk or quota anywhere in the exception's chain; DCP wraps each rank's OSError in its own exception,
-    so its text counts too."""
+    """A full disk or quota anywhere in the chain (DCP wraps each rank's OSError, so its text counts too)."""
     while e is not None:
         if getattr(e, "errno", None) in SPACE_ERRNOS or any(t in str(e) for t in SPACE_TEXTS):
             return True
@@ -49,8 +48,7 @@ def is_space_error(e: BaseException | None) -> bool:
 
 
 def root_cause(e: BaseException) -> str:
-    """The storage error under `e` in one line: the first `[Errno N] ...` in its chain or text (DCP puts each rank's
-    traceback in its message), else its first line."""
+    """The storage error under `e` in one line: the first `[Errno N] ...` in its chain or text, else its first line."""
     for x in (e, e.__cause__, e.__context__):
         if isinstance(x, OSError):
             return f"{type(x).__name__}: {x}"
@@ -91,16 +89,14 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
     if inside:
         pick = "last.ckpt" if "last.ckpt" in inside else inside[-1]
         raise CheckpointError(f"{p} is a folder of checkpoints ({len(inside)}), not one: give {p / pick}, or 'last'")
-    missing = [f for f in (".metadata", META) if not (p / f).is_file()]
-    if missing:
+    if missing := [f for f in (".metadata", META) if not (p / f).is_file()]:
         raise CheckpointError(f"{p} is not a complete distributed checkpoint: {', '.join(missing)} missing")
     try:
         metadata = FileSystemReader(str(p)).read_metadata()
     except Exception as e:  # noqa: BLE001 - any unreadable metadata is the same user error
         raise CheckpointError(f"{p}/.metadata is unreadable ({type(e).__name__}: {e}); the checkpoint is corrupt") from e
     files = {getattr(s, "relative_path", None) for s in (metadata.storage_data or {}).values()} - {None}
-    missing = sorted(f for f in files if not (p / f).is_file())
-    if missing:
+    if missing := sorted(f for f in files if not (p / f).is_file()):
         raise CheckpointError(f"{p} is missing shard files {', '.join(missing)}; copy the whole checkpoint folder")
     if expected_shapes is None:
         return
@@ -124,19 +120,16 @@ def _fsync(path: Path) -> None:
 
 
 def recover_interrupted_saves(folder: str | os.PathLike, clean: bool = False) -> list[Path]:
-    """Undo what a save killed mid-way left in `folder`: a checkpoint moved aside to `<name>.old` whose replacement
-    never arrived goes back to `<name>`. With clean, also delete the leftovers: `.old` folders whose replacement is
-    in place and unfinished `.partial` folders. Returns the checkpoints put back. Several processes may run it at
-    once (each rename happens once; the others find nothing to do)."""
+    """Undo what a save killed mid-way left in `folder`: a `<name>.old` whose replacement never arrived goes back to
+    `<name>`; with clean, `.old` folders whose replacement is in place and `.partial` folders are deleted. Returns
+    the checkpoints put back. Safe to run in several processes at once."""
     restored = []
     for old in sorted(Path(folder).glob(f"*{OLD}")):
         name = old.with_name(old.name.removesuffix(OLD))
         if not name.exists() and not name.is_symlink():
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another process put it back first
                 os.rename(old, name)
                 restored.append(name)
-            except FileNotFoundError:  # another process put it back first
-                pass
         elif clean:
             shutil.rmtree(old, ignore_errors=True)
     if clean:
@@ -148,8 +141,8 @@ def recover_interrupted_saves(folder: str | os.PathLike, clean: bool = False) ->
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Make the finished `tmp` folder the checkpoint `final`, never leaving `final` without a complete checkpoint
-    that recover_interrupted_saves cannot bring back."""
+    """Make the finished `tmp` the checkpoint `final`, never leaving `final` without one that recover_interrupted_saves
+    cannot bring back."""
     _fsync(tmp / META)
     _fsync(tmp)
     old = final.with_name(final.name + OLD)
@@ -166,9 +159,7 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
     """A resumed run's ModelCheckpoint callbacks carry on the saved run's: the loaded step counts as saved, and a saved
     state with an empty last_model_path gets `<dirpath>/last.ckpt` (its unversioned last name) in the same folder."""
     states = checkpoint.get("callbacks") or {}
-    for cb in callbacks:
-        if not isinstance(cb, LightningModelCheckpoint):
-            continue
+    for cb in (c for c in callbacks if isinstance(c, LightningModelCheckpoint)):
         if "global_step" in checkpoint:
             mark_saved(cb, checkpoint["global_step"])  # not restored by Lightning (gpt_tp.train.lightning_internals)
         state = states.get(cb.state_key)
@@ -190,16 +181,14 @@ class ModelParallel(ModelParallelStrategy):
         self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
 
     def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:
-        """Run `action` on every rank, then share its outcome (gpt_tp.collective.one_does): if it failed on any
-        rank, every rank raises the same error, a storage error (OSError) as a CheckpointError. Also a barrier."""
-        rank = self.global_rank
+        """Run `action` on every rank (one_does, a barrier): a failure on any rank raises one CheckpointError on all."""
 
         def act() -> None:
             try:
                 action()
             except (Exception, CheckpointException) as e:  # DCP's is a BaseException; any failed write is the same
-                raise CheckpointError(f"{what} failed on rank {rank}: {root_cause(e)}; fix the storage (space, "
-                                      "permissions) and resume from the last checkpoint") from e
+                raise CheckpointError(f"{what} failed on rank {self.global_rank}: {root_cause(e)}; fix the storage "
+                                      "(space, permissions) and resume from the last checkpoint") from e
 
         one_does(act, doer=True)
 
@@ -233,10 +222,8 @@ class ModelParallel(ModelParallelStrategy):
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
         state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
         check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
-        if any(isinstance(p, DTensor) for p in self.model.parameters()):
-            checkpoint = super().load_checkpoint(path, weights_only=True)
-        else:
-            checkpoint = self._load_plain(path)
+        sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
+        checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
         _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint)
         return checkpoint
 
@@ -258,8 +245,7 @@ def load_consolidated(path: str | os.PathLike) -> tuple["GPTConfig", dict[str, t
     from gpt_tp.model import GPT, GPTConfig
 
     check_checkpoint(path)
-    meta = torch.load(Path(path) / META, weights_only=True)
-    hparams = dict(meta.get("hyper_parameters") or {})
+    hparams = torch.load(Path(path) / META, weights_only=True).get("hyper_parameters") or {}
     if "model" not in hparams:
         raise CheckpointError(f"{path}/{META} holds no gpt_tp hyper-parameters: not a gpt_tp checkpoint")
     config = GPTConfig.resolve(hparams["model"])

@@ -1,9 +1,5 @@
-"""gpt_tp's command line, `python cli.py fit --config configs/tp2.yaml` (see README): GPTCLI runs TrainingCLI
-(gpt_tp.train.config) with the checks that need no process group done first, in the launching process, so a
-mistake prints once. `auto` layouts are planned before launch by gpt_tp.sizing's planner.
-
-Subcommands: fit, validate (val loss, and HellaSwag where its callback is configured), predict (continue prompts).
-A user's mistake prints one line, `error: ...`, and exits with code 2 (gpt_tp.entry)."""
+"""gpt_tp's command line (cli.py, see README): GPTCLI runs TrainingCLI with the checks that need no process group
+done first, in the launching process, so a mistake prints once; `auto` layouts are planned before launch."""
 
 import glob
 import logging
@@ -42,25 +38,19 @@ QUIET_INFO = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
               "Trainer already configured with model summary callbacks")  # the last: GPTSummary, added below
 
 
-class _DropInfo(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(QUIET_INFO)
-
-
 def quiet_lightning() -> None:
-    """Silence, by message, Lightning's lines a gpt_tp user can do nothing about: the litlogger/litmodels tips, the
-    `Trainer.fit stopped` line (it lands on the bar's line; the closing line follows), and the LeafSpec deprecation
-    that Lightning 2.6's own pytree code raises on torch 2.13, once per rank. Every rank runs this (main)."""
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropInfo())
+    """Silence Lightning's lines a gpt_tp user can do nothing about; every rank runs this (main)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not record.getMessage().startswith(QUIET_INFO))
     threading.excepthook = quiet_writer_threads(threading.excepthook)  # TensorBoard's thread: its error comes back
+    # Lightning 2.6's own pytree code on torch 2.13, once per rank
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # predict's prompts are a plain iterable on purpose (every rank runs every prompt): no batch indices to infer
     warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader: `PromptBatches`")
 
 
 def make_writable(folder: str, what: str, flag: str, fix: str) -> None:
-    """Create `folder` in the launching process: one that cannot be made or written is one line before any rank
-    starts, not a failure on rank 0 alone while the others wait in a collective."""
+    """Create `folder` before any rank starts: not a failure on rank 0 alone while the others wait in a collective."""
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
@@ -71,9 +61,8 @@ def make_writable(folder: str, what: str, flag: str, fix: str) -> None:
 
 
 def relink_last(folders: set[str]) -> None:
-    """Lightning moves last.ckpt to a new step by deleting the link and making it again: a run killed in between
-    leaves complete checkpoints and no last.ckpt, and `--ckpt_path last` would start from step 0. Link it to the
-    newest complete checkpoint again, and say so."""
+    """A run killed between Lightning's unlink and relink of last.ckpt leaves no last.ckpt, and `--ckpt_path last`
+    would start from step 0: link it to the newest complete checkpoint again, and say so."""
     newest = latest_checkpoint(*sorted(folders))
     if newest is None:
         return
@@ -89,11 +78,20 @@ class GPTCLI(TrainingCLI):
     """TrainingCLI with gpt_tp's checks before launch."""
 
     def before_instantiate_classes(self) -> None:
-        """The config's own checks (check_config); `auto` data/tensor-parallel sizes: the planner picks the smallest
-        TP that fits the device memory; then, for `fit --simulate`, the simulation instead of the run."""
+        """check_config; `auto` layouts planned (the smallest TP that fits); `fit --simulate` instead of the run."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
-        self._plan_auto(cfg)
+        init = getattr(cfg.trainer.strategy, "init_args", None)
+        if init is not None and "auto" in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
+            devices, nodes = self._devices(cfg, "plan an 'auto' layout")
+            dp, tp = resolve_layout(
+                built_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes,
+                cfg.data.batch_size, cfg.data.seq_len, detect_device_memory_gib(), str(cfg.trainer.precision),
+                dp=init.data_parallel_size, tp=init.tensor_parallel_size, ac=cfg.model.activation_checkpointing,
+                accum=cfg.trainer.accumulate_grad_batches or 1,
+                total_batch_size=cfg.model.total_batch_size if self.subcommand == "fit" else None)
+            init.data_parallel_size, init.tensor_parallel_size = dp, tp
+            print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
         if self.subcommand == "fit" and cfg.get("simulate"):
             self._simulate(cfg)
 
@@ -105,25 +103,10 @@ class GPTCLI(TrainingCLI):
             raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to {to}")
         return devices, cfg.trainer.num_nodes
 
-    def _plan_auto(self, cfg) -> None:
-        init = getattr(cfg.trainer.strategy, "init_args", None)
-        if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
-            return
-        devices, nodes = self._devices(cfg, "plan an 'auto' layout")
-        dp, tp = resolve_layout(
-            built_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes, cfg.data.batch_size, cfg.data.seq_len,
-            detect_device_memory_gib(), str(cfg.trainer.precision), dp=init.data_parallel_size, tp=init.tensor_parallel_size,
-            ac=cfg.model.activation_checkpointing, accum=cfg.trainer.accumulate_grad_batches or 1,
-            total_batch_size=cfg.model.total_batch_size if self.subcommand == "fit" else None,
-        )
-        init.data_parallel_size, init.tensor_parallel_size = dp, tp
-        print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
-
     def _simulate(self, cfg) -> None:
-        """--simulate: the launch's checks, then one rank of the whole world in this process (gpt_tp.train.simulate);
-        exits 0 with the table, 2 with one line when the rank does not fit the memory given."""
+        """--simulate: the launch's checks, then one rank of the world in this process; exit 0, or 2 if it won't fit."""
         devices, nodes = self._devices(cfg, "simulate")
-        init = getattr(cfg.trainer.strategy, "init_args", None) or {}  # numbers by now (_plan_auto); none: DDP-like
+        init = getattr(cfg.trainer.strategy, "init_args", None) or {}  # numbers by now (planned); none: DDP-like
         tp = int(init.get("tensor_parallel_size", 1))
         dp = int(init.get("data_parallel_size", devices * nodes // tp))
         config = built_config(cfg.model.model, cfg.model.init_from)
@@ -131,8 +114,7 @@ class GPTCLI(TrainingCLI):
         if not 0 <= cfg.simulate_rank < devices * nodes:
             raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{devices * nodes - 1}")
         sim = simulate(config, dp, tp, cfg.data.batch_size, cfg.data.seq_len, str(cfg.trainer.precision),
-                       cfg.model.activation_checkpointing, cfg.simulate_rank,
-                       cfg.trainer.accumulate_grad_batches or 1)
+                       cfg.model.activation_checkpointing, cfg.simulate_rank, cfg.trainer.accumulate_grad_batches or 1)
         memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
         print(format_simulation(sim, memory), flush=True)
         if not sim.fits(memory):
@@ -142,17 +124,15 @@ class GPTCLI(TrainingCLI):
         raise SystemExit(0)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """Add the optimizer-step progress bar and the one-line model summary unless the config brings its own or
-        turns them off, and LogWriteCheck."""
+        """Add StepProgressBar and GPTSummary unless the config brings its own or turns them off, and LogWriteCheck."""
         trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         callbacks = trainer.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-        if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
-            callbacks = [*callbacks, StepProgressBar()]
-        if trainer.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
-            callbacks = [*callbacks, GPTSummary()]
-        callbacks = [*callbacks, LogWriteCheck()]  # rank 0's failed metrics.csv write stops every rank alike
-        trainer["callbacks"] = callbacks
+        for flag, kind, default in (("enable_progress_bar", ProgressBar, StepProgressBar),
+                                    ("enable_model_summary", ModelSummary, GPTSummary)):
+            if trainer.get(flag) is not False and not any(isinstance(c, kind) for c in callbacks):
+                callbacks = [*callbacks, default()]
+        trainer["callbacks"] = [*callbacks, LogWriteCheck()]  # rank 0's failed metrics.csv write stops every rank alike
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ModuleNotFoundError, ValueError) as e:  # a trainer.* value (devices=0, num_nodes=0)
@@ -162,8 +142,7 @@ class GPTCLI(TrainingCLI):
             raise UserError(f"{e} (check the trainer.* settings)") from e
 
     def parse_arguments(self, parser, args) -> None:
-        """gpt_tp's checkpoints are folders: a file given to --ckpt_path is refused here, before Lightning would
-        unpickle it for its hyper-parameters."""
+        """A file given to --ckpt_path is refused here (checkpoints are folders), before Lightning unpickles it."""
         super().parse_arguments(parser, args)
         sub = self.config.get("subcommand")
         ckpt = self.config[sub].get("ckpt_path") if sub else None
@@ -172,8 +151,7 @@ class GPTCLI(TrainingCLI):
 
     # ---- checks before any process group or model shard exists (in the launching process: errors print once) ----
     def _check_layout(self) -> None:
-        """The layout, the sequence length and (for a fit) the batch fit the model (check_run), the folders the
-        run writes to can be written."""
+        """_check_shapes, then the checkpoint to resume from and the folders the run writes to."""
         if self.trainer.num_devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
             # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.trainer.num_devices))
@@ -194,9 +172,19 @@ class GPTCLI(TrainingCLI):
             if not os.path.exists(ckpt):
                 raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
             check_checkpoint(ckpt)  # a complete checkpoint folder, before any rank starts (shapes: at load)
-        self._check_log_folders()
-        if self.subcommand == "fit":
-            self._check_checkpoint_folders(folders)
+        make_writable(self.trainer.default_root_dir, "log folder", "trainer.default_root_dir", "it")
+        for lg in self.trainer.loggers:
+            if getattr(lg, "save_dir", None) is not None:
+                make_writable(lg.save_dir, "log folder", "trainer.logger", "the logger's save_dir")
+        for folder in sorted(folders) if self.subcommand == "fit" else ():  # no room to save: fails now, not mid-run
+            make_writable(folder, "checkpoint folder", "ModelCheckpoint dirpath", "its dirpath")
+            free, need = shutil.disk_usage(folder).free, checkpoint_bytes(self.model.config)
+            if free < need:
+                raise UserError(f"ModelCheckpoint dirpath: {folder} has {human_bytes(free)} free, but a checkpoint of "
+                                f"this model needs about {human_bytes(need)}; free space or choose another dirpath")
+            if free < 2 * need:
+                rank_zero_warn(f"checkpoint folder {folder}: {human_bytes(free)} free, room for fewer than two "
+                               f"checkpoints of {human_bytes(need)}; a save that runs out of space stops the run")
         has_last = lambda: any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders)  # noqa: E731
         if ckpt == "last" and folders and not has_last():
             relink_last(folders)  # a kill between Lightning's unlink and relink of last.ckpt
@@ -214,36 +202,19 @@ class GPTCLI(TrainingCLI):
         cfg = self.config[self.subcommand]
         seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
         batch = (cfg.data.batch_size, cfg.trainer.accumulate_grad_batches, cfg.model.total_batch_size)
-        try:  # with the batch's arithmetic for a fit
+        try:
             check_run(config, tp, dp, seq_len, *(batch if self.subcommand == "fit" else ()), world_size=devices * nodes)
-        except LayoutError as e:
-            flags = self._layout_flags(config, e.quantities, dp, tp, seq_len, devices, nodes)
-            raise LayoutError(f"{', '.join(flags)}: {e}", e.quantities) from None
+        except LayoutError as e:  # named by the settings behind its quantities, as flag=value
+            init, model = "trainer.strategy.init_args", cfg.model
+            source = (f"model.init_from={model.init_from}" if model.init_from is not None
+                      else f"model.model={model.model}" if isinstance(model.model, str) else None)
+            flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
+                     "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}",
+                     "seq_len": f"data.seq_len={seq_len}"}
+            for q in ("n_head", "n_embd", "vocab_size"):
+                flags[q] = f"{source} ({q}={getattr(config, q)})" if source else f"model.model.{q}={getattr(config, q)}"
+            raise LayoutError(f"{', '.join(flags[q] for q in e.quantities if q in flags)}: {e}", e.quantities) from None
         check_compiled_ac(cfg.model.activation_checkpointing, cfg.model.compile, tp)
-
-    def _layout_flags(self, config, quantities: tuple[str, ...], dp: int, tp: int, seq_len: int | None, devices: int,
-                      nodes: int) -> list[str]:
-        """The settings behind a LayoutError's quantities, as flag=value."""
-        cfg = self.config[self.subcommand]
-        init = "trainer.strategy.init_args"
-        flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
-                 "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}",
-                 "seq_len": f"data.seq_len={seq_len}"}
-        for q in ("n_head", "n_embd", "vocab_size"):
-            if cfg.model.init_from is not None:
-                flags[q] = f"model.init_from={cfg.model.init_from} ({q}={getattr(config, q)})"
-            elif isinstance(cfg.model.model, str):
-                flags[q] = f"model.model={cfg.model.model} ({q}={getattr(config, q)})"
-            else:
-                flags[q] = f"model.model.{q}={getattr(config, q)}"
-        return [flags[q] for q in quantities if q in flags]
-
-    def _check_log_folders(self) -> None:
-        """Create each logger's folder before launch (make_writable)."""
-        make_writable(self.trainer.default_root_dir, "log folder", "trainer.default_root_dir", "it")
-        for lg in self.trainer.loggers:
-            if getattr(lg, "save_dir", None) is not None:
-                make_writable(lg.save_dir, "log folder", "trainer.logger", "the logger's save_dir")
 
     def _check_weights(self) -> None:
         """validate and predict score or continue with trained weights only, never the random init."""
@@ -251,19 +222,6 @@ class GPTCLI(TrainingCLI):
         if cfg.get("ckpt_path") is None and cfg.model.init_from is None:
             raise UserError(f"cli.py {self.subcommand} would use untrained weights: give --ckpt_path (a checkpoint "
                             "folder, or 'last') or --model.init_from (a Hugging Face GPT-2 folder)")
-
-    def _check_checkpoint_folders(self, folders: set[str]) -> None:
-        """Create each checkpoint folder before launch: one that cannot be made or written, or has no room for one
-        checkpoint (sizes.checkpoint_bytes), fails now, not at the first save, every_n_train_steps into the run."""
-        for folder in sorted(folders):
-            make_writable(folder, "checkpoint folder", "ModelCheckpoint dirpath", "its dirpath")
-            free, need = shutil.disk_usage(folder).free, checkpoint_bytes(self.model.config)
-            if free < need:
-                raise UserError(f"ModelCheckpoint dirpath: {folder} has {human_bytes(free)} free, but a checkpoint of "
-                                f"this model needs about {human_bytes(need)}; free space or choose another dirpath")
-            if free < 2 * need:
-                rank_zero_warn(f"checkpoint folder {folder}: {human_bytes(free)} free, room for fewer than two "
-                               f"checkpoints of {human_bytes(need)}; a save that runs out of space stops the run")
 
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]
@@ -287,10 +245,8 @@ class GPTCLI(TrainingCLI):
             rank_zero_warn(f"model.warmup_steps={warmup} >= trainer.max_steps={max_steps}: the run ends inside its warmup, "
                            f"its last step at lr {last:.3g} of model.max_lr={cfg.model.max_lr:g}, with no cosine decay")
         if isinstance(interval, int) and cfg.data.val_batches and max_steps > 0 and interval > max_steps * accum:
-            rank_zero_warn(
-                f"trainer.val_check_interval={interval} micro-batches is beyond the run's {max_steps} steps x "
-                f"{accum} accumulation: no validation will run; lower trainer.val_check_interval"
-            )
+            rank_zero_warn(f"trainer.val_check_interval={interval} micro-batches is beyond the run's {max_steps} "
+                           f"steps x {accum} accumulation: no validation will run; lower trainer.val_check_interval")
 
     def before_validate(self) -> None:
         self._check_layout()
@@ -301,7 +257,6 @@ class GPTCLI(TrainingCLI):
         self._check_layout()
         self.datamodule.prompts.read()  # the prompts' mistakes, once, before any rank starts
         self._check_weights()
-
 
     # ---- one closing line per command, on rank 0: what it wrote -------------------------------------------------
     def _logs(self) -> str:
@@ -314,10 +269,9 @@ class GPTCLI(TrainingCLI):
         saved = []
         for cb in self.trainer.checkpoint_callbacks:
             last = os.path.join(cb.dirpath, "last.ckpt") if getattr(cb, "dirpath", None) else None
-            if last and os.path.islink(last):
-                saved.append(f"checkpoints in {cb.dirpath} (last.ckpt -> {os.readlink(last)})")
-            elif last and os.path.exists(last):
-                saved.append(f"checkpoints in {cb.dirpath} (last.ckpt)")
+            if last and os.path.lexists(last):
+                link = f" -> {os.readlink(last)}" if os.path.islink(last) else ""
+                saved.append(f"checkpoints in {cb.dirpath} (last.ckpt{link})")
         print(f"gpt_tp fit: step {self.trainer.global_step}; {'; '.join(saved) or 'no checkpoint saved'}; {self._logs()}",
               flush=True)
 
@@ -335,8 +289,7 @@ class GPTCLI(TrainingCLI):
 
 
 def main(args: list[str] | None = None, model_class: type | None = None) -> GPTCLI:
-    """Run `cli.py` with args (default: the command line): fit, validate or predict; model_class: a GPTModule
-    subclass to train instead (default GPTModule)."""
+    """Run `cli.py` with args (default: the command line); model_class: a GPTModule subclass to train instead."""
     quiet_lightning()
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] == "test":

@@ -1,6 +1,5 @@
-"""The training configuration: TrainingCLI, gpt_tp's LightningCLI (fit, validate and predict; a bad flag or value
-is a UserError), and read_training_config, which parses `cli.py fit`'s arguments with the same parser and returns the
-settings the tools need, without building a Trainer, a model or a process group."""
+"""TrainingCLI, gpt_tp's LightningCLI (fit, validate, predict; a bad flag or value is a UserError), and
+read_training_config: `cli.py fit`'s settings from the same parser, without a Trainer, a model or a process group."""
 
 import importlib
 import importlib.util
@@ -31,8 +30,7 @@ def default_loggers(save_dir: str = "logs") -> list:
 
 
 class TrainingParser(LightningArgumentParser):
-    """LightningCLI's parser, raising jsonargparse's ArgumentError instead of printing its usage block and exiting.
-    for_subcommand: the subcommand this parser is for (TrainingCLI passes it through `parser_kwargs`)."""
+    """LightningCLI's parser that raises ArgumentError instead of exiting; for_subcommand: the subcommand it parses."""
 
     def __init__(self, *args, for_subcommand: str | None = None, **kwargs):
         kwargs.setdefault("exit_on_error", False)
@@ -63,10 +61,9 @@ def _short_union_error(message: str) -> str:
     expected = re.findall(r" - Expected a (typing\.Literal\[[^\]]*\]|<class '[^']+'>)", message)
     given = re.search(r"Given value: (.*)$", message)
     if given and len(expected) == message.count(" - "):  # every subtype only says "Expected a <type>": list them
-        choices = []
-        for e in expected:
-            names = e[len("typing.Literal["):-1].split(",") if e.startswith("typing.") else [e[8:-2]]
-            choices += [{"NoneType": "null"}.get(n.strip(" '"), n.strip(" '")) for n in names]
+        names = [n.strip(" '") for e in expected
+                 for n in (e[len("typing.Literal["):-1].split(",") if e.startswith("typing.") else [e[8:-2]])]
+        choices = ["null" if n == "NoneType" else n for n in names]
         return f"{m['key']}: expected one of {', '.join(dict.fromkeys(choices))}; got {given[1]!r}"
     nested = re.search(r"NestedArg\(key='([^']+)'", message)
     hint = (f" (--{m['key']}.{nested[1]} sets {nested[1]} on the last entry of {m['key']}; set it in that entry of your "
@@ -99,15 +96,12 @@ class TrainingCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, run: bool = True, model_class: type = GPTModule, **kwargs):
         """model_class: GPTModule or a subclass of it (benchmarks/fit.py trains the reference plans through it)."""
-        super().__init__(
-            model_class, GPTDataModule,
-            trainer_defaults={"logger": default_loggers(), "gradient_clip_val": 1.0,
-                              "inference_mode": False},  # DTensors do not support inference_mode on GPUs
-            save_config_kwargs={"overwrite": True}, parser_class=TrainingParser,
-            parser_kwargs={sub: {"for_subcommand": sub} for sub in ("fit", "validate", "predict")},
-            auto_configure_optimizers=False,  # GPTModule.configure_optimizers: AdamW + warmup/cosine
-            args=args, run=run, **kwargs,
-        )
+        super().__init__(model_class, GPTDataModule, save_config_kwargs={"overwrite": True},
+                         trainer_defaults={"logger": default_loggers(), "gradient_clip_val": 1.0,
+                                           "inference_mode": False},  # DTensors do not support inference_mode on GPUs
+                         parser_kwargs={sub: {"for_subcommand": sub} for sub in ("fit", "validate", "predict")},
+                         auto_configure_optimizers=False,  # GPTModule.configure_optimizers: AdamW + warmup/cosine
+                         parser_class=TrainingParser, args=args, run=run, **kwargs)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -126,14 +120,13 @@ class TrainingCLI(LightningCLI):
             parser.add_argument("--simulate_rank", type=int, default=0, help="the rank --simulate builds")
             parser.add_argument("--simulate_memory_gib", type=float | None, default=None,
                                 help="device memory --simulate checks the peak against (default: this machine's GPU)")
-        if sub != "predict":
-            return
-        parser.add_class_arguments(Prompts, None, as_group=True)
-        parser.link_arguments(PROMPT_FLAGS, "data.prompts", compute_fn=prompt_settings)
-        parser.add_argument("--output", type=str | None, default=None,
-                            help="also write {prompt, sample, text} JSON lines to this file (rank 0)")
-        parser.add_lightning_class_args(PromptWriter, "prompt_writer")
-        parser.link_arguments("output", "prompt_writer.output")
+        if sub == "predict":
+            parser.add_class_arguments(Prompts, None, as_group=True)
+            parser.link_arguments(PROMPT_FLAGS, "data.prompts", compute_fn=prompt_settings)
+            parser.add_argument("--output", type=str | None, default=None,
+                                help="also write {prompt, sample, text} JSON lines to this file (rank 0)")
+            parser.add_lightning_class_args(PromptWriter, "prompt_writer")
+            parser.link_arguments("output", "prompt_writer.output")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.config = parse(parser, args)
@@ -150,16 +143,14 @@ def strategy_class(strategy) -> type | None:
         raise UserError(f"trainer.strategy.class_path={strategy.class_path}: cannot import it ({e})") from None
 
 
-def check_config(cfg) -> GPTConfig:
-    """The checks a parsed config (one subcommand's namespace) gets before anything is built; returns the model's
-    GPTConfig (named size or fields, before init_from)."""
-    config = GPTConfig.resolve(cfg.model.model)  # its own checks, before jsonargparse buries them in a union-type error
+def check_config(cfg) -> None:
+    """The checks a parsed config (one subcommand's namespace) gets before anything is built."""
+    GPTConfig.resolve(cfg.model.model)  # its own checks, before jsonargparse buries them in a union-type error
     cls = strategy_class(cfg.trainer.strategy)
     if str(cfg.trainer.precision).startswith("16") and cls is not None and issubclass(cls, ModelParallelStrategy):
         raise UserError(f"trainer.precision={cfg.trainer.precision}: ModelParallelStrategy has no fp16 gradient scaler for "
                         "tensor-parallel/FSDP2 parameters; use trainer.precision=bf16-mixed (fp16 with its scaler "
                         "trains under --trainer.strategy ddp or on one device)")
-    return config
 
 
 def built_config(model, init_from: str | None) -> GPTConfig:
@@ -178,8 +169,7 @@ def built_config(model, init_from: str | None) -> GPTConfig:
 
 
 def device_count(devices) -> int | None:
-    """trainer.devices as a number of devices per node (2, "2", [0, 1], "0,1"); None where only the hardware can
-    tell ("auto", -1)."""
+    """trainer.devices as a number per node (2, "2", [0, 1], "0,1"); None where the hardware tells (-1, "auto")."""
     if isinstance(devices, (list, tuple)):
         return len(devices)
     if isinstance(devices, str):
@@ -192,19 +182,16 @@ def device_count(devices) -> int | None:
 
 @dataclass
 class TrainingConfig:
-    """What `python cli.py fit` with the same arguments trains: the values after every --config file, the
-    command-line overrides and the classes' defaults."""
+    """What `python cli.py fit` with the same arguments trains (every --config file, the overrides, the defaults)."""
 
     model: GPTConfig  # the model GPTModule builds: model.model (a size or the fields), or model.init_from's config
     batch_size: int  # data.batch_size: micro-batch rows per data-parallel rank
     seq_len: int  # data.seq_len: tokens per row
     data_dir: str  # data.data_dir: the token shards' folder
     val_batches: int  # data.val_batches: batches per validation run (0: no validation)
-    # trainer.strategy.init_args.tensor_parallel_size under ModelParallelStrategy, 1 under any other strategy; "auto"
-    # where the planner picks it at launch
+    # trainer.strategy.init_args' sizes under ModelParallelStrategy, TP 1 x DP the world size under any other; "auto"
+    # where the planner or the hardware decides (an "auto" DP with a numeric TP: the world size over it)
     tensor_parallel_size: int | str
-    # trainer.strategy.init_args.data_parallel_size; "auto" with a numeric tensor-parallel size is the world size over
-    # it; the world size under any other strategy; "auto" where the planner, or the hardware, decides
     data_parallel_size: int | str
     devices: int | None  # trainer.devices: devices per node; None where the hardware decides at launch ("auto", -1)
     num_nodes: int  # trainer.num_nodes
@@ -240,9 +227,8 @@ class _ParseOnly(TrainingCLI):
 
 
 def read_training_config(args: list[str]) -> TrainingConfig:
-    """The settings of `python cli.py fit *args` (e.g. ["--config", "configs/tp2.yaml", "--data.seq_len", "512"]):
-    the same parser, defaults, checks and model resolution as the trainer; no Trainer, model weights or process
-    group. A bad flag, value or file is a UserError naming it."""
+    """The settings of `python cli.py fit *args` (e.g. ["--config", "configs/tp2.yaml"]) by the trainer's parser,
+    defaults, checks and model resolution. A bad flag, value or file is a UserError naming it."""
     for flag, value in zip(args, args[1:]):
         if flag in ("--config", "-c") and not Path(value).is_file():
             raise UserError(f"--config {value}: no such file (give a training YAML such as configs/cpu.yaml)")

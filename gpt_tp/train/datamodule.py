@@ -15,11 +15,9 @@ from gpt_tp.train.ranks import data_parallel_rank_size, model_vocab
 
 
 class TokenBatches(IterableDataset):
-    """(x, y) int64 batches of shape (batch_size, seq_len) for one data-parallel rank: global batch ``k`` covers
-    ``batch_size * seq_len * dp_size + 1`` stream tokens, of which rank ``dp_rank`` takes its slice (docs/data.md);
-    token ids are checked against ``min(50257, vocab_size)`` on construction. Iteration runs from global batch
-    ``start`` for ``num_batches`` batches, or forever (wrapping over epochs). Worker ``w`` of ``W`` makes batches
-    ``start + w, start + w + W, ...``, returned in order by the DataLoader: the output does not depend on ``W``."""
+    """One data-parallel rank's (x, y) int64 batches of shape (batch_size, seq_len), its slice of each global batch
+    (docs/data.md), ids checked on construction. Iteration runs from global batch ``start`` for ``num_batches``
+    batches, or forever over epochs; worker ``w`` of ``W`` makes batches ``start + w, start + w + W, ...``."""
 
     def __init__(self, paths, batch_size: int, seq_len: int, dp_rank: int = 0, dp_size: int = 1,
                  seed: int = 1337, start: int = 0, num_batches: int | None = None, split: str = "train",
@@ -29,9 +27,8 @@ class TokenBatches(IterableDataset):
         if not 0 <= dp_rank < dp_size:
             raise DataError(f"need 0 <= dp_rank < dp_size, got dp_rank={dp_rank} dp_size={dp_size}")
         self.stream = TokenStream(paths, vocab_size)
-        self.batch_size, self.seq_len = batch_size, seq_len
-        self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
-        self.start, self.num_batches, self.split = start, num_batches, split
+        self.batch_size, self.seq_len, self.seed, self.split = batch_size, seq_len, seed, split
+        self.dp_rank, self.dp_size, self.start, self.num_batches = dp_rank, dp_size, start, num_batches
         self.rank_tokens = batch_size * seq_len
         self.span = self.rank_tokens * dp_size  # tokens one global batch advances
         n = len(self.stream)
@@ -50,10 +47,9 @@ class TokenBatches(IterableDataset):
         if epoch == 0:
             return self.stream, 0, self.batches_per_epoch0
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self.stream.paths))
-        max_offset = min(self.seq_len, len(self.stream) - 1 - self.span + 1)
-        offset = int(rng.integers(max_offset))
-        return self.stream.reordered(order), offset, (len(self.stream) - 1 - offset) // self.span
+        stream = self.stream.reordered(rng.permutation(len(self.stream.paths)))
+        offset = int(rng.integers(min(self.seq_len, len(self.stream) - self.span)))  # below len - span: one batch fits
+        return stream, offset, (len(self.stream) - 1 - offset) // self.span
 
     def batch_at(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Global batch ``k`` (this rank's slice) without iterating."""
@@ -64,11 +60,9 @@ class TokenBatches(IterableDataset):
     def _locate(self, k: int) -> tuple[int, int]:
         """(epoch, index of the epoch's first global batch) holding global batch ``k``."""
         epoch, k0 = 0, 0
-        while True:
-            n = self.epoch_layout(epoch)[2]
-            if k < k0 + n or self.num_batches is not None:
-                return epoch, k0
+        while self.num_batches is None and k >= k0 + (n := self.epoch_layout(epoch)[2]):
             epoch, k0 = epoch + 1, k0 + n
+        return epoch, k0
 
     def _make(self, stream: TokenStream, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         lo = pos + self.dp_rank * self.rank_tokens
@@ -83,9 +77,7 @@ class TokenBatches(IterableDataset):
             raise DataError(f"{self.split}: asked for batches up to {end} but the split holds {self.batches_per_epoch0}")
         epoch, k0 = self._locate(self.start)
         stream, offset, n = self.epoch_layout(epoch)
-        for k in itertools.count(self.start + wid, nw):
-            if k >= end:
-                return
+        for k in itertools.takewhile(lambda k: k < end, itertools.count(self.start + wid, nw)):
             while k >= k0 + n:  # next epoch
                 epoch, k0 = epoch + 1, k0 + n
                 stream, offset, n = self.epoch_layout(epoch)
@@ -93,9 +85,8 @@ class TokenBatches(IterableDataset):
 
 
 class _ResumableLoader(DataLoader):
-    """A DataLoader whose dataset starts, at each ``iter()``, at the position ``start_fn()`` gives (read in the main
-    process before workers start), and which calls ``on_yield()`` for each batch it returns. The hooks are the
-    loader's, not the dataset's: workers get the dataset without the data module and its trainer."""
+    """Each ``iter()`` starts the dataset at ``start_fn()`` (read before workers start) and calls ``on_yield()`` per
+    batch returned. The hooks are the loader's: workers get the dataset without the data module and its trainer."""
 
     def __init__(self, dataset, start_fn, on_yield, **kwargs):
         super().__init__(dataset, **kwargs)
@@ -109,24 +100,19 @@ class _ResumableLoader(DataLoader):
 
 
 class GPTDataModule(L.LightningDataModule):
-    """Streams GPT-2 token shards (build-nanogpt format) as (x, y) batches for Lightning.
+    """Streams GPT-2 token shards (build-nanogpt format) as (x, y) batches: endless training stream, resumable.
 
     Args:
-        data_dir: folder of ``*_train_NNNNNN.npy`` / ``*_val_NNNNNN.npy`` shards. A relative path
-            missing from the working directory is looked up under the repository root.
+        data_dir: folder of ``*_train_NNNNNN.npy`` / ``*_val_NNNNNN.npy`` shards (relative: also under the repo root).
         batch_size: micro-batch size B per data-parallel rank.
         seq_len: sequence length T.
-        val_batches: batches per validation run (same batches every time); 0 disables validation data.
+        val_batches: batches per validation run (the same each time); 0 disables validation data.
         seed: fixes the shard order and offset of every epoch after the first.
         num_workers: DataLoader worker processes (0 = load in the training process).
-        dp_rank, dp_size: data-parallel rank and size; None = take them from the trainer's strategy
-            (``distributed_sampler_kwargs``: the data-parallel mesh for ModelParallelStrategy), or 0 of 1.
+        dp_rank: data-parallel rank; None = from the trainer's strategy (its data-parallel mesh), or 0.
+        dp_size: data-parallel size; None = from the trainer's strategy, or 1.
         pin_memory: pin batches for faster host-to-GPU copies.
         prompts: what ``predict`` continues (``cli.py predict`` links its --prompt ... --seed flags here).
-
-    The training stream is endless (the trainer stops at ``max_steps``). ``state_dict`` records how
-    many training batches the training loop has consumed, so a run resumed from a checkpoint
-    continues with exactly the next unseen batch.
     """
 
     def __init__(self, data_dir: str = "data/sample", batch_size: int = 16, seq_len: int = 1024,
@@ -142,8 +128,7 @@ class GPTDataModule(L.LightningDataModule):
         self.seed, self.num_workers, self.pin_memory = seed, num_workers, pin_memory
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.prompts = prompts or Prompts()
-        self.train_data: TokenBatches | None = None
-        self.val_data: TokenBatches | None = None
+        self.train_data = self.val_data = None  # TokenBatches once set up
         self._start = 0  # global train batches consumed when the train loader last started (or from a checkpoint)
         self._consumed = 0  # training batches the trainer took since then
         self._yielded = 0  # batches the train loader returned since then
@@ -155,9 +140,8 @@ class GPTDataModule(L.LightningDataModule):
         return data_parallel_rank_size(getattr(self, "trainer", None))
 
     def setup(self, stage: str | None = None) -> None:
-        """Find the shards and build this rank's datasets. Every rank checks every shard's token ids here, before any
-        step, so a bad id stops all ranks alike and none waits in a collective. The ids must lie below the attached
-        model's vocabulary (gpt_tp.train.ranks.model_vocab), GPT-2's 50257 without one."""
+        """Build this rank's datasets. Every rank checks every shard's ids (below the model's vocabulary, else 50257)
+        here, before any step, so a bad id stops all ranks alike and none waits in a collective."""
         rank, size = self.data_parallel()
         vocab = model_vocab(getattr(getattr(self, "trainer", None), "lightning_module", None)) or GPT2_VOCAB
         if stage in (None, "fit"):
@@ -192,8 +176,7 @@ class GPTDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Count the training batches the trainer takes for its steps: Lightning moves a batch to the device just
         before the step that uses it, while its loader runs one batch ahead (DataLoader workers further)."""
-        trainer = self.trainer
-        if trainer is not None and trainer.training:
+        if self.trainer is not None and self.trainer.training:
             self._consumed += 1
         return batch
 
@@ -205,23 +188,19 @@ class GPTDataModule(L.LightningDataModule):
         self._yielded += 1
 
     def train_position(self) -> int:
-        """Global training batches consumed so far: the index of the next batch to train on (without a trainer: the
-        batches the loader returned)."""
+        """The index of the next global batch to train on (without a trainer: counted by the loader's yields)."""
         return self._start + (self._consumed if self.trainer is not None else self._yielded)
 
     def state_dict(self) -> dict:
         """Saved in checkpoints by Lightning: the training position and the batch geometry."""
-        _, size = self.data_parallel()
         return {"train_batches": self.train_position(), "batch_size": self.batch_size, "seq_len": self.seq_len,
-                "dp_size": size, "seed": self.seed}
+                "dp_size": self.data_parallel()[1], "seed": self.seed}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Resume at the saved position. If the global batch geometry changed, resume at the first
-        batch after the saved token position (with a warning: not an exact continuation)."""
+        """Resume at the saved position (after a change of global batch geometry: at its token position, warning)."""
         k = int(state_dict["train_batches"])
-        _, size = self.data_parallel()
         old = state_dict["batch_size"] * state_dict["seq_len"] * state_dict["dp_size"]
-        new = self.batch_size * self.seq_len * size
+        new = self.batch_size * self.seq_len * self.data_parallel()[1]
         if old != new:
             rank_zero_warn(f"checkpoint data position was saved with {old} tokens per global batch, now {new}: "
                            "resuming at the same token position, not an exact continuation")

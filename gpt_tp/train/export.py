@@ -1,12 +1,9 @@
 """Turn a distributed checkpoint into single-device weights.
 
-    python -m gpt_tp.train.export CHECKPOINT_DIR --out OUT_DIR [--format torch|hf|both]
-
 torch: OUT_DIR/model.pt, {"config": GPTConfig fields, "state_dict": the single-device GPT state dict}.
 hf: OUT_DIR/config.json + OUT_DIR/model.safetensors in Hugging Face GPT-2's layout, usable as model.init_from.
 Runs in one process on the CPU, whatever layout saved the checkpoint; an existing non-empty OUT_DIR is never
-overwritten (docs/train.md, "Checkpoints").
-"""
+overwritten (docs/train.md, "Checkpoints")."""
 
 import dataclasses
 import json
@@ -42,7 +39,6 @@ def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
             torch.save({"config": dataclasses.asdict(config), "state_dict": state}, tmp / "model.pt")
         if fmt in ("hf", "both"):
             from safetensors.torch import save_file
-
             hf = to_hf_state_dict(state, config)
             hf.pop("lm_head.weight")  # tied to wte (tie_word_embeddings); safetensors refuses shared storage
             save_file({k: v.detach().clone().contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})

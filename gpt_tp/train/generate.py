@@ -1,11 +1,7 @@
-"""Text generation as build-nanogpt samples: top-k 50 continuations of a prompt (the sampling callback and predict).
-Under tensor parallelism every rank of a TP group runs the same forwards (they share the collectives) and samples from
-the same seeded torch.Generator on the same numbers: only the last position's logits are gathered over the vocabulary
-shards, (B, vocab) rather than (B, T, vocab), and all ranks draw identical tokens. Sequences are right-padded to a
-multiple of the TP degree (sequence parallelism); a causal model's logits at the last real position do not see the
-padding. torch.compile is bypassed while sampling (every new length would be a new shape to compile)."""
+"""build-nanogpt's top-k sampling of a prompt's continuations, for the sampling callback and predict (docs/eval.md).
+Under TP every rank runs the same forwards and draws the same tokens from the same seeded generator; sequences are
+right-padded to a multiple of the TP degree (sequence parallelism), unseen by a causal model's last real position."""
 
-import math
 from contextlib import nullcontext
 
 import torch
@@ -21,8 +17,7 @@ PROMPT = "Hello, I'm a language model,"
 
 
 def last_logits(logits: torch.Tensor, pos: int) -> torch.Tensor:
-    """Full-vocabulary logits at position `pos`, (B, V), from (B, T, V) logits; a vocab-sharded DTensor has only
-    that slice gathered."""
+    """(B, V) logits at `pos` of (B, T, V) logits; of a vocab-sharded DTensor only that slice is gathered."""
     if not isinstance(logits, DTensor):
         return logits[:, pos, :]
     local = logits.to_local()[:, pos, :]  # (B, V / tp)
@@ -34,10 +29,9 @@ def last_logits(logits: torch.Tensor, pos: int) -> torch.Tensor:
 def generate(model, prompt: list[int], *, num_samples: int = 4, max_length: int = 32, top_k: int = 50, seed: int = 42,
              block_size: int = 1024, tp: int = 1, vocab_limit: int | None = None, device: torch.device | str = "cpu",
              forward_context=nullcontext) -> torch.Tensor:
-    """Extend `prompt` (token ids) to max_length tokens, num_samples times: softmax, top-k, multinomial with a
-    generator seeded with `seed` (build-nanogpt's loop). Token ids >= vocab_limit (the padded vocabulary rows)
-    are never drawn. Every prompt id must be below the model's vocabulary (where it has a config) and vocab_limit
-    (gpt_tp.data.shards.check_token_ids). Returns (num_samples, max_length) token ids. Call on every rank of the job."""
+    """`prompt` (token ids) extended to max_length tokens, num_samples times, by build-nanogpt's loop: (num_samples,
+    max_length) ids. Ids >= vocab_limit (padded vocabulary rows) are never drawn; each prompt id must be below
+    vocab_limit and the model's vocabulary. Call on every rank of the job."""
     if not prompt:
         raise UserError("the prompt encodes to no tokens: give a non-empty prompt")
     limits = [v for v in (model_vocab(model), vocab_limit) if v is not None]
@@ -45,17 +39,15 @@ def generate(model, prompt: list[int], *, num_samples: int = 4, max_length: int 
         check_token_ids(torch.tensor(prompt), min(limits), "the sampling prompt")
     if max_length <= len(prompt):
         raise UserError(f"max_length={max_length} must exceed the prompt's {len(prompt)} tokens")
-    device = torch.device(device)
     max_ctx = block_size - block_size % tp  # longest window the model (and sequence parallelism) takes
     gen = torch.Generator(device=device).manual_seed(seed)  # the same stream on every rank
     x = torch.tensor(prompt, dtype=torch.long, device=device).unsqueeze(0).repeat(num_samples, 1)
-    with torch.compiler.set_stance("force_eager"):
+    with torch.compiler.set_stance("force_eager"):  # every new length would be a new shape to compile
         while x.size(1) < max_length:
             ctx = x[:, -max_ctx:]
             T = ctx.size(1)
-            padded = F.pad(ctx, (0, math.ceil(T / tp) * tp - T))  # right-pad with token 0
             with forward_context():
-                logits = model(padded)
+                logits = model(F.pad(ctx, (0, -T % tp)))  # right-padded with token 0 to a multiple of tp
             logits = mask_padded_vocab(last_logits(logits, T - 1).float(), vocab_limit)  # (B, V): never the padding
             probs = F.softmax(logits, dim=-1)
             topk_probs, topk_idx = torch.topk(probs, min(top_k, probs.size(-1)), dim=-1)  # (B, k)
@@ -67,5 +59,4 @@ def generate(model, prompt: list[int], *, num_samples: int = 4, max_length: int 
 def sample_texts(model, enc, prompt: str = PROMPT, **kwargs) -> list[str]:
     """generate() decoded with `enc` (tiktoken); vocab_limit defaults to the tokenizer's size."""
     kwargs.setdefault("vocab_limit", enc.n_vocab)
-    rows = generate(model, enc.encode(prompt), **kwargs)
-    return [enc.decode(r) for r in rows.tolist()]
+    return [enc.decode(r) for r in generate(model, enc.encode(prompt), **kwargs).tolist()]

@@ -1,10 +1,7 @@
-"""The one place gpt_tp touches Lightning internals, where Lightning has no public seam. Checked against the Lightning
-versions in CHECKED (pyproject caps Lightning below the next minor); tests/test_lightning_internals.py fails loudly
-when an internal used here changes.
-- ModelCheckpoint's last saved step is not restored on resume, so with gradient accumulation the loaded step would be
-  saved again as `<step>-v1.ckpt`: mark_saved sets it.
-- ModelCheckpoint moves last.ckpt to a new step by deleting the link and making it again, so a kill in between
-  leaves no last.ckpt: ModelCheckpoint here replaces its _link_checkpoint with a new link beside it, renamed over it."""
+"""The one place gpt_tp touches Lightning internals (no public seam), checked on the versions in CHECKED, which
+tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not restore its last saved step on resume,
+so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); and it moves
+last.ckpt by deleting and remaking the link (a kill between leaves none): ModelCheckpoint renames a new one over it."""
 
 import os
 import shutil
@@ -23,10 +20,8 @@ def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:
 
 
 class ModelCheckpoint(LightningModelCheckpoint):
-    """Lightning's ModelCheckpoint (the same arguments) whose last.ckpt names the old step or the new one at every
-    moment: the new link is made beside it (`last.ckpt.new`) and renamed over it. A last.ckpt that is a checkpoint
-    folder of its own (a run that ended between saves) is moved to `last.ckpt.old` first, which
-    gpt_tp.train.checkpoint.recover_interrupted_saves puts back should a kill come before the rename."""
+    """Lightning's ModelCheckpoint (the same arguments), last.ckpt always naming a step. A last.ckpt that is a folder
+    (a run that ended between saves) is first moved to `last.ckpt.old`, for checkpoint.recover_interrupted_saves."""
 
     @staticmethod
     def _link_checkpoint(trainer, filepath: str, linkpath: str) -> None:

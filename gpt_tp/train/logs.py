@@ -1,22 +1,18 @@
-"""Logging that fails every rank alike. Rank 0 alone writes metrics.csv (Lightning's loggers are rank-zero-only), so a
-full disk there would end rank 0 and leave the other ranks to die in their next collective (gloo's "Connection closed
-by peer"). CSVLogger and TensorBoardLogger hold a failed write; LogWriteCheck (GPTCLI adds it) takes one tiny
-all-reduce per optimizer step, before the step's collectives, and when rank 0 holds an error every rank raises it."""
+"""Logging that fails every rank alike (docs/train.md, "What is logged"): a failed write on rank 0, which alone writes
+metrics.csv, is held by the loggers and raised on every rank by LogWriteCheck, not left to end rank 0 alone."""
 
 import os
-import threading
 import traceback
 
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
-from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger, TensorBoardLogger as LightningTensorBoardLogger
 
 from gpt_tp.collective import one_does
 
 
 class HeldWrites:
-    """A logger whose first failed write (an OSError: a full disk, a quota, a read-only file system) is kept in
-    `write_error` for LogWriteCheck instead of raised on rank 0 alone; later writes are skipped."""
+    """A logger whose first failed write (an OSError: full disk, quota, read-only) is kept in `write_error` for
+    LogWriteCheck instead of raised on rank 0 alone; later writes are skipped."""
 
     write_error: OSError | None = None
     file = "metrics.csv"  # what log_metrics writes, for the error line
@@ -48,17 +44,14 @@ class CSVLogger(HeldWrites, LightningCSVLogger):
 
 
 class TensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
-    """Lightning's TensorBoardLogger, its writes held (HeldWrites): its writer thread's error comes back at the next
-    write or flush."""
+    """Lightning's TensorBoardLogger, its writes held: its writer thread's error comes back at the next write."""
 
     file = "the TensorBoard event file"
 
 
-def quiet_writer_threads(previous=None):
+def quiet_writer_threads(previous):
     """A threading.excepthook that passes over an OSError in TensorBoard's event-writer thread (the logger raises it
     again at its next write, where HeldWrites keeps it for LogWriteCheck) and hands everything else to `previous`."""
-    previous = previous or threading.excepthook
-
     def hook(args) -> None:
         frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
         if isinstance(args.exc_value, OSError) and any("event_file_writer" in f.filename for f in frames):
@@ -76,7 +69,6 @@ class LogWriteCheck(Callback):
             return
         errors = [lg.write_error for lg in trainer.loggers if getattr(lg, "write_error", None) is not None]
         if trainer.strategy.reduce_boolean_decision(bool(errors), all=False):
-
             def fail() -> None:
                 if errors:
                     raise errors[0]

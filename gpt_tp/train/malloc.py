@@ -1,6 +1,5 @@
-"""HeapSplit: a callback for CPU runs that puts a training process's long-lived buffers in mappings of their own and
-its per-step buffers in glibc malloc's heap, so the heap no longer interleaves the two and grows to a fragmented
-high-water mark. configs/cpu.yaml lists it; docs/train.md says how, docs/performance.md what it measures."""
+"""HeapSplit: a CPU run's long-lived buffers in mappings of their own, its per-step buffers in glibc's heap, so the
+heap stops growing to a fragmented high-water mark (configs/cpu.yaml lists it; docs/train.md, docs/performance.md)."""
 
 import ctypes
 import functools
@@ -18,7 +17,7 @@ STEP_THRESHOLD = 64 * 1024 * 1024  # above glibc's 32 MiB ceiling: only the larg
 
 @functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    """glibc, loaded once (a training step calls into it); None where there is none."""
+    """glibc, loaded at first use and kept (a training step calls into it); None where there is none."""
     try:
         return ctypes.CDLL("libc.so.6")
     except OSError:
@@ -26,20 +25,19 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 def _glibc_call(name: str, *args: int) -> int | None:
-    """glibc's function `name` called with args; None off glibc or where it lacks the function."""
+    """glibc's `name(*args)`; None off glibc or where it lacks the function."""
     fn = getattr(_glibc(), name, None)
     return None if fn is None else fn(*args)
 
 
 def set_mmap_threshold(nbytes: int) -> bool:
-    """mallopt(M_MMAP_THRESHOLD, nbytes): buffers of nbytes and more get their own mapping, unmapped when freed, and
-    glibc stops moving the threshold by itself. Returns whether it was set (False off glibc)."""
+    """mallopt(M_MMAP_THRESHOLD, nbytes): buffers of nbytes and more get their own mapping, unmapped when freed (and
+    glibc stops moving the threshold). Returns whether it was set."""
     return bool(_glibc_call("mallopt", -3, nbytes))  # -3: M_MMAP_THRESHOLD
 
 
 def trim_heap() -> bool:
-    """malloc_trim(0): glibc returns the free pages of its heaps, those between buffers in use too, to the system.
-    Returns whether it ran (False off glibc)."""
+    """malloc_trim(0): glibc returns its heaps' free pages, those between buffers in use too. Returns whether it ran."""
     return _glibc_call("malloc_trim", 0) is not None
 
 
@@ -72,8 +70,7 @@ class HeapSplit(Callback):
             self._hook = None
 
     def _before_loss(self, module, args, output) -> None:
-        """After the model's forward, before the loss: the heap's free pages go back to the system (training only:
-        the first optimizer step has returned)."""
+        """After the model's forward, before the loss, once the state exists: the heap's free pages go back."""
         if not self._pending and module.training:
             trim_heap()
 

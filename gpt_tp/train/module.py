@@ -36,20 +36,15 @@ class GPTModule(L.LightningModule):
                 max_steps from trainer.max_steps).
             weight_decay: applied to >= 2-D parameters only.
             betas, eps: AdamW's.
-            fused: fused AdamW; None picks it where the device supports it, except under 16-mixed (Lightning unscales
-                fp16 gradients before clipping only for a non-fused optimizer; true is refused there).
-            total_batch_size: tokens per optimizer step; checked against data.batch_size x data.seq_len x
-                data-parallel size x trainer.accumulate_grad_batches. None skips the check.
-            compile: torch.compile each block (applied after TP, before FSDP2).
-            async_tp: overlap the TP all-gathers / reduce-scatters with the matmuls (Inductor micro-pipelining over
-                symmetric memory); CUDA, TP > 1 and compile only, refused elsewhere with the reason.
-            meta_init: build on the meta device and initialise only the local shards after parallelizing, for
-                models that do not fit one device (the same numbers as the single-device init).
+            fused: fused AdamW; None picks it where the device has it, except under 16-mixed (where true is refused).
+            total_batch_size: tokens per optimizer step, to equal batch_size x seq_len x DP x accumulation; None: any.
+            compile: torch.compile each block (after TP, before FSDP2).
+            async_tp: overlap TP collectives with the matmuls (Inductor micro-pipelining); CUDA, TP > 1, compile only.
+            meta_init: build on the meta device, initialise only the local shards (the same numbers as on one device).
             init_from: a local Hugging Face GPT-2 directory (config.json + model.safetensors) to start from.
             peak_flops: the device's peak FLOP/s for MFU; None detects known GPUs (MFU is NaN on CPU).
-            activation_checkpointing: per block, "none", "full" (keep the block input, recompute the block in
-                backward) or "selective" (keep matmul and attention outputs, recompute the rest); applied after TP,
-                before compile and FSDP2 (gpt_tp.parallel.apply_ac). The same losses and gradients in every mode.
+            activation_checkpointing: per block, "none", "full" (recompute the block in backward) or "selective" (keep
+                matmul and attention outputs); the same losses and gradients in every mode.
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
@@ -61,8 +56,7 @@ class GPTModule(L.LightningModule):
         if init_from is not None:
             config, hf_state = load_hf_dir(init_from, vocab_size=config.vocab_size)
         if init_from is not None or not isinstance(model, str):
-            # the model actually built (init_from's shape, lm_head's vocabulary mask), as plain types so checkpoints
-            # load with torch.load(weights_only=True); export and HellaSwag rebuild the model from it
+            # the model built (init_from's shape, vocab mask), plain for weights_only loads; export/HellaSwag use it
             self.hparams["model"] = dataclasses.asdict(config)
         self.config = config
         with torch.device("meta") if meta_init and hf_state is None else nullcontext():
@@ -116,20 +110,15 @@ class GPTModule(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def _check_batch(self, x: torch.Tensor) -> None:
-        """At the first step, for runs that bypass cli.py (which checks the same before launch): check_run."""
-        tp, _, dp, _ = parallel_layout(self.trainer, self)
-        check_run(self.config, tp, dp, x.shape[1], x.shape[0], self.trainer.accumulate_grad_batches,
-                  self.hparams.total_batch_size)
-        self._batch_checked = True
-
     def training_step(self, batch, batch_idx):
         x, y = batch
-        if not self._batch_checked:
-            self._check_batch(x)
+        if not self._batch_checked:  # for runs that bypass cli.py, which checks the same before launch
+            tp, _, dp, _ = parallel_layout(self.trainer, self)
+            check_run(self.config, tp, dp, x.shape[1], x.shape[0], self.trainer.accumulate_grad_batches,
+                      self.hparams.total_batch_size)
+            self._batch_checked = True
         loss = self.compute_loss(self.model(x), y)  # the logits go as soon as the loss is taken
-        detached = loss.detach()
-        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
         return loss
 
     def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -137,8 +126,7 @@ class GPTModule(L.LightningModule):
         return cross_entropy(logits, y)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Once per optimizer step, after the accumulated backward: the global grad norm (DTensor-aware), the loss
-        averaged over DP as build-nanogpt does, the finite check (before the step and any save) and their metrics."""
+        """Per optimizer step: the global grad norm, the DP-mean loss, their finite check (before the step, a save)."""
         self._grad_norm = grad_norm(self.model)
         loss = self._loss_sum / self.trainer.accumulate_grad_batches
         self._loss_sum = None
@@ -147,10 +135,8 @@ class GPTModule(L.LightningModule):
             torch.distributed.all_reduce(loss, group=group)  # in place: `loss` is this step's own tensor
             loss = loss / dp
         loss, norm = torch.stack([loss, self._grad_norm.float()]).tolist()  # the step's one host sync
-        # fp16: an overflow in the scaled gradients makes the norm inf; the scaler then skips this optimizer step and
-        # lowers its scale (the scaler's own recovery, not a failure). A non-finite loss is a failure in any precision.
-        scaler_skips = self._grad_scaler() is not None and math.isfinite(loss)
-        if not (math.isfinite(loss) and (math.isfinite(norm) or scaler_skips)):
+        # fp16: an inf norm is the scaler's overflow: it skips the step, lowers its scale; a non-finite loss fails
+        if not (math.isfinite(loss) and (math.isfinite(norm) or self._grad_scaler() is not None)):
             raise RuntimeError(f"non-finite training at step {self.global_step}: loss={loss}, grad_norm={norm}. The "
                                "run is stopped so no checkpoint holds NaNs; resume from the last good checkpoint "
                                "with a lower model.max_lr, check the data, or use bf16 rather than fp16 precision.")

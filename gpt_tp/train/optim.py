@@ -7,14 +7,10 @@ import torch.nn as nn
 
 from gpt_tp.errors import UserError
 
-# device types with a fused AdamW kernel in PyTorch
-FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
-
 
 def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: int = 715, max_steps: int = 19073) -> float:
-    """Learning rate at optimizer step `step` (0-based): linear warmup to max_lr, cosine decay to min_lr at
-    max_steps, then min_lr. A pure function with build-nanogpt's numbers; defined for any max_steps: with
-    max_steps <= warmup_steps the warmup runs its course and every later step gets min_lr."""
+    """The lr at optimizer step `step` (0-based), build-nanogpt's: linear warmup to max_lr, cosine decay to min_lr at
+    max_steps, then min_lr (also right after the warmup when max_steps <= warmup_steps)."""
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if step >= max_steps:  # the cosine ends at min_lr exactly (cos(pi) = -1): the same value, and no 0 / 0
@@ -39,24 +35,19 @@ def check_optimizer(max_lr: float, min_lr: float, warmup_steps: int, max_steps: 
 
 
 def fused_with_scaler(fused: bool | None, grad_scaler: bool) -> bool | None:
-    """model.fused under fp16 (16-mixed, grad_scaler): Lightning unscales the gradients before clipping only for an
-    optimizer that does not unscale inside its step, so a fused AdamW would be clipped on the scaled gradients."""
-    if not grad_scaler:
-        return fused
-    if fused:
+    """model.fused under fp16 (grad_scaler): never fused, as Lightning would clip a fused AdamW's scaled gradients."""
+    if grad_scaler and fused:
         raise UserError("model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be clipped "
                         "before the gradient scaler unscales them; set model.fused=null, or use trainer.precision=bf16-mixed")
-    return False
+    return False if grad_scaler else fused
 
 
 def make_adamw(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
                eps: float = 1e-8, fused: bool | None = None) -> torch.optim.AdamW:
-    """AdamW with weight decay on >= 2-D parameters only (matmul weights and embeddings; not biases or LayerNorms).
-    fused=None uses the fused kernel where the parameters' device has one. Works on plain and DTensor parameters
-    alike, provided they are not mixed (gpt_tp.parallel puts every parameter on the mesh)."""
+    """AdamW with weight decay on >= 2-D parameters only (matmul weights and embeddings; not biases or LayerNorms);
+    fused=None uses the fused kernel where the parameters' device has one. Plain or DTensor parameters, not mixed."""
     params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head appears once
-    if fused is None:
-        fused = all(p.device.type in FUSED_ADAMW_DEVICES for p in params)
+    fused = all(p.device.type in ("cuda", "cpu", "xpu", "mps") for p in params) if fused is None else fused
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)

@@ -1,5 +1,4 @@
-"""Command: the layout planner's table, for a named model or for `python cli.py fit`'s own arguments (read by the
-trainer's parser, gpt_tp.train.config.read_training_config). Usage: docs/scale.md, "The planner"."""
+"""Command: the layout planner's table, for a named model or `python cli.py fit`'s arguments (docs/scale.md)."""
 
 import json
 from dataclasses import asdict
@@ -11,10 +10,8 @@ from gpt_tp.sizing import AC_MODES, PRECISIONS, Plan, PlanError, format_plan, pl
 
 
 def training_settings(args: list[str]) -> dict:
-    """Model, batch and device settings of `python cli.py fit *args` (every --config file, then the overrides), read
-    by the trainer's own parser."""
+    """Model, batch and device settings of `python cli.py fit *args`, read by the trainer's own parser."""
     from gpt_tp.train.config import read_training_config  # imports Lightning: only when a training config is given
-
     t = read_training_config(args)
     return {"config": t.model, "devices_per_node": t.devices, "num_nodes": t.num_nodes, "batch_size": t.batch_size,
             "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing}
@@ -44,20 +41,16 @@ def main(argv: list[str] | None = None) -> Plan:
     args, training = ap.parse_known_args(argv)
     if training and not training[0].startswith("-"):
         ap.error(f"unrecognized arguments: {' '.join(training)}")
-
-    if training:
-        settings = training_settings(training)
-    else:
-        settings = {"config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
-                    "seq_len": None, "precision": "bf16-mixed", "ac": "none"}
+    settings = training_settings(training) if training else {
+        "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
+        "seq_len": None, "precision": "bf16-mixed", "ac": "none"}
     if args.model:
         settings["config"] = GPTConfig.from_name(args.model)
     if args.vocab_size is not None:
         settings["config"].vocab_size = args.vocab_size
-    for key, val in [("devices_per_node", args.devices_per_node), ("num_nodes", args.nodes), ("batch_size", args.batch_size),
-                     ("seq_len", args.seq_len), ("precision", args.precision), ("ac", args.ac)]:
-        if val is not None:
-            settings[key] = val
+    flags = {"devices_per_node": args.devices_per_node, "num_nodes": args.nodes, "batch_size": args.batch_size,
+             "seq_len": args.seq_len, "precision": args.precision, "ac": args.ac}
+    settings |= {key: val for key, val in flags.items() if val is not None}
     if settings["devices_per_node"] is None:
         raise PlanError("give --devices-per-node (or a --config with a number in trainer.devices)")
     if settings["seq_len"] is None:

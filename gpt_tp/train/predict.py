@@ -1,7 +1,6 @@
-"""`python cli.py predict`: continue prompts with a trained model (a checkpoint or init_from weights). Its flags are
-linked into the data module's `prompts` (a `Prompts`), --output into `PromptWriter`. Every rank runs every prompt (TP
-ranks share the forwards; DP replicas repeat them) from a generator seeded per prompt, so every rank, and the
-single-device run, produces the same text."""
+"""`python cli.py predict`: continue prompts with a trained model. Its flags are linked into the data module's `prompts`
+(a `Prompts`), --output into `PromptWriter`. Every rank runs every prompt (DP replicas repeat them) from a generator
+seeded per prompt, so every rank, and the single-device run, produces the same text."""
 
 import json
 import os
@@ -22,8 +21,7 @@ class Prompts:
     Args:
         prompt: a prompt to continue, or a JSON list of them ('["To be", "ROMEO:"]'); default: the text sampler's prompt.
         prompts_file: a text file with one prompt a line, after any --prompt.
-        max_new_tokens: tokens to add to each prompt; a context longer than the model's block_size slides (its last
-            block_size tokens), as nanoGPT's generate does.
+        max_new_tokens: tokens to add to each prompt; past block_size the context slides, as nanoGPT's generate does.
         num_samples: continuations per prompt.
         top_k: sample from the k most likely tokens (1: greedy).
         seed: the sampling generator's seed, per prompt: the same seed and weights give the same text on any layout.
@@ -82,15 +80,12 @@ def continue_prompt(pl_module, batch: dict) -> list[dict]:
     from gpt_tp.data.tokenizer import get_encoding
     from gpt_tp.train.ranks import block_size_of, parallel_layout
 
-    enc = get_encoding()
-    trainer = pl_module.trainer
-    prompt = batch["prompt"]
+    enc, prompt, trainer = get_encoding(), batch["prompt"], pl_module.trainer
     texts = sample_texts(
         pl_module, enc, prompt, num_samples=batch["num_samples"],
         max_length=len(enc.encode(prompt)) + batch["max_new_tokens"], top_k=batch["top_k"], seed=batch["seed"],
         block_size=block_size_of(pl_module), tp=parallel_layout(trainer, pl_module)[0], device=pl_module.device,
-        forward_context=trainer.precision_plugin.forward_context,
-    )
+        forward_context=trainer.precision_plugin.forward_context)
     return [{"prompt": prompt, "sample": i, "text": t} for i, t in enumerate(texts)]
 
 
@@ -104,9 +99,9 @@ class PromptWriter(BasePredictionWriter):
 
     def __init__(self, output: str | None = None):
         super().__init__(write_interval="batch")
-        if output is not None and Path(output).is_dir():
-            raise UserError(f"--output {output} is a folder; give the name of a file for the JSON lines")
         if output is not None:  # found now, not after every prompt has been continued
+            if Path(output).is_dir():
+                raise UserError(f"--output {output} is a folder; give the name of a file for the JSON lines")
             folder = Path(output).absolute().parent
             try:
                 if folder.exists() and not folder.is_dir():

@@ -8,31 +8,22 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 class StepProgressBar(TQDMProgressBar):
     BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]{postfix}"
 
-    @property
-    def train_description(self) -> str:
-        return "train"
+    train_description = "train"
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        self._as_steps(trainer)  # a run resumed mid-epoch (from a periodic save) gets no on_train_epoch_start
+        self.on_train_epoch_start(trainer)  # a run resumed mid-epoch (from a periodic save) gets no epoch start
 
     def on_train_epoch_start(self, trainer, *_) -> None:
-        self._as_steps(trainer)
-
-    def _as_steps(self, trainer) -> None:
         bar = self.train_progress_bar
         bar.reset(total=trainer.max_steps if trainer.max_steps > 0 else None)
-        bar.initial = trainer.global_step  # a resumed run starts where it stopped; the rate counts this run only
-        bar.n = trainer.global_step
+        bar.initial = bar.n = trainer.global_step  # a resumed run starts where it stopped; the rate counts this run
         bar.unit = "step"
-        bar.set_description("train")
         bar.refresh()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         bar, step = self.train_progress_bar, trainer.global_step
-        if bar is None or step == bar.n:  # inside an accumulation window: no optimizer step yet
-            return
-        if self._should_update(step, bar.total):
+        if bar is not None and step != bar.n and self._should_update(step, bar.total):  # not mid-accumulation
             bar.n = step
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
             bar.refresh()
@@ -45,9 +36,8 @@ class StepProgressBar(TQDMProgressBar):
 
 
 class GPTSummary(ModelSummary):
-    """The model summary in one line. Lightning's table has a FLOPs column that needs an example forward (which a
-    tensor-parallel model cannot run on rank 0 alone) and reads 0 without one; this line takes the training FLOPs
-    per token from GPTConfig.flops_per_token, as the MFU metric does."""
+    """The model summary in one line, its training FLOPs per token from GPTConfig.flops_per_token (as MFU): Lightning's
+    table needs an example forward for its FLOPs, which a TP model cannot run on rank 0 alone, and reads 0 without."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
         c = pl_module.config

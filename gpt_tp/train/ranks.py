@@ -4,8 +4,7 @@
 def data_parallel_rank_size(trainer) -> tuple[int, int]:
     """(rank, size) of this process among the data-parallel replicas: the DP dim of ModelParallelStrategy's mesh,
     all processes for DDP-like strategies, (0, 1) without a trainer or on one device."""
-    kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None) if trainer is not None else None
-    kwargs = kwargs or {}
+    kwargs = (getattr(trainer.strategy, "distributed_sampler_kwargs", None) if trainer is not None else None) or {}
     return kwargs.get("rank", 0), kwargs.get("num_replicas", 1)
 
 
@@ -16,8 +15,7 @@ def parallel_layout(trainer, pl_module) -> tuple[int, int, int, object]:
     if mesh is not None:
         dp_mesh = mesh["data_parallel"]
         return mesh["tensor_parallel"].size(), dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group()
-    rank, size = data_parallel_rank_size(trainer)
-    return 1, rank, size, None
+    return 1, *data_parallel_rank_size(trainer), None
 
 
 def model_config(model):
@@ -26,8 +24,7 @@ def model_config(model):
 
 
 def model_vocab(model) -> int | None:
-    """Token ids the model takes: its config's ``vocab_used`` (the tokenizer's ids, below a padded vocabulary) or
-    ``vocab_size``; None without a config."""
+    """Token ids the model takes: its config's vocab_used (below a padded vocabulary) or vocab_size, else None."""
     config = model_config(model)
     return getattr(config, "vocab_used", None) or getattr(config, "vocab_size", None)
 

@@ -1,5 +1,5 @@
-"""RNGStates: every rank's random state in the checkpoint, put back at the first training step after a resume, so a
-resumed run draws the dropout masks the uninterrupted run would have drawn (GPTModule.configure_callbacks adds it)."""
+"""RNGStates (GPTModule.configure_callbacks adds it): every rank's random state in the checkpoint, so a resumed run
+draws the dropout masks the uninterrupted run would have drawn (docs/scale.md, "Preemption and requeue")."""
 
 import random
 
@@ -11,8 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 
 def rng_state() -> dict:
-    """This process's Python, NumPy, torch (and CUDA) generator states, as tensors and plain values: a checkpoint
-    holding them loads with torch.load(weights_only=True)."""
+    """This process's Python, NumPy, torch (and CUDA) generator states, in types torch.load(weights_only=True) takes."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos, "has_gauss": has_gauss,
                    "gauss": gauss}
@@ -32,12 +31,10 @@ def set_rng_state(state: dict) -> None:
 
 
 class RNGStates(Callback):
-    """Saves every rank's state under the checkpoint's "rng_states" (gathered: rank 0 writes meta.pt) and, on a
-    fit's resume, puts this rank's back at the first training batch, after the draws the loop makes on starting
-    (docs/scale.md, "Preemption and requeue")."""
+    """Every rank's state under the checkpoint's "rng_states" (rank 0 writes meta.pt); this rank's is put back at the
+    first training batch, after the draws the loop makes on starting."""
 
-    def __init__(self):
-        self._pending: dict | None = None
+    _pending: dict | None = None  # this rank's state, until the first training batch after a resume
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         states = [rng_state()]

@@ -1,10 +1,6 @@
-"""`python cli.py fit --config X --simulate`: one rank of the config's whole world (num_nodes x devices), run in this
-process on PyTorch's fake process group with fake tensors, through gpt_tp's own parallelize (TP, activation
-checkpointing, FSDP2), vocab-parallel loss, backward, clip and AdamW step; no GPU, no cluster, no real memory.
-It reports that rank's peak memory by kind (FSDPMemTracker), the planner's estimate beside it, and the step's
-collectives per process group. torch.compile is skipped (the eager step's memory); what it cannot tell is in
-docs/scale.md.
-"""
+"""`python cli.py fit --config X --simulate`: one rank of the config's whole world takes gpt_tp's training step (TP,
+activation checkpointing, FSDP2; no torch.compile) on a fake process group with fake tensors, and reports its peak
+memory by kind beside the planner's estimate and its collectives by process group (limits: docs/scale.md)."""
 
 import math
 import warnings
@@ -77,24 +73,21 @@ class Simulation:
 
     def fits(self, memory_gib: float | None) -> bool:
         """The peak fits memory_gib by the planner's own rule (gpt_tp.sizing.memory.fits: 95% usable)."""
-        p = self.peak
-        return fits(Memory(p["params"], p["grads"], p["optimizer"], p["activations"], p["temporaries"], 0), memory_gib)
+        return fits(Memory(*(self.peak[k] for k in KINDS), 0), memory_gib)
 
 
 def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "32-true",
              activation_checkpointing: str = "none", rank: int = 0, accumulate: int = 1) -> Simulation:
-    """Rank `rank` of a dp x tp world: the model built on the meta device, parallelized, given fake storage, and two
-    training steps taken: the first's collectives are counted, the second's peak memory measured (AdamW's moments
-    exist by then). With accumulation a step takes two micro-batches: the second runs with the first's gradients
-    held, as every micro-batch after the first does (Lightning reduces FSDP2's gradients in each backward)."""
-    world = dp * tp
+    """Rank `rank` of a dp x tp world takes two steps on fake storage: the first's collectives are counted, the
+    second's peak memory measured (AdamW's moments exist by then). With accumulation that step takes two
+    micro-batches, the second (like every later one) holding the first's gradients (FSDP2 reduces each backward's)."""
     notes = []
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         notes.append("this torch has no CUDA: fake tensors on 'cpu' at the config's precision (FSDP2 asks "
                      "torch.cuda.current_device() for 'cuda')")
     notes.append("torch.compile skipped: the eager step's memory")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dp * tp)
     try:
         mesh = init_device_mesh(device, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
         with torch.device("meta"):
@@ -126,14 +119,12 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
 
             labels = {dist.group.WORLD.group_name: "world"}
             labels |= {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}  # a dimension spanning the world
-            with CollectiveCounts(labels) as comms:  # the first step: its collectives (AdamW's moments come to exist)
+            with CollectiveCounts(labels) as comms:
                 step(1)
-            if dp > 1:
-                tracker = FSDPMemTracker(model, opt)
-            else:
-                tracker = MemTracker()
+            tracker = FSDPMemTracker(model, opt) if dp > 1 else MemTracker()
+            if dp == 1:
                 tracker.track_external(model, opt)
-            with tracker:  # the steady state's peak
+            with tracker:
                 step(min(accumulate, 2), tracker)
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
@@ -142,8 +133,7 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
     m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing)
-    planned = {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
-               "temporaries": m.transient}
+    planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"] = sum(planned.values())
     if tp > 1 and config.vocab_size % tp == 0:
         notes.append(f"every rank holds its own 1/{tp} of wte/lm_head's vocabulary and of each block's heads; the "
@@ -153,21 +143,17 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
 
 def format_simulation(s: Simulation, memory_gib: float | None) -> str:
     """The table `--simulate` prints."""
-    gib = lambda b: f"{b / GIB:10.2f}"  # noqa: E731
-    head = "".join(f"{k:>12}" for k in (*KINDS, "total GiB"))
     lines = [f"simulated rank {s.rank} of {s.dp * s.tp} (DP={s.dp} x TP={s.tp}) on fake '{s.device}' tensors",
-             f"{'':<12}{head}",
-             f"{'simulated':<12}" + "".join(f"{gib(s.peak[k]):>12}" for k in (*KINDS, "total")),
-             f"{'planner':<12}" + "".join(f"{gib(s.planned[k]):>12}" for k in (*KINDS, "total"))]
+             f"{'':<12}" + "".join(f"{k:>12}" for k in (*KINDS, "total GiB"))]
+    lines += [f"{name:<12}" + "".join(f"{row[k] / GIB:12.2f}" for k in (*KINDS, "total"))
+              for name, row in (("simulated", s.peak), ("planner", s.planned))]
     diff = s.peak["total"] / s.planned["total"] - 1 if s.planned["total"] else math.nan
     lines.append(f"simulated peak {s.peak['total'] / GIB:.2f} GiB, planner {s.planned['total'] / GIB:.2f} GiB "
                  f"({diff:+.2%}), both without the planner's fixed overhead (CUDA context, NCCL, allocator slack)")
     if memory_gib is not None:
-        verdict = "fits" if s.fits(memory_gib) else "does not fit"
-        lines.append(f"{verdict} {memory_gib:g} GiB per device (95% usable)")
-    groups = sorted({group for group, _ in s.collectives})
+        lines.append(f"{'fits' if s.fits(memory_gib) else 'does not fit'} {memory_gib:g} GiB per device (95% usable)")
     lines.append("collectives in one micro-batch and the optimizer step: " + "; ".join(
         f"{group} " + ", ".join(f"{op} {n}" for (g, op), n in sorted(s.collectives.items()) if g == group)
-        for group in groups))
+        for group in sorted({group for group, _ in s.collectives})))
     lines += [f"note: {n}" for n in s.notes]
     return "\n".join(lines)

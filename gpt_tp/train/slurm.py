@@ -1,6 +1,5 @@
-"""Running on a cluster: preemption-safe checkpoints for Slurm (`Preemption`), failing fast when a rank dies or
-training stalls (`FailFast`), and finding the checkpoint to resume from (`latest`). Used by scripts/slurm/*.sbatch;
-see docs/scale.md, "Preemption and requeue" and "When a rank dies"."""
+"""Running under Slurm: preemption-safe checkpoints (`Preemption`), failing fast when a rank dies or training stalls
+(`FailFast`), the checkpoint to resume from (`latest`): docs/scale.md, "Preemption and requeue", "When a rank dies"."""
 
 import os
 import signal
@@ -38,8 +37,7 @@ class Preemption(Callback):
     after SIGUSR1 requeue the Slurm job and exit 0, after SIGTERM exit 143.
 
     Args:
-        dirpath: folder for `preempt-step=N.ckpt` (a distributed-checkpoint folder under ModelParallelStrategy);
-            give the same folder to `python -m gpt_tp.train.slurm latest` when resuming.
+        dirpath: folder for `preempt-step=N.ckpt`; give it to `python -m gpt_tp.train.slurm latest` when resuming.
         signal_name: the signal Slurm sends before the end (`#SBATCH --signal=USR1@90`); not SIGTERM.
         requeue: run `scontrol requeue $SLURM_JOB_ID` on rank 0 after a save for signal_name (only inside a Slurm job).
     """
@@ -57,8 +55,7 @@ class Preemption(Callback):
         self.terminated = False  # SIGTERM arrived
         self._previous: dict = {}  # signal -> (our handler, the one it replaced)
         self._last_step = None
-        self._leave_after: str | None = None  # "requeue" or "sigterm" once saved
-        self._requeue_job: str | None = None
+        self._leave_after: str | None = None  # once saved: "sigterm", or the Slurm job to requeue
 
     # the handlers only set a flag: no I/O, no collectives inside a signal handler
     def _on_signal(self, signum, frame) -> None:
@@ -110,36 +107,28 @@ class Preemption(Callback):
         if terminated:
             self._leave_after = "sigterm"  # the job is ending: no requeue
         elif self.requeue and job:
-            self._leave_after, self._requeue_job = "requeue", job
+            self._leave_after = job
         else:
             trainer.should_stop = True  # a clean stop; whoever sent the signal restarts the run
 
-    # after Lightning has logged the saved step: at the next batch start, validation start or train end
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._leave(trainer)
-
-    def on_validation_start(self, trainer, pl_module) -> None:
-        self._leave(trainer)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._leave(trainer)
-
-    def _leave(self, trainer) -> None:
+    def _leave(self, trainer, *_) -> None:
+        """Leave once Lightning has logged the saved step: at the next batch start, validation start or train end."""
         if self._leave_after is None:
             return
         for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
             logger.save()
         if self._leave_after == "sigterm":
             _exit_now(f"rank {trainer.global_rank}: checkpoint saved after SIGTERM: exiting", EXIT_SIGTERM)
-        self._leave_after, job = None, self._requeue_job
+        job, self._leave_after = self._leave_after, None
         ok = True
         if trainer.is_global_zero:
-            rc = subprocess.call(["scontrol", "requeue", job])
-            ok = rc == 0
+            ok = (rc := subprocess.call(["scontrol", "requeue", job])) == 0
             _say(f"scontrol requeue {job} -> {'ok' if ok else f'failed with exit code {rc}; stopping without requeue'}")
         if trainer.strategy.reduce_boolean_decision(ok, all=True):  # Slurm is about to SIGTERM every task
             _exit_now(f"rank {trainer.global_rank}: checkpoint saved, job requeued: exiting", 0)
         trainer.should_stop = True
+
+    on_train_batch_start = on_validation_start = on_train_end = _leave
 
 
 def _exit_now(message: str, code: int) -> None:
@@ -163,10 +152,10 @@ class FailFast(Callback):
     """End this rank promptly and clearly when a peer rank dies or training stalls.
 
     Args:
-        stall_timeout_s: exit when no optimizer step (and no validation batch) finishes for this long; None disables
-            the watchdog thread. Cover the slowest legitimate gap: a validation run, a checkpoint save.
+        stall_timeout_s: exit when no optimizer step or validation batch finishes for this long (cover the slowest
+            legitimate gap: a validation run, a checkpoint save); None disables the watchdog.
         first_step_timeout_s: the allowance for the first step (torch.compile, NCCL setup).
-        exit_code: the process exit code for both cases (Slurm shows it; srun then ends the other tasks).
+        exit_code: the process exit code for both cases (srun then ends the other tasks).
         report_every_n_steps: rank 0 prints "[gpt_tp] rank 0: step N" this often (a heartbeat in batch logs).
     """
 
@@ -185,7 +174,7 @@ class FailFast(Callback):
         self._rank = 0
         self._step = 0
 
-    def _heartbeat(self, trainer) -> None:
+    def _heartbeat(self, trainer, *_) -> None:
         self._beat, self._started, self._step = time.monotonic(), True, trainer.global_step
 
     def _watch(self) -> None:
@@ -208,24 +197,18 @@ class FailFast(Callback):
         _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        n = self.report_every_n_steps
+        step, n = trainer.global_step, self.report_every_n_steps
         if n and trainer.is_global_zero and step != self._step and step % n == 0:
             _say(f"rank 0: step {step}")
         self._heartbeat(trainer)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._heartbeat(trainer)
+    on_validation_batch_end = on_save_checkpoint = _heartbeat
 
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self._heartbeat(trainer)
-
-    def _shutdown(self) -> None:
+    def _shutdown(self, *_) -> None:
         self._stop.set()
         self._thread = None
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._shutdown()
+    on_train_end = _shutdown
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._shutdown()
@@ -236,21 +219,19 @@ class FailFast(Callback):
                       "see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
 
 
-def _complete(path: Path) -> bool:
-    if path.is_dir():
-        return (path / META).is_file()
-    return path.is_file() and path.stat().st_size > 0
-
-
-def _finished_at(path: Path) -> float:
-    return (path / META).stat().st_mtime if path.is_dir() else path.stat().st_mtime
+def _finished_at(path: Path) -> float | None:
+    """When `path` was saved in full (a folder: its meta.pt, written last; a file: once not empty), else None."""
+    done = path / META if path.is_dir() else path
+    if done.is_file() and (done != path or done.stat().st_size > 0):
+        return done.stat().st_mtime
+    return None
 
 
 def latest_checkpoint(*dirs: str) -> str | None:
-    """The most recently completed `*.ckpt` (file or distributed-checkpoint folder) directly in any of `dirs`;
-    incomplete folders (no meta.pt: the save was cut off) are skipped. None when there is none."""
-    found = [p for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.ckpt") if _complete(p)]
-    return str(max(found, key=_finished_at)) if found else None
+    """The most recently completed `*.ckpt` (file or distributed-checkpoint folder) directly in any of `dirs`."""
+    found = {p: t for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.ckpt")
+             if (t := _finished_at(p)) is not None}
+    return str(max(found, key=found.get)) if found else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     lat = sub.add_parser("latest", help="print the newest complete checkpoint in the folders (nothing if none)")
     lat.add_argument("dirs", nargs="+")
     args = ap.parse_args(argv)  # "latest", the one subcommand
-    path = latest_checkpoint(*args.dirs)
-    if path:
+    if path := latest_checkpoint(*args.dirs):
         print(path)
     else:  # stdout stays empty (the sbatch scripts start from step 0); stderr says why, a typo included
         missing = [d for d in args.dirs if not os.path.isdir(d)]

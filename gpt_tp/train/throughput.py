@@ -1,8 +1,5 @@
-"""StepThroughput: tokens/s and MFU per optimizer step (GPTModule.configure_callbacks adds it). Unlike Lightning's
-ThroughputMonitor (per micro-batch, a CUDA sync after each, its own names, MFU only for devices it knows), it times
-whole optimizer steps under gpt_tp's names (train/tokens_per_sec, train/mfu, tok/s on the bar), with FLOPs from
-GPTConfig.flops_per_token and the peak from model.peak_flops or gpt_tp.hardware's table. It needs no sync of its
-own: GPTModule reads the step's loss and grad norm to the host once a step."""
+"""StepThroughput: tokens/s and MFU per optimizer step (GPTModule.configure_callbacks adds it), not Lightning's
+ThroughputMonitor (docs/train.md says why). No sync of its own: GPTModule reads the loss to the host once a step."""
 
 import math
 import time
