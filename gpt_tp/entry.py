@@ -102,12 +102,20 @@ USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryErr
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # a full disk, a quota, a read-only file system
 
 
-def _user_error_in(e: BaseException | None) -> BaseException | None:
-    """The user's mistake or storage fault that `e` is or was raised from (jsonargparse wraps one raised while it
-    builds a config's class in its own ValueError); None for a bug."""
+def _mistake(e: BaseException | None) -> str | None:
+    """One line for the user's mistake or storage fault that `e` is or was raised from (jsonargparse wraps one raised
+    while it builds a config's class in its own ValueError); None for a bug."""
     while e is not None and not (isinstance(e, USER_ERRORS) or getattr(e, "errno", None) in STORAGE_ERRNOS):
         e = e.__cause__ or e.__context__
-    return e
+    if e is None:
+        return None
+    if getattr(e, "errno", None) in STORAGE_ERRNOS and not isinstance(e, UserError):
+        where = f"writing {e.filename}" if getattr(e, "filename", None) else "writing"
+        fix = "remount it read-write" if e.errno == errno.EROFS else "free space (or the quota)"
+        text = f"{e.strerror} while {where}; {fix}, or write to another folder"
+    else:
+        text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+    return " ".join(text.split())
 
 
 def run(main: Callable[[], object]) -> None:
@@ -123,23 +131,13 @@ def run(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         code = 130
     except BaseException as e:
-        if (mistake := _user_error_in(e)) is not None:
-            report(_one_line(mistake))
+        if (mistake := _mistake(e)) is not None:
+            report(mistake)
             code = EXIT_USER_ERROR
         else:  # a bug: its traceback
             sys.excepthook(type(e), e, e.__traceback__)
             code = 1
     _leave(code)
-
-
-def _one_line(e: BaseException) -> str:
-    if getattr(e, "errno", None) in STORAGE_ERRNOS and not isinstance(e, UserError):
-        where = f"writing {e.filename}" if getattr(e, "filename", None) else "writing"
-        fix = "remount it read-write" if e.errno == errno.EROFS else "free space (or the quota)"
-        text = f"{e.strerror} while {where}; {fix}, or write to another folder"
-    else:
-        text = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
-    return " ".join(text.split())
 
 
 def _leave(code: int) -> None:

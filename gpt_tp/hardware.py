@@ -45,15 +45,11 @@ def detect_peak_flops(device: torch.device) -> float | None:
 
 def resolve_peak_flops(peak_flops: float | None, gpu: str | None, device: torch.device) -> float | None:
     """Peak FLOP/s per device for MFU: --peak-flops, else PEAK_FLOPS[--gpu], else detected (None on CPU)."""
-    if peak_flops is not None:
-        if not peak_flops > 0:
-            raise UserError(f"--peak-flops={peak_flops} must be > 0 (FLOP/s per device, e.g. 989e12 for an H100)")
-        return peak_flops
-    if gpu is not None:
-        if gpu not in PEAK_FLOPS:
-            raise UserError(f"--gpu={gpu!r} is not known; choose one of {', '.join(PEAK_FLOPS)} or give --peak-flops")
-        return PEAK_FLOPS[gpu]
-    return detect_peak_flops(device)
+    if peak_flops is not None and not peak_flops > 0:
+        raise UserError(f"--peak-flops={peak_flops} must be > 0 (FLOP/s per device, e.g. 989e12 for an H100)")
+    if peak_flops is None and gpu is not None and gpu not in PEAK_FLOPS:
+        raise UserError(f"--gpu={gpu!r} is not known; choose one of {', '.join(PEAK_FLOPS)} or give --peak-flops")
+    return peak_flops or PEAK_FLOPS.get(gpu) or detect_peak_flops(device)
 
 
 def detect_device_memory_gib() -> float | None:

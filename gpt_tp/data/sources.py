@@ -24,10 +24,9 @@ def local_files(paths) -> tuple[list[str], str]:
     files = [f for f in files if f.stat().st_size > 0]  # empty files hold no documents
     if not files:
         raise DataError(f"--local {' '.join(map(str, paths))}: empty input, all files are empty")
-    kinds = {_builder(f) for f in files}
-    if None in kinds:
-        bad = next(f for f in files if _builder(f) is None)
+    if bad := next((f for f in files if _builder(f) is None), None):
         raise DataError(f"--local {bad}: unknown file type; use {', '.join(LOCAL_BUILDERS)} (optionally compressed)")
+    kinds = {_builder(f) for f in files}
     if len(kinds) > 1:
         raise DataError(f"--local mixes file types {sorted(kinds)}: prepare one type at a time")
     return [str(f) for f in files], kinds.pop()

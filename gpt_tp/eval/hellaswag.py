@@ -33,13 +33,11 @@ class HellaSwagCallback(StepCallback):
 
     def __init__(self, path: str | None = None, cache_dir: str = DEFAULT_CACHE_DIR, every_n_steps: int = 250,
                  limit: int | None = None, batch_size: int = 4, pad_to: int = 32):
-        if every_n_steps < 0:
-            raise HellaSwagError(f"HellaSwagCallback every_n_steps={every_n_steps} must be >= 0 (0: only at the end of fit)")
+        super().__init__(every_n_steps)
         if limit is not None and limit < 1:
             raise HellaSwagError(f"HellaSwagCallback limit={limit} must be >= 1, or null for every example")
         if batch_size < 1 or pad_to < 1:
             raise HellaSwagError(f"HellaSwagCallback batch_size={batch_size} and pad_to={pad_to} must be >= 1")
-        super().__init__(every_n_steps)
         self.path, self.cache_dir, self.limit, self.batch_size, self.pad_to = path, cache_dir, limit, batch_size, pad_to
         self.examples: list[dict] | None = None
 
@@ -138,14 +136,12 @@ def main(argv=None) -> dict:
     tp = args.tp or world
     if tp < 1:
         raise HellaSwagError(f"--tp {tp} must be >= 1")
-    mesh, dp_rank, dp_size, dp_group = None, 0, 1, None
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    mesh, device, dp_rank, dp_size, dp_group = None, torch.device("cuda" if cuda else "cpu"), 0, 1, None
     if world > 1 or tp > 1:  # under torchrun: a (data_parallel, tensor_parallel) mesh of world // tp x tp
         mesh, device = torchrun_mesh(max(world // tp, 1), tp, args.device)
         dp_mesh = mesh["data_parallel"]
         dp_rank, dp_size, dp_group = dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group()
-    else:
-        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-        device = torch.device("cuda" if cuda else "cpu")
     # one process per node downloads, before the other ranks read; a failure ends every rank with it
     one_does(lambda: resolve_path(args.path, args.cache_dir), doer=int(os.environ.get("LOCAL_RANK", "0")) == 0)
     examples = read_examples(resolve_path(args.path, args.cache_dir), args.limit)

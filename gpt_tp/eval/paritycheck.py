@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from gpt_tp.entry import ArgumentParser, import_attribute, run, torchrun_mesh, torchrun_world
 from gpt_tp.errors import UserError
-from gpt_tp.model import GPT, SIZES, GPTConfig
+from gpt_tp.model import GPT, HF_VOCAB_SIZE, SIZES, GPTConfig
 from gpt_tp.parallel import TP_PLAN, parallelize, reduce_partial_grads
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.sizing import LayoutError, validate_layout
@@ -66,7 +66,7 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
     weights = {n: rel_diff(p.detach(), ref_params[n].detach()) for n, p in model.named_parameters() if n in ref_params}
 
     g = torch.Generator().manual_seed(seed)  # the same tokens on every rank: random ids of GPT-2's vocabulary
-    tokens = torch.randint(0, min(config.vocab_size, 50257), (batch_size * dp, seq_len + 1), generator=g)
+    tokens = torch.randint(0, min(config.vocab_size, HF_VOCAB_SIZE), (batch_size * dp, seq_len + 1), generator=g)
     x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (dp B, T) each
     rows = slice(dp_rank * batch_size, (dp_rank + 1) * batch_size)
     loss_ref = F.cross_entropy(ref(x).flatten(0, 1), y.flatten())  # torch's own loss on the unsharded copy
@@ -99,25 +99,19 @@ def report(res: dict, tol: float, top: int) -> tuple[str, bool]:
     return "\n".join(lines), ok
 
 
-def config_settings(files: list[str]) -> dict:
-    """Model, layout and batch shape of `python cli.py fit --config FILE ...` (gpt_tp.train.config): class defaults
-    apply; a layout size left to the planner ("auto") is derived from the process count here."""
-    from gpt_tp.train.config import read_training_config
-
-    try:
-        c = read_training_config([a for f in files for a in ("--config", f)])
-    except UserError as e:
-        raise ParityInputError(str(e) if str(e).startswith("--config") else f"--config {' '.join(files)}: {e}") from None
-    sizes = [None if v == "auto" else v for v in (c.data_parallel_size, c.tensor_parallel_size)]
-    return {"config": c.model, "dp": sizes[0], "tp": sizes[1], "batch_size": c.batch_size, "seq_len": c.seq_len}
-
-
 def settings(args, world: int) -> dict:
     """Flags over the --config files over defaults; validated against the world size. --dp or --tp on the command
     line replaces the config's layout as a whole: a size not given is then derived (dp 1, tp = processes / dp)."""
     s = {"config": None, "dp": 1, "tp": None, "batch_size": 2, "seq_len": 64}
-    if args.config:
-        s.update(config_settings(args.config))
+    if args.config:  # as `python cli.py fit --config FILE ...` reads them; an "auto" layout size is derived below
+        from gpt_tp.train.config import read_training_config
+        try:
+            c = read_training_config([a for f in args.config for a in ("--config", f)])
+        except UserError as e:
+            files = " ".join(args.config)
+            raise ParityInputError(str(e) if str(e).startswith("--config") else f"--config {files}: {e}") from None
+        sizes = [None if v == "auto" else v for v in (c.data_parallel_size, c.tensor_parallel_size)]
+        s.update({"config": c.model, "dp": sizes[0], "tp": sizes[1], "batch_size": c.batch_size, "seq_len": c.seq_len})
     if args.dp is not None or args.tp is not None:
         s["dp"], s["tp"] = (1 if args.dp is None else args.dp), args.tp
     s.update({k: getattr(args, k) for k in ("batch_size", "seq_len") if getattr(args, k) is not None})
@@ -180,9 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.tol > 0:
         raise ParityInputError(f"--tol={args.tol} must be > 0")
     mesh, device = torchrun_mesh(s["dp"], s["tp"], args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # compare in true float32
-        torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False  # compare in true float32 (the flags only act on CUDA)
+    torch.backends.cudnn.allow_tf32 = False
     rank = mesh.get_rank()
     try:
         res = compare(s["config"], mesh, s["batch_size"], s["seq_len"], args.seed, plan, device)

@@ -47,12 +47,6 @@ def _first_step(metrics: dict[str, list[tuple[int, float]]]) -> int:
     return min(points[0][0] for points in metrics.values())
 
 
-def _hparams(d: Path) -> list[str] | None:
-    """hparams.yaml but its max_steps: a run resumed on a longer schedule (--trainer.max_steps) is the same run."""
-    h = d / "hparams.yaml"
-    return [line for line in h.read_text().splitlines() if not line.startswith("max_steps:")] if h.is_file() else None
-
-
 def run_csvs(csv_path: str | Path) -> list[Path]:
     """The metrics.csv files of csv_path's run, oldest version first: a version continues the one before it when
     both saved the same hparams.yaml but for max_steps and it starts later. Validate runs are passed over."""
@@ -72,7 +66,8 @@ def run_csvs(csv_path: str | Path) -> list[Path]:
             continue  # a version that logged nothing (e.g. requeued before its first step)
         if d != csv_path.parent and not _trained(d / "metrics.csv"):
             continue
-        h = _hparams(d)
+        yaml = d / "hparams.yaml"  # less max_steps: a run resumed on a longer schedule (--trainer.max_steps) is one run
+        h = [ln for ln in yaml.read_text().splitlines() if not ln.startswith("max_steps:")] if yaml.is_file() else None
         if runs and h == hparams and start > first:
             runs[-1].append(d / "metrics.csv")
         else:

@@ -9,7 +9,6 @@ from gpt_tp.collective import one_does
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.errors import UserError
 from gpt_tp.train.generate import PROMPT, sample_texts
-from gpt_tp.train.ranks import block_size_of, parallel_layout
 
 
 class StepCallback(Callback):
@@ -17,6 +16,9 @@ class StepCallback(Callback):
     `compute` with the module in eval mode and keeps (step, result) in `history`."""
 
     def __init__(self, every_n_steps: int, at_end: bool = True):
+        if every_n_steps < 0:
+            raise UserError(f"{type(self).__name__} every_n_steps={every_n_steps} must be >= 0 "
+                            "(0: only at the end of fit)")
         self.every_n_steps, self.at_end = every_n_steps, at_end
         self.history: list[tuple[int, object]] = []  # (step, result) of every run on this rank
         self._last_step = -1
@@ -51,11 +53,9 @@ class TextSampleCallback(StepCallback):
 
     def __init__(self, prompt: str = PROMPT, every_n_steps: int = 250, num_samples: int = 4, max_length: int = 32,
                  top_k: int = 50, seed: int = 42, at_end: bool = True):
-        if every_n_steps < 0:
-            raise UserError(f"TextSampleCallback every_n_steps={every_n_steps} must be >= 0 (0: only at the end of fit)")
+        super().__init__(every_n_steps, at_end)
         if num_samples < 1 or top_k < 1:
             raise UserError(f"TextSampleCallback num_samples={num_samples} and top_k={top_k} must be >= 1")
-        super().__init__(every_n_steps, at_end)
         self.prompt, self.num_samples, self.max_length = prompt, num_samples, max_length
         self.top_k, self.seed = top_k, seed
         self._enc = None
@@ -67,10 +67,8 @@ class TextSampleCallback(StepCallback):
                             "raise max_length or shorten the prompt")
 
     def compute(self, trainer, pl_module) -> list[str]:
-        return sample_texts(pl_module, self._enc, self.prompt, num_samples=self.num_samples, max_length=self.max_length,
-                            top_k=self.top_k, seed=self.seed, block_size=block_size_of(pl_module),
-                            tp=parallel_layout(trainer, pl_module)[0], device=pl_module.device,
-                            forward_context=trainer.precision_plugin.forward_context)
+        return sample_texts(pl_module, self._enc, self.prompt, trainer=trainer, num_samples=self.num_samples,
+                            max_length=self.max_length, top_k=self.top_k, seed=self.seed)
 
     def run(self, trainer, pl_module) -> list[str]:
         texts = super().run(trainer, pl_module)

@@ -48,7 +48,6 @@ class GPTConfig:
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "GPTConfig":
-        """A named size (see SIZES), with optional field overrides."""
         if name not in SIZES:
             raise UserError(f"unknown model size {name!r}; choose one of {', '.join(SIZES)} or give the fields")
         return cls(**{**SIZES[name], **overrides})
@@ -66,8 +65,7 @@ class GPTConfig:
         """Parameter count; wte is tied to lm_head, wpe is left out with non_embedding (as nanoGPT reports)."""
         C, L = self.n_embd, self.n_layer
         per_block = 2 * 2 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)
-        n = L * per_block + 2 * C + self.vocab_size * C + self.block_size * C
-        return n - self.block_size * C if non_embedding else n
+        return L * per_block + 2 * C + self.vocab_size * C + (0 if non_embedding else self.block_size * C)
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token: 6 N (num_params) + 12 L C T (attention), as nanoGPT's estimate_mfu (PaLM B)."""
@@ -75,9 +73,7 @@ class GPTConfig:
 
     def vocab_mask(self) -> torch.Tensor:
         """(vocab_size,) 0 for usable token ids, -inf for the padding from vocab_used on: lm_head's bias."""
-        mask = torch.zeros(self.vocab_size)
-        mask[self.vocab_used :] = float("-inf")
-        return mask
+        return torch.where(torch.arange(self.vocab_size) < self.vocab_used, 0.0, float("-inf"))
 
 
 SIZES = {
@@ -178,8 +174,7 @@ class GPT(nn.Module):
         plan = []
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                residual = getattr(module, "RESIDUAL_SCALE_INIT", False)
-                std = 0.02 * (2 * self.config.n_layer) ** -0.5 if residual else 0.02
+                std = 0.02 * (2 * self.config.n_layer) ** -0.5 if hasattr(module, "RESIDUAL_SCALE_INIT") else 0.02
                 if module is not self.lm_head:  # lm_head.weight is wte.weight, initialised as an embedding
                     plan.append((module.weight, std, 0.0))
                 if module.bias is not None:

@@ -16,14 +16,12 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 
 def qkv_to_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Rows [q | k | v] (each n_head blocks of hd) -> rows grouped per head [h: q k v]. Works for weight and bias."""
-    rest = w.shape[1:]
-    return w.view(3, n_head, -1, *rest).transpose(0, 1).reshape(-1, *rest)  # (3, nh, hd, ...) -> (nh * 3 * hd, ...)
+    return w.unflatten(0, (3, n_head, -1)).transpose(0, 1).flatten(0, 2)  # (3, nh, hd, ...) -> (nh * 3 * hd, ...)
 
 
 def qkv_from_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Inverse of qkv_to_per_head."""
-    rest = w.shape[1:]
-    return w.view(n_head, 3, -1, *rest).transpose(0, 1).reshape(-1, *rest)  # (nh, 3, hd, ...) -> (3 * nh * hd, ...)
+    return w.unflatten(0, (n_head, 3, -1)).transpose(0, 1).flatten(0, 2)  # (nh, 3, hd, ...) -> (3 * nh * hd, ...)
 
 
 def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -66,14 +64,12 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
 
 def hf_config_dict(config: GPTConfig) -> dict:
     """The config.json transformers expects for this model (vocabulary 50257)."""
-    return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": HF_VOCAB_SIZE,
-        "n_positions": config.block_size, "n_ctx": config.block_size,
-        "n_embd": config.n_embd, "n_layer": config.n_layer, "n_head": config.n_head, "activation_function": "gelu_new",
-        "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
-        "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
-        "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True,
-    }
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": HF_VOCAB_SIZE,
+            "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
+            "n_layer": config.n_layer, "n_head": config.n_head, "activation_function": "gelu_new",
+            "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
+            "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+            "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True}
 
 
 def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
@@ -82,14 +78,11 @@ def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
         raise UserError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise UserError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
-    missing = [k for k in ("n_positions", "n_layer", "n_head", "n_embd", "vocab_size") if k not in hf]
-    if missing:
+    if missing := [k for k in ("n_positions", "n_layer", "n_head", "n_embd", "vocab_size") if k not in hf]:
         raise UserError(f"GPT-2 config fields {', '.join(missing)} missing")
     vocab = max(vocab_size, hf["vocab_size"])
-    return GPTConfig(
-        block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
-        vocab_used=hf["vocab_size"] if hf["vocab_size"] < vocab else None,
-    )
+    return GPTConfig(block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"],
+                     n_embd=hf["n_embd"], vocab_used=hf["vocab_size"] if hf["vocab_size"] < vocab else None)
 
 
 def read_hf_config(cfg_file: Path, vocab_size: int = 50304) -> GPTConfig:

@@ -79,20 +79,18 @@ def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False, para
 
     # 4. FSDP2 over the data-parallel dim: each block is a unit, the root takes embeddings, ln_f and lm_head.
     if dp_size > 1:
-        dp_mesh = mesh["data_parallel"]
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
         for module in (*model.transformer.h, model):
-            fully_shard(module, mesh=dp_mesh, mp_policy=mp)
+            fully_shard(module, mesh=mesh["data_parallel"], mp_policy=mp)
     return model
 
 
 def _fill_local_shard(param: torch.Tensor, full: torch.Tensor) -> None:
     """Write this rank's shard of the full tensor into a (possibly) DTensor parameter, without communication."""
     if isinstance(param, DTensor):
-        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-        param.to_local().copy_(local)
-    else:
-        param.copy_(full)
+        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param = param.to_local()
+    param.copy_(full)
 
 
 def materialize(model: GPT, device: torch.device) -> None:

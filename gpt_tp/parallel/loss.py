@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
+from gpt_tp.parallel.vocab import vocab_shard_offset
+
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
@@ -55,10 +57,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if logits.device_mesh.ndim != 1 or logits.placements != (Shard(logits.ndim - 1),):
             raise ValueError(f"cross_entropy expects logits sharded over the vocabulary on a 1-D mesh, got "
                              f"{logits.placements} on {logits.device_mesh}: check lm_head's entry in gpt_tp.parallel.TP_PLAN")
-        mesh = logits.device_mesh
-        if logits.shape[-1] % mesh.size():
-            raise ValueError(f"vocab_size={logits.shape[-1]} must divide by the tensor-parallel size {mesh.size()}")
-        group = mesh.get_group()
+        group = logits.device_mesh.get_group()
+        vocab_start = vocab_shard_offset(logits)  # vocab_size % tp: checked by validate_layout, and here again
         local = logits.to_local()  # differentiable: its gradient comes back as a Shard(-1) DTensor
-        vocab_start = mesh.get_local_rank() * local.shape[-1]
     return _VocabParallelCrossEntropy.apply(local.flatten(0, 1), targets.flatten(), vocab_start, group)  # (B*T, V_local), (B*T,)

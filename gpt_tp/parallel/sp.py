@@ -188,9 +188,7 @@ class LocalStyle(ParallelStyle):
                 param = nn.Parameter(distribute_tensor(p, device_mesh, placement), requires_grad=p.requires_grad)
                 module.register_parameter(name, param)
         module.__class__ = self.cls
-        module.tp = _TP(device_mesh)
-        for k, v in self.attrs.items():
-            setattr(module, k, v)
+        vars(module).update(self.attrs, tp=_TP(device_mesh))  # plain values: no Module.__setattr__ needed
         return module
 
 

@@ -81,8 +81,7 @@ def activation_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, 
         head += 2 * B * T * 4 + 2 * B * T
     # autocast keeps its casts of the matmul weights (t = 1) through the forward, in every AC mode; at t > 1 the
     # column- and row-parallel layers keep the float32 shards and cast them again in backward (gpt_tp.parallel.sp)
-    copied = [] if tp > 1 else sizes.root_params(config, tp) + sizes.block_params(config, tp) * config.n_layer
-    weights = sizes.numel([p for p in copied if p.matmul]) * wcopy
+    weights = 0 if tp > 1 else sizes.numel([p for p in sizes.local_params(config, tp) if p.matmul]) * wcopy
     return {"layers": config.n_layer * _layer_bytes(config, B, T, t, r, m, sdpa, ac), "head": head, "weight_copies": weights}
 
 
@@ -96,9 +95,8 @@ def transient_bytes(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_le
                 - _layer_bytes(config, batch_size, seq_len, tp, r, m, sdpa, ac))
     root = 0
     if dp > 1:  # two gathered blocks, one block's gradients and their fp32 reduce-scatter copy, the root's gradients
-        block = sizes.numel(sizes.block_params(config, tp))
         root = sizes.numel(sizes.root_params(config, tp)) * g
-        backward += block * (2 * g + g + 4) + root
+        backward += sizes.numel(sizes.block_params(config, tp)) * (2 * g + g + 4) + root
     backward -= activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)["head"]  # freed by then
     return root + max(at_loss, backward)
 

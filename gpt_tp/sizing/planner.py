@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from gpt_tp.hardware import GIB
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing.layout import LayoutError, divisors, valid_tp_sizes
-from gpt_tp.sizing.memory import Memory, PlanError, fits, memory_per_device, precision_bytes
+from gpt_tp.sizing.memory import Memory, PlanError, fits, memory_per_device
 from gpt_tp.sizing.sizes import padded_vocab
 
 
@@ -39,8 +39,10 @@ class Plan:
         return self.devices_per_node * self.num_nodes
 
 
-def _check_inputs(config: GPTConfig, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib,
-                  overhead_gib, usable_fraction) -> None:
+def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
+         device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
+         overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none") -> Plan:
+    """Each layout's memory estimate, validity and fit, and the choice (all fit when device_memory_gib is None)."""
     for name, v in [("devices_per_node", devices_per_node), ("num_nodes", num_nodes), ("batch_size", batch_size),
                     ("seq_len", seq_len), ("vocab_size", config.vocab_size)]:
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -59,15 +61,6 @@ def _check_inputs(config: GPTConfig, devices_per_node, num_nodes, batch_size, se
             f"{usable_fraction:.0%} of {device_memory_gib:g} GiB per device leaves nothing after the {overhead_gib:g} "
             "GiB of CUDA context, NCCL buffers and allocator slack: no layout can fit; give the device's real memory "
             "(--memory-gib) or a smaller --overhead-gib")
-
-
-def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
-         device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
-         overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none") -> Plan:
-    """Every TP size that divides the devices per node, with its memory estimate, validity and fit; and the choice:
-    the valid layout with the smallest TP that fits (all fit when device_memory_gib is None)."""
-    _check_inputs(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, overhead_gib, usable_fraction)
-    precision_bytes(precision)  # a PlanError naming the known precisions
     out = Plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, str(precision), ac)
     valid = set(valid_tp_sizes(config, seq_len))
     shapes = {"n_head": config.n_head, "n_embd": config.n_embd, "vocab_size": config.vocab_size, "seq_len": seq_len}
@@ -109,9 +102,7 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
 def _no_fit_hint(p: Plan, layout_memory, valid: set[int]) -> str:
     """What would fit when nothing does: a smaller micro-batch only where the batch-independent state (weights,
     gradients, AdamW, overhead) fits; else more ranks to shard that state over (FSDP2 over DP) or larger TP groups."""
-    sized = [lay for lay in p.layouts if lay.memory is not None]
-    if not sized:
-        return "no valid TP size on nodes of this size (see the notes above)"
+    sized = [lay for lay in p.layouts if lay.memory is not None]  # the node's valid TPs, smallest first: never empty
     best = min(sized, key=lambda lay: lay.memory.states + lay.memory.overhead)
     state = best.memory.states + best.memory.overhead
     if state <= p.device_memory_gib * GIB * 0.95:
@@ -120,10 +111,9 @@ def _no_fit_hint(p: Plan, layout_memory, valid: set[int]) -> str:
     else:
         hints = [f"weights, gradients, AdamW state and overhead alone need {state / GIB:.1f} GiB at DP={best.dp} x "
                  f"TP={best.tp}, so a smaller batch cannot help"]
-        tps = [tp for tp in sorted(valid) if tp <= p.devices_per_node and p.devices_per_node % tp == 0]
         for nodes in range(p.num_nodes + 1, 1025):  # more ranks: FSDP2 shards the state over data parallelism
             world = nodes * p.devices_per_node
-            fit = next((tp for tp in tps if layout_memory(world // tp, tp)[1]), None)
+            fit = next((lay.tp for lay in sized if layout_memory(world // lay.tp, lay.tp)[1]), None)
             if fit is not None:
                 hints.append(f"{nodes} nodes of {p.devices_per_node} (DP={world // fit} x TP={fit}: the state sharded "
                              f"over {world} ranks) would fit (planner: --nodes {nodes})")

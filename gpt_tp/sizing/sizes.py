@@ -29,7 +29,7 @@ class LocalParam(NamedTuple):
 
 def padded_vocab(vocab_size: int, tp: int, multiple: int = 128) -> int:
     """The smallest vocabulary >= vocab_size divisible by tp and by `multiple` (fast matmuls)."""
-    step = tp * multiple // math.gcd(tp, multiple)
+    step = math.lcm(tp, multiple)
     return -(-vocab_size // step) * step
 
 
@@ -65,8 +65,7 @@ def local_params(config: GPTConfig, tp: int) -> list[LocalParam]:
 
 
 def numel(params: list[LocalParam], dp: int = 1) -> int:
-    """Elements one rank holds of these parameters under FSDP2 over dp ranks (dp=1: the TP-local tensors): each
-    tensor's dim 0 split into dp chunks, padded to equal size."""
+    """Elements one rank holds under FSDP2 over dp ranks: each tensor's dim 0 in dp chunks, padded to equal size."""
     return sum(math.ceil(p.shape[0] / dp) * math.prod(p.shape[1:]) for p in params)
 
 
@@ -103,9 +102,7 @@ def collective(dim: str, kind: str, group_size: int, count: int, nbytes: float) 
 def merge(rows: list[dict]) -> list[dict]:
     """Rows summed per (dim, kind), sorted; rows of no collective left out."""
     out: dict = {}
-    for r in rows:
-        if r["count"] == 0:
-            continue
+    for r in [r for r in rows if r["count"]]:
         m = out.setdefault((r["dim"], r["kind"]), {**r, "count": 0, "bytes": 0, "wire_bytes": 0.0})
         for k in ("count", "bytes", "wire_bytes"):
             m[k] += r[k]
@@ -172,8 +169,7 @@ def norm_collective(dp: int, tp: int) -> list[dict]:
 
 def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int = 1, tp: int = 1,
                      precision: str = "32-true") -> list[dict]:
-    """The collectives of one gpt_tp training step on a dp x tp mesh, per (mesh dim, kind): count, full-tensor bytes
-    and wire bytes per rank (see tp_collectives, fsdp_collectives, norm_collective). batch_size is per DP rank."""
+    """A step's collectives per (mesh dim, kind): count, full-tensor and per-rank wire bytes; batch_size per DP rank."""
     check_precision(precision)
     return merge(tp_collectives(config, batch_size, seq_len, dp, tp, precision)
                  + fsdp_collectives(config, dp, tp, precision) + norm_collective(dp, tp))

@@ -52,8 +52,7 @@ def root_cause(e: BaseException) -> str:
     for x in (e, e.__cause__, e.__context__):
         if isinstance(x, OSError):
             return f"{type(x).__name__}: {x}"
-        found = re.search(r"\[Errno \d+\] [^\n]*", str(x)) if x is not None else None
-        if found:
+        if x is not None and (found := re.search(r"\[Errno \d+\] [^\n]*", str(x))):
             return found[0]
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
@@ -120,9 +119,8 @@ def _fsync(path: Path) -> None:
 
 
 def recover_interrupted_saves(folder: str | os.PathLike, clean: bool = False) -> list[Path]:
-    """Undo what a save killed mid-way left in `folder`: a `<name>.old` whose replacement never arrived goes back to
-    `<name>`; with clean, `.old` folders whose replacement is in place and `.partial` folders are deleted. Returns
-    the checkpoints put back. Safe to run in several processes at once."""
+    """Undo what a save killed mid-way left in `folder`: a `<name>.old` without its `<name>` goes back to `<name>`;
+    with clean, other `.old` and all `.partial` folders go. Returns those put back; safe to run concurrently."""
     restored = []
     for old in sorted(Path(folder).glob(f"*{OLD}")):
         name = old.with_name(old.name.removesuffix(OLD))
@@ -169,9 +167,8 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
 
 
 class ModelParallel(ModelParallelStrategy):
-    """ModelParallelStrategy whose saves appear under their name only once complete and fail on every rank together,
-    whose loads check the folder first (and load on a single device, TP=1 x DP=1, as plain tensors), and which
-    resumes ModelCheckpoint where the saved run left it."""
+    """ModelParallelStrategy whose saves appear only once complete and fail on all ranks together, whose loads check
+    the folder first (on one device, TP=1 x DP=1, as plain tensors), and which resumes ModelCheckpoint as saved."""
 
     def __init__(self, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
                  save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
@@ -257,6 +254,5 @@ def load_consolidated(path: str | os.PathLike) -> tuple["GPTConfig", dict[str, t
     check_checkpoint(path, {k: tuple(v.shape) for k, v in state["state_dict"].items()})
     with warnings.catch_warnings():  # one process by design: DCP's "torch.distributed is disabled" is no news here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_load(state, checkpoint_id=Path(path))
-    gpt.load_state_dict({k.removeprefix("model."): v for k, v in state["state_dict"].items()})
+        dcp_load(state, checkpoint_id=Path(path))  # in place: into gpt's own tensors
     return config, gpt.state_dict()

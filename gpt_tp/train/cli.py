@@ -13,7 +13,6 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
-from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -24,7 +23,7 @@ from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
-from gpt_tp.train.config import TrainingCLI, check_config, device_count, built_config
+from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
 from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
@@ -60,18 +59,19 @@ def make_writable(folder: str, what: str, flag: str, fix: str) -> None:
         raise UserError(f"{flag}: the {what} {folder} is not writable; set {fix} to a writable folder")
 
 
-def relink_last(folders: set[str]) -> None:
+def relink_last(folders: set[str]) -> bool:
     """A run killed between Lightning's unlink and relink of last.ckpt leaves no last.ckpt, and `--ckpt_path last`
-    would start from step 0: link it to the newest complete checkpoint again, and say so."""
+    would start from step 0: link it to the newest complete checkpoint again, and say so. False: none to link."""
     newest = latest_checkpoint(*sorted(folders))
     if newest is None:
-        return
+        return False
     folder, name = os.path.split(newest)
     try:
         os.symlink(name, os.path.join(folder, "last.ckpt"))  # relative, as Lightning links it
     except FileExistsError:  # another rank's CLI did it first
-        return
+        return True
     print(f"gpt_tp: {folder} had no last.ckpt (a run killed while moving it): linked it to {name}", file=sys.stderr)
+    return True
 
 
 class GPTCLI(TrainingCLI):
@@ -106,9 +106,7 @@ class GPTCLI(TrainingCLI):
     def _simulate(self, cfg) -> None:
         """--simulate: the launch's checks, then one rank of the world in this process; exit 0, or 2 if it won't fit."""
         devices, nodes = self._devices(cfg, "simulate")
-        init = getattr(cfg.trainer.strategy, "init_args", None) or {}  # numbers by now (planned); none: DDP-like
-        tp = int(init.get("tensor_parallel_size", 1))
-        dp = int(init.get("data_parallel_size", devices * nodes // tp))
+        dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))  # numbers by now (planned)
         config = built_config(cfg.model.model, cfg.model.init_from)
         self._check_shapes(config, devices, nodes, dp, tp)
         if not 0 <= cfg.simulate_rank < devices * nodes:
@@ -152,15 +150,12 @@ class GPTCLI(TrainingCLI):
     # ---- checks before any process group or model shard exists (in the launching process: errors print once) ----
     def _check_layout(self) -> None:
         """_check_shapes, then the checkpoint to resume from and the folders the run writes to."""
-        if self.trainer.num_devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
-            # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.trainer.num_devices))
         cfg = self.config[self.subcommand]
         devices, nodes = self.trainer.num_devices, self.trainer.num_nodes
-        dp, tp = devices * nodes, 1  # DDP-like strategies
-        if isinstance(self.trainer.strategy, ModelParallelStrategy):
-            args = cfg.trainer.strategy.init_args  # numbers by now (before_instantiate_classes plans 'auto')
-            dp, tp = int(args.data_parallel_size), int(args.tensor_parallel_size)
+        if devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
+            # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // devices))
+        dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))  # numbers by now ('auto': planned)
         self._check_shapes(self.model.config, devices, nodes, dp, tp)
         if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
             raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
@@ -185,10 +180,8 @@ class GPTCLI(TrainingCLI):
             if free < 2 * need:
                 rank_zero_warn(f"checkpoint folder {folder}: {human_bytes(free)} free, room for fewer than two "
                                f"checkpoints of {human_bytes(need)}; a save that runs out of space stops the run")
-        has_last = lambda: any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders)  # noqa: E731
-        if ckpt == "last" and folders and not has_last():
-            relink_last(folders)  # a kill between Lightning's unlink and relink of last.ckpt
-        if ckpt == "last" and folders and not has_last():
+        no_last = ckpt == "last" and folders and not any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders)
+        if no_last and not relink_last(folders):  # a kill between Lightning's unlink and relink of last.ckpt
             if self.subcommand != "fit":
                 raise UserError(f"--ckpt_path last: no checkpoint in {', '.join(sorted(folders))} yet; give a "
                                 "checkpoint folder, or train one first with cli.py fit")

@@ -22,11 +22,11 @@ from gpt_tp.train.predict import PROMPT_FLAGS, Prompts, PromptWriter
 
 def default_loggers(save_dir: str = "logs") -> list:
     """CSV always (gpt_tp.train.logs.CSVLogger: a failed write stops every rank alike); TensorBoard where installed."""
-    loggers = [{"class_path": "gpt_tp.train.logs.CSVLogger", "init_args": {"save_dir": save_dir, "name": "gpt_tp"}}]
+    dirs = {"CSVLogger": save_dir}
     if importlib.util.find_spec("tensorboard"):  # its own folder, so both number their versions alike
-        tb_dir = f"{save_dir}/tensorboard"
-        loggers.append({"class_path": "gpt_tp.train.logs.TensorBoardLogger", "init_args": {"save_dir": tb_dir, "name": "gpt_tp"}})
-    return loggers
+        dirs["TensorBoardLogger"] = f"{save_dir}/tensorboard"
+    return [{"class_path": f"gpt_tp.train.logs.{cls}", "init_args": {"save_dir": d, "name": "gpt_tp"}}
+            for cls, d in dirs.items()]
 
 
 class TrainingParser(LightningArgumentParser):
@@ -86,11 +86,6 @@ def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | No
         raise UserError(f"{message} (see python cli.py {sub + ' ' if sub else ''}--help)") from None
 
 
-def prompt_settings(*values) -> dict:
-    """The predict flags' values as data.prompts' fields (jsonargparse builds the Prompts from them)."""
-    return dict(zip(PROMPT_FLAGS, values))
-
-
 class TrainingCLI(LightningCLI):
     """gpt_tp's LightningCLI: its model, data module, trainer and trainer defaults; fit, validate and predict."""
 
@@ -109,8 +104,7 @@ class TrainingCLI(LightningCLI):
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "test"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """trainer.max_steps is the schedule's length too (model.max_steps); fit: --simulate; predict: --prompt ...
-        --seed linked into data.prompts, --output into the PromptWriter callback."""
+        """trainer.max_steps is the schedule's length too (model.max_steps); fit: --simulate; predict: the prompts."""
         parser.link_arguments("trainer.max_steps", "model.max_steps")
         sub = getattr(parser, "for_subcommand", None)
         if sub == "fit":
@@ -122,7 +116,8 @@ class TrainingCLI(LightningCLI):
                                 help="device memory --simulate checks the peak against (default: this machine's GPU)")
         if sub == "predict":
             parser.add_class_arguments(Prompts, None, as_group=True)
-            parser.link_arguments(PROMPT_FLAGS, "data.prompts", compute_fn=prompt_settings)
+            parser.link_arguments(PROMPT_FLAGS, "data.prompts",  # the flags' values as the fields of the Prompts
+                                  compute_fn=lambda *values: dict(zip(PROMPT_FLAGS, values)))
             parser.add_argument("--output", type=str | None, default=None,
                                 help="also write {prompt, sample, text} JSON lines to this file (rank 0)")
             parser.add_lightning_class_args(PromptWriter, "prompt_writer")
@@ -132,22 +127,32 @@ class TrainingCLI(LightningCLI):
         self.config = parse(parser, args)
 
 
-def strategy_class(strategy) -> type | None:
-    """The class a trainer.strategy value names by its class_path; None for a registry name ("auto", "ddp")."""
+def model_parallel(strategy) -> bool:
+    """The trainer.strategy value's class_path is a ModelParallelStrategy (gpt_tp.train.checkpoint.ModelParallel
+    included); a registry name ("auto", "ddp") is not."""
     if isinstance(strategy, str):
-        return None
+        return False
     module, _, name = strategy.class_path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
+        return issubclass(getattr(importlib.import_module(module), name), ModelParallelStrategy)
     except (ImportError, AttributeError) as e:
         raise UserError(f"trainer.strategy.class_path={strategy.class_path}: cannot import it ({e})") from None
+
+
+def parallel_sizes(strategy, world: int | None) -> tuple[int | str, int | str]:
+    """(DP, TP) of a trainer.strategy value on `world` devices (None: not known yet), as TrainingConfig has them."""
+    if not model_parallel(strategy):
+        return "auto" if world is None else world, 1
+    tp, dp = (strategy.init_args.get(k, "auto") for k in ("tensor_parallel_size", "data_parallel_size"))
+    if dp == "auto" and tp != "auto" and world is not None and world % int(tp) == 0:
+        dp = world // int(tp)
+    return dp, tp
 
 
 def check_config(cfg) -> None:
     """The checks a parsed config (one subcommand's namespace) gets before anything is built."""
     GPTConfig.resolve(cfg.model.model)  # its own checks, before jsonargparse buries them in a union-type error
-    cls = strategy_class(cfg.trainer.strategy)
-    if str(cfg.trainer.precision).startswith("16") and cls is not None and issubclass(cls, ModelParallelStrategy):
+    if str(cfg.trainer.precision).startswith("16") and model_parallel(cfg.trainer.strategy):
         raise UserError(f"trainer.precision={cfg.trainer.precision}: ModelParallelStrategy has no fp16 gradient scaler for "
                         "tensor-parallel/FSDP2 parameters; use trainer.precision=bf16-mixed (fp16 with its scaler "
                         "trains under --trainer.strategy ddp or on one device)")
@@ -235,27 +240,17 @@ def read_training_config(args: list[str]) -> TrainingConfig:
     parsed = _ParseOnly(args)
     cfg = parsed.config
     check_config(cfg)
-    model = built_config(cfg.model.model, cfg.model.init_from)
     strategy = cfg.trainer.strategy
-    cls = strategy_class(strategy)
     per_node, nodes = device_count(cfg.trainer.devices), int(cfg.trainer.num_nodes)
     world = None if per_node is None else per_node * nodes
-    model_parallel = cls is not None and issubclass(cls, ModelParallelStrategy)
-    if model_parallel:
-        init = strategy.init_args
-        tp, dp = init.get("tensor_parallel_size", "auto"), init.get("data_parallel_size", "auto")
-        if dp == "auto" and tp != "auto" and world is not None and world % int(tp) == 0:
-            dp = world // int(tp)
-    else:
-        tp, dp = 1, "auto" if world is None else world
+    dp, tp = parallel_sizes(strategy, world)
     return TrainingConfig(
-        model=model, batch_size=cfg.data.batch_size, seq_len=cfg.data.seq_len, data_dir=cfg.data.data_dir,
-        val_batches=cfg.data.val_batches, tensor_parallel_size=tp, data_parallel_size=dp, devices=per_node,
-        num_nodes=nodes, world_size=world, accelerator=str(cfg.trainer.accelerator),
-        strategy=strategy if cls is None else strategy.class_path, model_parallel=model_parallel,
-        precision="32-true" if cfg.trainer.precision is None else str(cfg.trainer.precision), accumulate_grad_batches=cfg.trainer.accumulate_grad_batches,
+        model=built_config(cfg.model.model, cfg.model.init_from), batch_size=cfg.data.batch_size,
+        seq_len=cfg.data.seq_len, data_dir=cfg.data.data_dir, val_batches=cfg.data.val_batches,
+        tensor_parallel_size=tp, data_parallel_size=dp, devices=per_node, num_nodes=nodes, world_size=world,
+        accelerator=str(cfg.trainer.accelerator), strategy=getattr(strategy, "class_path", strategy),
+        model_parallel=model_parallel(strategy), accumulate_grad_batches=cfg.trainer.accumulate_grad_batches,
+        precision="32-true" if cfg.trainer.precision is None else str(cfg.trainer.precision),
         max_steps=cfg.trainer.max_steps, total_batch_size=cfg.model.total_batch_size,
         activation_checkpointing=cfg.model.activation_checkpointing, compile=cfg.model.compile,
-        async_tp=cfg.model.async_tp, meta_init=cfg.model.meta_init, init_from=cfg.model.init_from,
-        seed=parsed.seed,
-    )
+        async_tp=cfg.model.async_tp, meta_init=cfg.model.meta_init, init_from=cfg.model.init_from, seed=parsed.seed)

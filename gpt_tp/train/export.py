@@ -49,9 +49,7 @@ def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
         if full and not isinstance(e, OSError):
             raise ExportError(f"--out {out_dir}: no space left on its device; free space or choose another --out") from e
         raise
-    if out_dir.exists():
-        out_dir.rmdir()  # empty, checked above
-    tmp.rename(out_dir)
+    tmp.rename(out_dir)  # replaces an existing out_dir, empty (checked above), as POSIX rename does
     return out_dir
 
 

@@ -65,10 +65,9 @@ class LogWriteCheck(Callback):
     """Every rank stops with rank 0's logger write error, at the next training batch or at the end of training."""
 
     def _check(self, trainer) -> None:
-        if not any(isinstance(lg, HeldWrites) for lg in trainer.loggers):  # the same answer on every rank
-            return
-        errors = [lg.write_error for lg in trainer.loggers if getattr(lg, "write_error", None) is not None]
-        if trainer.strategy.reduce_boolean_decision(bool(errors), all=False):
+        held = [lg for lg in trainer.loggers if isinstance(lg, HeldWrites)]  # alike on all ranks: all or none reduce
+        errors = [lg.write_error for lg in held if lg.write_error is not None]
+        if held and trainer.strategy.reduce_boolean_decision(bool(errors), all=False):
             def fail() -> None:
                 if errors:
                     raise errors[0]

@@ -51,23 +51,21 @@ class GPTModule(L.LightningModule):
         check_optimizer(max_lr, min_lr, warmup_steps, max_steps, weight_decay, betas, eps)
         check_peak_flops(peak_flops)
         self.save_hyperparameters()
-        config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
+        self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
         hf_state = None
         if init_from is not None:
-            config, hf_state = load_hf_dir(init_from, vocab_size=config.vocab_size)
+            self.config, hf_state = load_hf_dir(init_from, vocab_size=self.config.vocab_size)
         if init_from is not None or not isinstance(model, str):
             # the model built (init_from's shape, vocab mask), plain for weights_only loads; export/HellaSwag use it
-            self.hparams["model"] = dataclasses.asdict(config)
-        self.config = config
+            self.hparams["model"] = dataclasses.asdict(self.config)
         with torch.device("meta") if meta_init and hf_state is None else nullcontext():
-            self.model = GPT(config)
+            self.model = GPT(self.config)
         if hf_state is not None:
             self.model.load_state_dict(hf_state)
         self._batch_checked = False
         self._loss_sum = None  # sum of micro-batch losses since the last optimizer step
 
     def configure_model(self) -> None:
-        """Apply the TP plan (+ FSDP2) on the strategy's mesh, then initialise any meta-device shards."""
         if self.hparams.async_tp:  # before the first compiled forward
             if not self.hparams.compile:
                 raise UserError("model.async_tp needs model.compile: true (it is an Inductor pass)")
@@ -122,7 +120,6 @@ class GPTModule(L.LightningModule):
         return loss
 
     def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The training loss: the vocab-parallel cross-entropy (a plain one on one device)."""
         return cross_entropy(logits, y)
 
     def on_before_optimizer_step(self, optimizer) -> None:

@@ -1,6 +1,5 @@
 """`python cli.py predict`: continue prompts with a trained model. Its flags are linked into the data module's `prompts`
-(a `Prompts`), --output into `PromptWriter`. Every rank runs every prompt (DP replicas repeat them) from a generator
-seeded per prompt, so every rank, and the single-device run, produces the same text."""
+(a `Prompts`), --output into `PromptWriter`. Every rank runs every prompt, seeded per prompt: one text on any layout."""
 
 import json
 import os
@@ -10,6 +9,8 @@ from pathlib import Path
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gpt_tp.collective import one_does
+from gpt_tp.data.shards import atomic_file
+from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.errors import UserError
 from gpt_tp.train.generate import PROMPT, sample_texts
 
@@ -77,21 +78,16 @@ class PromptBatches:
 
 def continue_prompt(pl_module, batch: dict) -> list[dict]:
     """predict_step's work: `num_samples` top-k continuations of batch["prompt"], `max_new_tokens` tokens each."""
-    from gpt_tp.data.tokenizer import get_encoding
-    from gpt_tp.train.ranks import block_size_of, parallel_layout
-
-    enc, prompt, trainer = get_encoding(), batch["prompt"], pl_module.trainer
-    texts = sample_texts(
-        pl_module, enc, prompt, num_samples=batch["num_samples"],
-        max_length=len(enc.encode(prompt)) + batch["max_new_tokens"], top_k=batch["top_k"], seed=batch["seed"],
-        block_size=block_size_of(pl_module), tp=parallel_layout(trainer, pl_module)[0], device=pl_module.device,
-        forward_context=trainer.precision_plugin.forward_context)
+    enc, prompt = get_encoding(), batch["prompt"]
+    texts = sample_texts(pl_module, enc, prompt, trainer=pl_module.trainer, num_samples=batch["num_samples"],
+                         max_length=len(enc.encode(prompt)) + batch["max_new_tokens"], top_k=batch["top_k"],
+                         seed=batch["seed"])
     return [{"prompt": prompt, "sample": i, "text": t} for i, t in enumerate(texts)]
 
 
 class PromptWriter(BasePredictionWriter):
     """Rank 0 prints each continuation as its prompt finishes and, with `output`, writes them all as JSON lines at the
-    end (to `<output>.partial`, then renamed). A failed write ends every rank with the same line.
+    end (gpt_tp.data.shards.atomic_file: whole or not at all). A failed write ends every rank with the same line.
 
     Args:
         output: also write {"prompt", "sample", "text"} JSON lines to this file (cli.py predict's --output).
@@ -126,10 +122,9 @@ class PromptWriter(BasePredictionWriter):
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         if self.output is not None:
-            one_does(lambda: self._write(Path(self.output)))
+            one_does(self._write)
 
-    def _write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows), encoding="utf-8")
-        tmp.replace(path)
+    def _write(self) -> None:
+        Path(self.output).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(self.output) as f:
+            f.write("".join(json.dumps(r) + "\n" for r in self.rows).encode())

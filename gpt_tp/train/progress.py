@@ -7,7 +7,6 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 class StepProgressBar(TQDMProgressBar):
     BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]{postfix}"
-
     train_description = "train"
 
     def on_train_start(self, trainer, pl_module) -> None:

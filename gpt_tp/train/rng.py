@@ -21,15 +21,6 @@ def rng_state() -> dict:
     return state
 
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 class RNGStates(Callback):
     """Every rank's state under the checkpoint's "rng_states" (rank 0 writes meta.pt); this rank's is put back at the
     first training batch, after the draws the loop makes on starting."""
@@ -54,6 +45,11 @@ class RNGStates(Callback):
         self._pending = states[trainer.global_rank]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._pending is not None:
-            set_rng_state(self._pending)
+        if (state := self._pending) is not None:
+            random.setstate(state["python"])
+            n = state["numpy"]
+            np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+            torch.set_rng_state(state["torch"])
+            if "cuda" in state and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(state["cuda"])
             self._pending = None

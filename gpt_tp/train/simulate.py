@@ -81,11 +81,9 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
     """Rank `rank` of a dp x tp world takes two steps on fake storage: the first's collectives are counted, the
     second's peak memory measured (AdamW's moments exist by then). With accumulation that step takes two
     micro-batches, the second (like every later one) holding the first's gradients (FSDP2 reduces each backward's)."""
-    notes = []
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        notes.append("this torch has no CUDA: fake tensors on 'cpu' at the config's precision (FSDP2 asks "
-                     "torch.cuda.current_device() for 'cuda')")
+    notes = [] if device == "cuda" else ["this torch has no CUDA: fake tensors on 'cpu' at the config's precision "
+                                         "(FSDP2 asks torch.cuda.current_device() for 'cuda')"]
     notes.append("torch.compile skipped: the eager step's memory")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dp * tp)
     try:

@@ -21,6 +21,10 @@ from gpt_tp.train.checkpoint import META  # a distributed checkpoint's last file
 
 PREFIX = "gpt_tp"
 EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM": the run did not finish
+COLLECTIVE_FAILURES = (  # what an error says when another rank died or hung (gloo, NCCL, c10d timeouts)
+    "Connection closed by peer", "Connection reset by peer", "Timed out waiting", "DistBackendError", "NCCL error",
+    "ncclRemoteError", "Broken pipe", "Watchdog caught collective operation timeout", "DistNetworkError",
+    "recv operation", "send operation")
 SLURM_ENV_FLAGS = "--trainer.plugins lightning.pytorch.plugins.environments.SLURMEnvironment --trainer.plugins.auto_requeue false"
 
 
@@ -53,20 +57,19 @@ class Preemption(Callback):
         self.requeue = requeue
         self.requested = False  # signal_name arrived
         self.terminated = False  # SIGTERM arrived
-        self._previous: dict = {}  # signal -> (our handler, the one it replaced)
+        self._previous: dict = {}  # signal -> the handler ours replaced
         self._last_step = None
         self._leave_after: str | None = None  # once saved: "sigterm", or the Slurm job to requeue
 
-    # the handlers only set a flag: no I/O, no collectives inside a signal handler
-    def _on_signal(self, signum, frame) -> None:
-        self.requested = True
+    def _on_signal(self, signum, frame) -> None:  # only a flag: no I/O, no collectives inside a signal handler
+        if signum == signal.SIGTERM:
+            self.terminated = True
+        else:
+            self.requested = True
 
-    def _on_sigterm(self, signum, frame) -> None:
-        self.terminated = True
-
-    def _install(self, signum, handler) -> None:
+    def _install(self, signum) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._previous[signum] = (handler, signal.signal(signum, handler))
+            self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         env = getattr(trainer.strategy, "cluster_environment", None)
@@ -74,18 +77,18 @@ class Preemption(Callback):
             raise PreemptionError("gpt_tp.train.slurm.Preemption saves and requeues the job itself, but Lightning's "
                                   "SLURMEnvironment has auto_requeue on (its default inside a Slurm job): pass "
                                   f"{SLURM_ENV_FLAGS} (scripts/slurm/launch.sh does)")
-        self._install(self.signum, self._on_signal)
+        self._install(self.signum)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._install(signal.SIGTERM, self._on_sigterm)  # replaces Lightning's, installed just before training
+        self._install(signal.SIGTERM)  # replaces Lightning's, installed just before training
         keys = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT")
         env = " ".join(f"{k}={os.environ.get(k, '-')}" for k in keys)
         _say(f"rank {trainer.global_rank} of {trainer.world_size}: {env} host={socket.gethostname()} "
              f"restart={os.environ.get('SLURM_RESTART_COUNT', 0)}")
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        for signum, (ours, previous) in self._previous.items():
-            if signal.getsignal(signum) == ours:  # Lightning may have restored its snapshot already
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._on_signal:  # Lightning may have restored its snapshot already
                 signal.signal(signum, previous)
         self._previous = {}
 
@@ -137,15 +140,6 @@ def _exit_now(message: str, code: int) -> None:
     _say(message)
     sys.stdout.flush()
     os._exit(code)
-
-
-def is_collective_failure(exc: BaseException) -> bool:
-    """Errors that mean another rank died or hung (gloo, NCCL, c10d timeouts)."""
-    text = f"{type(exc).__name__}: {exc}"
-    keys = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "DistBackendError",
-            "NCCL error", "ncclRemoteError", "Broken pipe", "Watchdog caught collective operation timeout",
-            "DistNetworkError", "recv operation", "send operation")
-    return any(k in text for k in keys)
 
 
 class FailFast(Callback):
@@ -204,33 +198,24 @@ class FailFast(Callback):
 
     on_validation_batch_end = on_save_checkpoint = _heartbeat
 
-    def _shutdown(self, *_) -> None:
+    def on_train_end(self, *_) -> None:  # on_exception too: the watchdog stops
         self._stop.set()
         self._thread = None
 
-    on_train_end = _shutdown
-
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._shutdown()
-        if is_collective_failure(exception):
+        self.on_train_end()
+        if any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
             first = str(exception).strip().splitlines()[0][:300]
             _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: another "
                       f"rank died or hung ({type(exception).__name__}: {first}). Exiting with code {self.exit_code}; "
                       "see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
 
 
-def _finished_at(path: Path) -> float | None:
-    """When `path` was saved in full (a folder: its meta.pt, written last; a file: once not empty), else None."""
-    done = path / META if path.is_dir() else path
-    if done.is_file() and (done != path or done.stat().st_size > 0):
-        return done.stat().st_mtime
-    return None
-
-
 def latest_checkpoint(*dirs: str) -> str | None:
-    """The most recently completed `*.ckpt` (file or distributed-checkpoint folder) directly in any of `dirs`."""
-    found = {p: t for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.ckpt")
-             if (t := _finished_at(p)) is not None}
+    """The most recently completed `*.ckpt` directly in any of `dirs`: a file once not empty, a distributed-checkpoint
+    folder once its meta.pt (written last) is there."""
+    done = {p: p / META if p.is_dir() else p for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.ckpt")}
+    found = {p: f.stat().st_mtime for p, f in done.items() if f.is_file() and (f != p or f.stat().st_size > 0)}
     return str(max(found, key=found.get)) if found else None
 
 
