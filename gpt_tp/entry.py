@@ -56,6 +56,15 @@ def torchrun_world() -> int:
     return int(os.environ["WORLD_SIZE"])
 
 
+def pick_device(device: str = "auto"):
+    """A --device flag, "auto" (CUDA when present), "cuda" or "cpu", as this process's torch.device (on CUDA: its
+    LOCAL_RANK's GPU)."""
+    import torch
+
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+
+
 def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
     """The process group (NCCL on CUDA, else gloo) of a command torchrun started, and its (data_parallel,
     tensor_parallel) DeviceMesh: (mesh, torch.device). device: "auto" (CUDA when present), "cuda" or "cpu"."""
@@ -65,12 +74,11 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
     if dp * tp != world:
         raise UserError(f"data-parallel {dp} x tensor-parallel {tp} = {dp * tp} processes, but torchrun started "
                         f"{world}: pass --nproc_per_node={dp * tp} or change the layout")
-    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
+    dev = pick_device(device)
+    if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     return init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel")), dev
 
 

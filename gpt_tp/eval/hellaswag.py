@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from gpt_tp.collective import one_does
-from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
+from gpt_tp.entry import ArgumentParser, pick_device, run, torchrun_mesh
 from gpt_tp.eval.hellaswag_data import DEFAULT_CACHE_DIR, HellaSwagError, read_examples, resolve_path
 from gpt_tp.eval.hellaswag_score import evaluate
 from gpt_tp.eval.sampling import StepCallback
@@ -136,12 +136,13 @@ def main(argv=None) -> dict:
     tp = args.tp or world
     if tp < 1:
         raise HellaSwagError(f"--tp {tp} must be >= 1")
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    mesh, device, dp_rank, dp_size, dp_group = None, torch.device("cuda" if cuda else "cpu"), 0, 1, None
+    mesh, dp_rank, dp_size, dp_group = None, 0, 1, None
     if world > 1 or tp > 1:  # under torchrun: a (data_parallel, tensor_parallel) mesh of world // tp x tp
         mesh, device = torchrun_mesh(max(world // tp, 1), tp, args.device)
         dp_mesh = mesh["data_parallel"]
         dp_rank, dp_size, dp_group = dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group()
+    else:
+        device = pick_device(args.device)
     # one process per node downloads, before the other ranks read; a failure ends every rank with it
     one_does(lambda: resolve_path(args.path, args.cache_dir), doer=int(os.environ.get("LOCAL_RANK", "0")) == 0)
     examples = read_examples(resolve_path(args.path, args.cache_dir), args.limit)
