@@ -34,7 +34,7 @@ from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.sizing import sizes
 
 
-def measure_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor,
+def measure_collectives(step, x: torch.Tensor, y: torch.Tensor,
                         groups: dict[str, tuple[str, int]]) -> tuple[dict[str, dict], list[dict]]:
     """Run one float32 training step (benchmarks.step.train_step) and return the collectives it issued: ({phase, 'total'
     or 'by_group': {kind or group: count}}, and the rows of gpt_tp.sizing.sizes.step_collectives with their bytes).
@@ -47,7 +47,7 @@ def measure_collectives(model, optimizer, x: torch.Tensor, y: torch.Tensor,
         with recorders[name]:
             yield
 
-    train_step(model, optimizer, x, y, phase=phase)
+    train_step(step, x, y, phase=phase)
     records = [r for rec in recorders.values() for r in rec.records]
     phases = {name: Counter(kind for _, kind, _, _ in rec.records) for name, rec in recorders.items()}
     phases["total"] = sum(phases.values(), Counter())
@@ -110,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     dp, tp = args.dp, max(1, world // args.dp)
     mesh, device = torchrun_mesh(dp, tp, "cpu")
     torch.manual_seed(0)
-    model, opt = build(config, mesh, device)
+    step = build(config, mesh, device)
     x = torch.randint(0, min(config.vocab_size, 50257), (args.batch_size, args.seq_len))
-    collectives, rows = measure_collectives(model, opt, x, torch.roll(x, -1, 1), groups_of(mesh))
+    collectives, rows = measure_collectives(step, x, torch.roll(x, -1, 1), groups_of(mesh))
     modeled_rows = sizes.step_collectives(config, args.batch_size, args.seq_len, dp, tp)
     report = {
         "model": args.model, "n_layer": config.n_layer, "dp": dp, "tp": tp,
-        "measured": {"collectives": collectives, "collective_rows": rows, "state_bytes": measure_state_bytes(model, opt)},
+        "measured": {"collectives": collectives, "collective_rows": rows, "state_bytes": measure_state_bytes(step.model, step.optimizer)},
         "modeled": {"by_group": sizes.counts(modeled_rows), "collective_rows": modeled_rows,
                     "state_bytes": sizes.state_bytes(config, dp, tp), "state_bytes_tp1": sizes.state_bytes(config, 1, 1)},
     }

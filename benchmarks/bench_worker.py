@@ -38,7 +38,7 @@ def measure(spec: dict) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     config = GPTConfig(**spec["config"])
     torch.manual_seed(spec["seed"])
-    model, opt = build(config, mesh, device, spec["compile"], spec["precision"], load_plan(spec["plan"], config))
+    step = build(config, mesh, device, spec["compile"], spec["precision"], load_plan(spec["plan"], config))
     if spec.get("async_tp"):
         enable_async_tp(mesh["tensor_parallel"])
     dp_rank = mesh["data_parallel"].get_local_rank()
@@ -51,7 +51,7 @@ def measure(spec: dict) -> None:
         x, y = batches[i % len(batches)]
         sync(device)
         t0 = time.perf_counter()
-        loss = train_step(model, opt, x, y, spec["precision"])
+        loss = train_step(step, x, y, spec["precision"])
         sync(device)
         if i >= spec["warmup"]:
             times.append(time.perf_counter() - t0)
@@ -67,7 +67,7 @@ def measure(spec: dict) -> None:
     x, y = batches[0]
     try:
         with rec:
-            train_step(model, opt, x, y, spec["precision"])
+            train_step(step, x, y, spec["precision"])
         collectives = rec.summary()
     except Exception as e:  # noqa: BLE001 - e.g. a compiled region that cannot run under a dispatch mode
         collectives = {"error": f"{type(e).__name__}: {e}"[:300]}

@@ -1,18 +1,20 @@
-"""One training step as gpt_tp.train.module runs it, without Lightning: the model built and parallelized on a mesh,
-the step itself (no host sync inside), used by the benchmark and the audit, and what the benchmark reads around it."""
+"""gpt_tp's training step (gpt_tp.train.step.TrainStep, the one GPTModule runs) without Lightning: the model built
+and parallelized on a mesh, the step run on one batch (no host sync inside), for the benchmark and the audit, and
+what the benchmark reads around it."""
 
 import resource
 import statistics
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 
 from benchmarks.plans import reduce_dtensor_partial_grads
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.parallel import TP_PLAN, clip_grad_norm, materialize, parallelize
-from gpt_tp.parallel.loss import cross_entropy
+from gpt_tp.parallel import TP_PLAN, materialize, parallelize, sync_grads
 from gpt_tp.sizing.sizes import PRECISIONS
-from gpt_tp.train.optim import make_adamw
+from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.train.step import TrainStep
 
 
 def runs(precision: str) -> bool:
@@ -28,39 +30,32 @@ def autocast_context(precision: str, device: torch.device):
     return nullcontext()
 
 
+def _sync(model) -> None:
+    """gpt_tp's gradient sync, after a reference plan's Partial gradients are reduced (benchmarks.plans)."""
+    reduce_dtensor_partial_grads(model)
+    sync_grads(model)
+
+
 def build(config: GPTConfig, mesh, device: torch.device, compile: bool = False, precision: str = "32-true",
-          plan: dict = TP_PLAN):
+          plan: dict = TP_PLAN) -> TrainStep:
     """A GPT built on the meta device, parallelized with `plan` on the (data_parallel, tensor_parallel) mesh (TP ->
-    compile -> FSDP2) and initialised shard by shard, with its fused AdamW."""
+    compile -> FSDP2) and initialised shard by shard, in gpt_tp's training step with its optimizer (fused AdamW at
+    lr 6e-4: no warmup)."""
     with torch.device("meta"):
         model = GPT(config)
     parallelize(model, mesh, compile=compile, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
                 plan=plan)
     materialize(model, device)
     model.train()
-    return model, make_adamw(model, lr=6e-4, fused=True)
+    return TrainStep(model, OptimizerSettings(warmup_steps=0), sync=_sync)
 
 
-def train_step(model, opt, x, y, precision: str = "32-true", max_norm: float = 1.0, phase=nullcontext) -> torch.Tensor:
-    """The training step gpt_tp.train.module runs, without Lightning: gradients zeroed (as Lightning does before
-    the step), forward (under autocast for bf16-mixed) with the vocab-parallel cross-entropy, backward, the
-    gradient sync and clip at max_norm (a plan's Partial gradients reduced first: benchmarks.plans), the optimizer
-    step. The gradients stay in place after it. Returns the loss tensor (no host sync). `phase(name)` is entered
-    around each part: "forward", "backward", "grad_sync_and_clip", "optimizer" (the audit records each)."""
-    opt.zero_grad(set_to_none=True)
-    with phase("forward"):
-        with autocast_context(precision, x.device):
-            logits = model(x)
-        loss = cross_entropy(logits, y)
-        del logits
-    with phase("backward"):
-        loss.backward()
-    with phase("grad_sync_and_clip"):
-        reduce_dtensor_partial_grads(model)
-        clip_grad_norm(model, max_norm)
-    with phase("optimizer"):
-        opt.step()
-    return loss.detach()
+def train_step(step: TrainStep, x, y, precision: str = "32-true", max_norm: float = 1.0, phase=None) -> torch.Tensor:
+    """One optimizer step of `step` on the batch (x, y), under autocast for bf16-mixed; the gradients stay in place
+    after it. Returns the loss tensor (no host sync). `phase(name)` is entered around "forward", "backward",
+    "grad_sync_and_clip" and "optimizer" (the audit records each)."""
+    phases = {} if phase is None else {"phase": phase}
+    return step([(x, y)], 0, max_norm, partial(autocast_context, precision, x.device), **phases)[0]
 
 
 def sync(device: torch.device) -> None:

@@ -69,7 +69,7 @@ def test_run_as_long_as_its_warmup_trains_every_step():
     t.fit(model, SyntheticDataModule(batch_size=2, seq_len=32))
     assert t.global_step == 3
     assert list(rec.lr.values()) == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3])
-    assert model.lr_schedulers().get_last_lr() == pytest.approx([1e-4, 1e-4])
+    assert [g["lr"] for g in model.optimizers().param_groups] == pytest.approx([1e-3, 1e-3])  # the last step's
 
 
 def test_resume_with_a_longer_schedule_uses_it_from_the_first_step(tmp_path):
@@ -130,3 +130,46 @@ def test_fp16_refuses_fused_adamw():
     plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]
     with pytest.raises(UserError, match=r"model.fused=true cannot train with trainer.precision=16-mixed.*bf16-mixed"):
         trainer(2, plugins=plugins).fit(GPTModule("tiny", fused=True, total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
+
+
+def test_the_schedule_is_the_trainers_length():
+    """GPTModule in a script: max_steps left unset takes trainer.max_steps (the lr reaches the cosine's end there);
+    another number than the trainer's is refused in one line rather than trained on a longer schedule."""
+    t = trainer(4, callbacks=[rec := LrRecord()])
+    model = GPTModule("tiny", max_lr=1e-3, min_lr=1e-4, warmup_steps=1, total_batch_size=None)
+    t.fit(model, SyntheticDataModule(batch_size=2, seq_len=32))
+    assert model.hparams.max_steps == 4
+    assert [rec.lr[s] for s in range(4)] == pytest.approx([get_lr(s, 1e-3, 1e-4, 1, 4) for s in range(4)])
+    with pytest.raises(UserError, match=r"model.max_steps=19073 but trainer.max_steps=10: one number"):
+        trainer(10).fit(GPTModule("tiny", max_steps=19073, total_batch_size=None),
+                        SyntheticDataModule(batch_size=2, seq_len=32))
+
+
+class GroupRecord(Callback):
+    """Each optimizer step's AdamW settings, group by group, as the optimizer is about to use them."""
+
+    def __init__(self):
+        self.groups = {}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.groups[trainer.global_step] = [(g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"])
+                                            for g in optimizer.param_groups]
+
+
+def test_resume_applies_the_optimizer_settings_it_is_given(tmp_path):
+    """A resume with other betas, eps and weight decay trains with them, beside the saved moments: the groups hold
+    them from the first resumed step, as the hparams record them (the no-decay group stays at 0)."""
+    data = SyntheticDataModule(batch_size=2, seq_len=32)
+    first = trainer(2)
+    first.fit(GPTModule("tiny", max_lr=1e-3, warmup_steps=1, total_batch_size=None), data)
+    first.save_checkpoint(tmp_path / "two.ckpt")
+    second = trainer(4, callbacks=[rec := GroupRecord()])
+    model = GPTModule("tiny", max_lr=2e-3, warmup_steps=1, weight_decay=0.0, betas=(0.5, 0.6), eps=1e-3,
+                      total_batch_size=None)
+    second.fit(model, data, ckpt_path=tmp_path / "two.ckpt")
+    assert sorted(rec.groups) == [2, 3]
+    for step, groups in rec.groups.items():
+        lr = get_lr(step, 2e-3, 6e-5, 1, 4)
+        assert groups == [(pytest.approx(lr), (0.5, 0.6), 1e-3, 0.0)] * 2, step
+    assert (model.hparams.betas, model.hparams.eps, model.hparams.weight_decay) == ((0.5, 0.6), 1e-3, 0.0)
+    assert all(s["step"] == 4 for s in model.optimizers().optimizer.state.values())  # the saved moments went on

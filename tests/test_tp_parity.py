@@ -121,3 +121,26 @@ def test_lightning_tp_runs_match_single_device(tmp_path):
         # fp32: reordering noise, far below one Adam step (lr 3e-3); bf16 rounding can flip near-zero Adam updates:
         # bounded by 2 x lr per step over 6 steps
         assert worst < (3e-4 if tol == 1e-4 else 2 * 3e-3 * 6), (name, worst)
+
+
+@pytest.mark.slow
+def test_a_callback_reads_true_gradients(tmp_path):
+    """A user's callback in on_before_optimizer_step (before GPTModule's) reads every gradient, gathered, at TP=2
+    and DP=2 x TP=2 with gradient accumulation 2: each equals one device's within 1e-5, its largest difference over
+    its largest entry, over the first two optimizer steps; the sequence-parallel LayerNorm and wpe gradients
+    included. grad_norm and clip_grad_norm called twice leave the norm and every gradient as they were."""
+    runs = {name: lightning_fit(tmp_path, name, n, "--steps", "2", "--grads", *args)
+            for name, n, args in (("single", 1, ()), ("tp2", 2, ("--tp", "2")), ("dp2tp2", 4, ("--tp", "2", "--dp", "2")))}
+    probes = {name: torch.load(str(tmp_path / name) + ".grads.pt") for name in runs}
+    ref = probes.pop("single")
+    assert len(ref["grads"]) == 2 and len(ref["grads"][0]) == 12 * TINY_LAYERS + 4
+    for name, probe in probes.items():
+        for step, (grads, ref_grads) in enumerate(zip(probe["grads"], ref["grads"], strict=True)):
+            assert grads.keys() == ref_grads.keys()
+            rel = {n: ((g - ref_grads[n]).abs().max() / ref_grads[n].abs().max()).item() for n, g in grads.items()}
+            worst = max(rel.items(), key=lambda kv: kv[1])
+            assert worst[1] < 1e-5, (name, step, worst)
+            for n in ("transformer.wpe.weight", "transformer.h.0.ln_1.weight", "transformer.ln_f.bias"):
+                assert rel[n] < 1e-5, (name, step, n)
+        for pure in probe["pure"] + ref["pure"]:
+            assert pure["grads_unchanged"] and len(set(pure["norms"])) == 1, (name, pure)

@@ -23,7 +23,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 from gpt_tp.entry import ArgumentParser, import_attribute, run, torchrun_mesh, torchrun_world
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, HF_VOCAB_SIZE, SIZES, GPTConfig
-from gpt_tp.parallel import TP_PLAN, parallelize, reduce_partial_grads
+from gpt_tp.parallel import TP_PLAN, parallelize, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.sizing import LayoutError, validate_layout
 
@@ -73,7 +73,7 @@ def compare(config: GPTConfig, mesh, batch_size: int, seq_len: int, seed: int, p
     loss_ref.backward()
     loss = cross_entropy(model(x[rows]), y[rows])  # gpt_tp's vocab-parallel loss on the sharded model
     loss.backward()
-    reduce_partial_grads(model)
+    sync_grads(model)
     loss = loss.detach().clone()
     if dp > 1:
         dist.all_reduce(loss, group=mesh["data_parallel"].get_group())

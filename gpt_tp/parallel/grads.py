@@ -1,4 +1,4 @@
-"""The optimizer step's gradient sync: the sequence-partial sums over TP and the global norm, clipped."""
+"""The gradient sync over TP (once per optimizer step, after the last backward) and the global norm, clipped."""
 
 from math import prod
 
@@ -11,10 +11,11 @@ from gpt_tp.parallel.plan import is_sequence_partial
 
 
 @torch.no_grad()
-def reduce_partial_grads(model: nn.Module) -> int:
-    """Sum the sequence-partial gradients (SequenceReplicated) over TP in one flat all-reduce, in place, once per step:
-    after the (accumulated) backward and, at DP > 1, FSDP2's reduce-scatter (so each rank sums only its DP shard).
-    clip_grad_norm calls it; a second call would add the sums again. Returns the number of gradients reduced."""
+def sync_grads(model: nn.Module) -> int:
+    """The step's gradient sync: sum the sequence-partial gradients (SequenceReplicated: LayerNorms, wpe) over TP in
+    one flat all-reduce, in place. Run once per optimizer step, right after the last micro-batch's backward (and, at
+    DP > 1, FSDP2's reduce-scatter, so each rank sums only its DP shard): from then on every gradient is the model's
+    true one, as its Replicate placement says. A second run would add the sums again. Returns the number reduced."""
     params = [p for m in model.modules() if is_sequence_partial(m) for p in m.parameters(recurse=False)]
     grads = [p.grad.to_local() for p in params if p.grad is not None]
     if grads:
@@ -26,9 +27,9 @@ def reduce_partial_grads(model: nn.Module) -> int:
 
 
 def grad_norm(model: nn.Module) -> torch.Tensor:
-    """The step's gradient sync and global norm, for every layout: reduce_partial_grads, then one all-reduce of the
-    squared-norm shares over the whole (dp, tp) mesh. A plain scalar tensor, without a host sync; once per step."""
-    reduce_partial_grads(model)
+    """The global gradient norm of synced gradients (sync_grads), for every layout: one all-reduce of the
+    squared-norm shares over the whole (dp, tp) mesh. Pure: reads the gradients only. A plain scalar tensor, no host
+    sync."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     # each local shard's squares over how many ranks hold a copy of it (the product of the mesh dims it is replicated
     # on), so summing over all ranks counts every element once
@@ -53,8 +54,8 @@ def grad_norm(model: nn.Module) -> torch.Tensor:
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None, norm: torch.Tensor | None = None) -> torch.Tensor:
-    """Scale the gradients down to max_norm (if set) by their global norm: `norm` from grad_norm, or taken here (the
-    step's gradient sync). Returns the norm before clipping."""
+    """Scale the synced gradients down to max_norm (if set) by their global norm: `norm` from grad_norm, or taken
+    here. Returns the norm before clipping; a second call with the same max_norm changes nothing."""
     norm = grad_norm(model) if norm is None else norm
     if max_norm:
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)

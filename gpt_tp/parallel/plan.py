@@ -32,7 +32,7 @@ _LOCAL = {nn.LayerNorm: _LocalLayerNorm, nn.Embedding: _LocalEmbedding}
 
 class SequenceReplicated(ParallelStyle):
     """LayerNorms and wpe, Megatron's way: replicated weights used on this rank's sequence slice, so their gradients
-    (labelled Replicate) are partial: reduce_partial_grads sums them. split_input: cut wpe's positions (T,) to T/tp."""
+    (labelled Replicate) are partial until the step's sync_grads sums them. split_input: cut wpe's positions (T,) to T/tp."""
 
     def __init__(self, split_input: bool = False):
         super().__init__()

@@ -25,7 +25,7 @@ from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
 from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
-from gpt_tp.train.optim import get_lr
+from gpt_tp.train.optim import OptimizerSettings, get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
 from gpt_tp.train.simulate import format_simulation, simulate
@@ -111,8 +111,11 @@ class GPTCLI(TrainingCLI):
         self._check_shapes(config, devices, nodes, dp, tp)
         if not 0 <= cfg.simulate_rank < devices * nodes:
             raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{devices * nodes - 1}")
+        m = cfg.model
+        settings = OptimizerSettings(m.max_lr, m.min_lr, m.warmup_steps, cfg.trainer.max_steps, m.weight_decay,
+                                     m.betas, m.eps, m.fused)  # the run's optimizer, as GPTModule builds it
         sim = simulate(config, dp, tp, cfg.data.batch_size, cfg.data.seq_len, str(cfg.trainer.precision),
-                       cfg.model.activation_checkpointing, cfg.simulate_rank, cfg.trainer.accumulate_grad_batches or 1)
+                       m.activation_checkpointing, cfg.simulate_rank, cfg.trainer.accumulate_grad_batches or 1, settings)
         memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
         print(format_simulation(sim, memory), flush=True)
         if not sim.fits(memory):

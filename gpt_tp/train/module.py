@@ -11,12 +11,13 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.optim import check_optimizer, fused_with_scaler, get_lr, make_adamw
-from gpt_tp.parallel import TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize
+from gpt_tp.train.optim import OptimizerSettings, check_optimizer, fused_with_scaler
+from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
 from gpt_tp.sizing import check_run
 from gpt_tp.train.ranks import parallel_layout
 from gpt_tp.train.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
+from gpt_tp.train.step import TrainStep
 from gpt_tp.train.throughput import StepThroughput
 
 
@@ -24,7 +25,7 @@ class GPTModule(L.LightningModule):
     tp_plan = TP_PLAN  # the plan configure_model applies; benchmarks/plans.py subclasses name the reference plans
 
     def __init__(self, model: str | GPTConfig = "gpt2", max_lr: float = 6e-4, min_lr: float = 6e-5,
-                 warmup_steps: int = 715, max_steps: int = 19073, weight_decay: float = 0.1,
+                 warmup_steps: int = 715, max_steps: int | None = None, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
                  total_batch_size: int | None = 524288, compile: bool = False, async_tp: bool = False,
                  meta_init: bool = False, init_from: str | None = None, peak_flops: float | None = None,
@@ -32,8 +33,8 @@ class GPTModule(L.LightningModule):
         """
         Args:
             model: a named size (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny) or the GPTConfig fields.
-            max_lr, min_lr, warmup_steps, max_steps: the warmup + cosine schedule, per optimizer step (cli.py sets
-                max_steps from trainer.max_steps).
+            max_lr, min_lr, warmup_steps, max_steps: the warmup + cosine schedule, per optimizer step; max_steps is
+                trainer.max_steps (None: taken from the trainer; another number is refused).
             weight_decay: applied to >= 2-D parameters only.
             betas, eps: AdamW's.
             fused: fused AdamW; None picks it where the device has it, except under 16-mixed (where true is refused).
@@ -48,7 +49,7 @@ class GPTModule(L.LightningModule):
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
-        check_optimizer(max_lr, min_lr, warmup_steps, max_steps, weight_decay, betas, eps)
+        check_optimizer(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps, weight_decay, betas, eps)
         check_peak_flops(peak_flops)
         self.save_hyperparameters()
         self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
@@ -64,6 +65,20 @@ class GPTModule(L.LightningModule):
             self.model.load_state_dict(hf_state)
         self._batch_checked = False
         self._loss_sum = None  # sum of micro-batch losses since the last optimizer step
+        self.step_fn: TrainStep | None = None  # the training step, made with the optimizer
+
+    def setup(self, stage: str) -> None:
+        """The schedule's length is the trainer's: model.max_steps is trainer.max_steps, or None to take it."""
+        if stage != "fit":
+            return
+        steps, own = self.trainer.max_steps, self.hparams.max_steps
+        if own is None and steps < 1:
+            raise UserError(f"trainer.max_steps={steps}: give the run's length in optimizer steps (>= 1); it is also "
+                            "the length of the learning-rate schedule")
+        if own is not None and own != steps:
+            raise UserError(f"model.max_steps={own} but trainer.max_steps={steps}: one number is the run's length and "
+                            "its learning-rate schedule's; leave model.max_steps unset (None) or equal")
+        self.hparams.max_steps = steps  # recorded in hparams.yaml and checkpoints as trained
 
     def configure_model(self) -> None:
         if self.hparams.async_tp:  # before the first compiled forward
@@ -77,29 +92,21 @@ class GPTModule(L.LightningModule):
                     activation_checkpointing=self.hparams.activation_checkpointing, plan=self.tp_plan)
         materialize(self.model, self.device)
 
-    def _lr(self, step: int) -> float:
-        h = self.hparams
-        return get_lr(step, h.max_lr, h.min_lr, h.warmup_steps, h.max_steps)
-
     def _grad_scaler(self) -> torch.amp.GradScaler | None:
         """fp16 (16-mixed)'s gradient scaler; None in every other precision."""
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         return scaler if scaler is not None and scaler.is_enabled() else None
 
-    def configure_optimizers(self):
+    def optimizer_settings(self) -> OptimizerSettings:
         h = self.hparams
-        fused = fused_with_scaler(h.fused, self._grad_scaler() is not None)
-        opt = make_adamw(self.model, h.max_lr, h.weight_decay, tuple(h.betas), h.eps, fused)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: self._lr(step) / h.max_lr)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return OptimizerSettings(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps, h.weight_decay, tuple(h.betas), h.eps,
+                                 fused_with_scaler(h.fused, self._grad_scaler() is not None))
 
-    def on_train_start(self) -> None:
-        """Put the optimizer on this run's schedule: a resumed optimizer and LambdaLR hold the saved run's lr and
-        base_lrs, so the first step would follow the old schedule (its min_lr, once it had ended)."""
-        sched = self.lr_schedulers()
-        sched.base_lrs = [self.hparams.max_lr] * len(sched.base_lrs)
-        for group in sched.optimizer.param_groups:
-            group["lr"] = self._lr(self.global_step)
+    def configure_optimizers(self):
+        """The training step's optimizer. No lr scheduler: each step sets its own lr (and AdamW's other settings)
+        from these hparams (TrainStep.begin), on a fresh or a resumed optimizer alike."""
+        self.step_fn = TrainStep(self.model, self.optimizer_settings())
+        return self.step_fn.optimizer
 
     def configure_callbacks(self) -> list:
         """What every run needs, whatever the trainer's callbacks: RNG states in checkpoints, tokens/s and MFU."""
@@ -115,16 +122,26 @@ class GPTModule(L.LightningModule):
             check_run(self.config, tp, dp, x.shape[1], x.shape[0], self.trainer.accumulate_grad_batches,
                       self.hparams.total_batch_size)
             self._batch_checked = True
-        loss = self.compute_loss(self.model(x), y)  # the logits go as soon as the loss is taken
+        # Lightning's accumulation rule (its batch_idx restored on resume): the last micro-batch syncs the gradients
+        self._last_micro_batch = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
+        self.step_fn.begin(self.global_step)
+        loss = self.step_fn.loss(x, y)
         self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
         return loss
+
+    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        """The backward, then after the step's last micro-batch the gradient sync, so every hook after it (a
+        callback's on_after_backward or on_before_optimizer_step included) reads the model's true gradients."""
+        loss.backward(*args, **kwargs)
+        if self._last_micro_batch:
+            self.step_fn.sync()
 
     def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return cross_entropy(logits, y)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Per optimizer step: the global grad norm, the DP-mean loss, their finite check (before the step, a save)."""
-        self._grad_norm = grad_norm(self.model)
+        self._grad_norm = self.step_fn.norm()
         loss = self._loss_sum / self.trainer.accumulate_grad_batches
         self._loss_sum = None
         _, _, dp, group = parallel_layout(self.trainer, self)
@@ -145,7 +162,7 @@ class GPTModule(L.LightningModule):
         """Clipping at trainer.gradient_clip_val, by the norm on_before_optimizer_step took."""
         if gradient_clip_algorithm not in (None, "norm"):
             raise UserError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
-        clip_grad_norm(self.model, gradient_clip_val, self._grad_norm)
+        self.step_fn.clip(gradient_clip_val, self._grad_norm)
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         return continue_prompt(self, batch)

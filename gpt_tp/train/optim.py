@@ -1,6 +1,8 @@
-"""Optimizer and learning-rate schedule (build-nanogpt's defaults)."""
+"""Optimizer and learning-rate schedule (build-nanogpt's defaults): OptimizerSettings builds the optimizer and sets
+each step's hyper-parameters on it."""
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -51,3 +53,37 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tu
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """One run's optimizer and schedule (GPTModule's hparams of the same names); checked when made."""
+
+    max_lr: float = 6e-4  # the schedule's peak, after warmup_steps
+    min_lr: float = 6e-5  # the cosine's end, at max_steps and after
+    warmup_steps: int = 715
+    max_steps: int = 19073  # the schedule's length in optimizer steps (trainer.max_steps)
+    weight_decay: float = 0.1  # on >= 2-D parameters only
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    fused: bool | None = None  # fused AdamW; None: where the device has it
+
+    def __post_init__(self):
+        object.__setattr__(self, "betas", tuple(self.betas))  # a checkpoint's hparams may hold a list
+        check_optimizer(self.max_lr, self.min_lr, self.warmup_steps, self.max_steps, self.weight_decay, self.betas,
+                        self.eps)
+
+    def lr(self, step: int) -> float:
+        return get_lr(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps)
+
+    def build(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer of gpt_tp's training step, the one way it is made."""
+        return make_adamw(model, self.max_lr, self.weight_decay, self.betas, self.eps, self.fused)
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Optimizer step `step` (0-based)'s lr, betas, eps and weight decay on every group: these settings hold even
+        where a resumed optimizer's groups came back with the saved run's."""
+        lr = self.lr(step)
+        for group in optimizer.param_groups:
+            decays = group["params"][0].dim() >= 2  # build's groups: >= 2-D parameters decay, the others not
+            group.update(lr=lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay if decays else 0.0)

@@ -7,6 +7,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -19,10 +20,10 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.parallel import clip_grad_norm, grad_norm, parallelize
-from gpt_tp.parallel.loss import cross_entropy
+from gpt_tp.parallel import parallelize
 from gpt_tp.sizing.memory import GIB, Memory, fits, memory_per_device
-from gpt_tp.train.optim import make_adamw
+from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.train.step import TrainStep
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries")
 # FSDPMemTracker's kinds, by gpt_tp's names; unsharded parameters and the collectives' buffers are temporaries
@@ -77,10 +78,12 @@ class Simulation:
 
 
 def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "32-true",
-             activation_checkpointing: str = "none", rank: int = 0, accumulate: int = 1) -> Simulation:
-    """Rank `rank` of a dp x tp world takes two steps on fake storage: the first's collectives are counted, the
-    second's peak memory measured (AdamW's moments exist by then). With accumulation that step takes two
-    micro-batches, the second (like every later one) holding the first's gradients (FSDP2 reduces each backward's)."""
+             activation_checkpointing: str = "none", rank: int = 0, accumulate: int = 1,
+             settings: OptimizerSettings = OptimizerSettings()) -> Simulation:
+    """Rank `rank` of a dp x tp world takes two of gpt_tp's training steps (TrainStep, the run's optimizer settings)
+    on fake storage: the first's collectives are counted, the second's peak memory measured (AdamW's moments exist by
+    then). With accumulation that step takes two micro-batches, the second (like every later one) holding the first's
+    gradients (FSDP2 reduces each backward's)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     notes = [] if device == "cuda" else ["this torch has no CUDA: fake tensors on 'cpu' at the config's precision "
                                          "(FSDP2 asks torch.cuda.current_device() for 'cuda')"]
@@ -92,7 +95,7 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
             model = GPT(config)
         parallelize(model, mesh, compile=False, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
                     activation_checkpointing=activation_checkpointing)
-        autocast = torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
+        autocast = partial(torch.autocast, device, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext
         with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
             # the token ids need no gradient, so torch notes that FSDP2's backward hooks see module outputs only
             warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
@@ -101,27 +104,27 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
             model.to_empty(device=device)
             if precision == "bf16-true":
                 model.to(torch.bfloat16)
-            opt = make_adamw(model, 6e-4, fused=False)
+            train_step = TrainStep(model, settings)
 
             def step(micro_batches: int, tracker: MemTracker | None = None) -> None:
-                for i in range(micro_batches):
-                    if tracker is not None and i:  # the tracker's peak stays; its per-module stats restart
-                        tracker.reset_mod_stats()
-                    x = torch.randint(0, config.vocab_size, (batch_size, seq_len), device=device)  # (B, T)
-                    with autocast:
-                        loss = cross_entropy(model(x), x)
-                    loss.backward()
-                clip_grad_norm(model, 1.0, grad_norm(model))
-                opt.step()
-                opt.zero_grad()
+                x = torch.randint(0, config.vocab_size, (batch_size, seq_len), device=device)  # (B, T)
+                forwards = iter(range(micro_batches))
+
+                def phase(name: str):
+                    if name == "forward" and next(forwards) and tracker is not None:
+                        tracker.reset_mod_stats()  # the tracker's peak stays; its per-module stats restart
+                    return nullcontext()
+
+                train_step([(x, x)] * micro_batches, 0, 1.0, autocast, phase)
+                train_step.optimizer.zero_grad()
 
             labels = {dist.group.WORLD.group_name: "world"}
             labels |= {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}  # a dimension spanning the world
             with CollectiveCounts(labels) as comms:
                 step(1)
-            tracker = FSDPMemTracker(model, opt) if dp > 1 else MemTracker()
+            tracker = FSDPMemTracker(model, train_step.optimizer) if dp > 1 else MemTracker()
             if dp == 1:
-                tracker.track_external(model, opt)
+                tracker.track_external(model, train_step.optimizer)
             with tracker:
                 step(min(accumulate, 2), tracker)
             snapshot = tracker.get_tracker_snapshot("peak")

@@ -15,6 +15,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.entry import run
+from gpt_tp.parallel import clip_grad_norm, grad_norm
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
 
@@ -36,6 +37,27 @@ class Record(Callback):
             self.rows.append({k: float(m[k]) for k in ("train/loss", "train/grad_norm", "train/lr")})
 
 
+class GradProbe(Callback):
+    """A user's callback reading every gradient in on_before_optimizer_step (Lightning runs it before GPTModule's):
+    the gathered gradients of the first `steps` optimizer steps, and whether grad_norm and clip_grad_norm, called
+    twice, change the norm or a gradient."""
+
+    def __init__(self, steps: int = 2):
+        self.steps, self.grads, self.pure = steps, [], []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step >= self.steps:
+            return
+        model = pl_module.model
+        full = lambda g: (g.full_tensor() if isinstance(g, DTensor) else g).detach().cpu().clone()  # noqa: E731
+        before = {n: full(p.grad) for n, p in model.named_parameters()}
+        norms = [float(grad_norm(model)), float(grad_norm(model)),
+                 float(clip_grad_norm(model, 1e9)), float(clip_grad_norm(model, 1e9))]
+        after = {n: full(p.grad) for n, p in model.named_parameters()}
+        self.grads.append(before)
+        self.pure.append({"norms": norms, "grads_unchanged": all(torch.equal(before[n], after[n]) for n in before)})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
@@ -50,6 +72,7 @@ def main():
     ap.add_argument("--accelerator", default="cpu")
     ap.add_argument("--val-batches", type=int, default=0, help="validate this many batches after the last step")
     ap.add_argument("--strategy", choices=("model_parallel", "ddp"), default="model_parallel", help="for more than one process")
+    ap.add_argument("--grads", action="store_true", help="GradProbe: the gradients a callback reads, to <out>.grads.pt")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     world = args.tp * args.dp
@@ -62,7 +85,7 @@ def main():
         accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=args.val_batches, log_every_n_steps=1, check_val_every_n_epoch=None,
-        val_check_interval=args.steps * args.accum if args.val_batches else None, callbacks=[rec := Record()], precision=args.precision,
+        val_check_interval=args.steps * args.accum if args.val_batches else None, callbacks=[rec := Record(), *([probe := GradProbe()] if args.grads else [])], precision=args.precision,
     )
     L.seed_everything(1234, verbose=False)
     global_batch = 4
@@ -82,6 +105,8 @@ def main():
             val = trainer.callback_metrics.get("val/loss")
             json.dump({"rows": rec.rows, "fused": model.optimizers().optimizer.defaults["fused"], "val_loss": None if val is None else float(val)}, f)
         torch.save({"init": rec.init, "final": final}, args.out + ".pt")
+        if args.grads:
+            torch.save({"grads": probe.grads, "pure": probe.pure}, args.out + ".grads.pt")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from gpt_tp.entry import run, torchrun_mesh
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.optim import make_adamw
-from gpt_tp.parallel import parallelize, reduce_partial_grads
+from gpt_tp.parallel import parallelize, sync_grads
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -105,7 +105,7 @@ def main():
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), cast:
             loss = cross_entropy(model(x), y)
         loss.backward()
-        reduce_partial_grads(model)
+        sync_grads(model)
         opt.step()
         states = measure_state_bytes(model, opt)
         opt.zero_grad(set_to_none=True)

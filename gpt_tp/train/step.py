@@ -1,0 +1,65 @@
+"""gpt_tp's training step, the one GPTModule runs through Lightning's hooks, `--simulate` runs on fake tensors and the
+benchmarks run without Lightning: this step's hyper-parameters on the optimizer, per micro-batch the forward with
+the vocab-parallel loss and its backward, after the last backward the gradient sync, then the global norm, the clip
+and the optimizer step."""
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+
+from gpt_tp.parallel import clip_grad_norm, grad_norm, sync_grads
+from gpt_tp.parallel.loss import cross_entropy
+from gpt_tp.train.optim import OptimizerSettings
+
+
+class TrainStep:
+    """The step's parts on one model and its optimizer (built by settings.build).
+
+    Args:
+        sync: the gradient sync after the last backward; gpt_tp.parallel.sync_grads for gpt_tp's plan.
+    """
+
+    def __init__(self, model: nn.Module, settings: OptimizerSettings,
+                 sync: Callable[[nn.Module], object] = sync_grads):
+        self.model, self.settings, self._sync = model, settings, sync
+        self.optimizer = settings.build(model)
+
+    def begin(self, step: int) -> None:
+        """Optimizer step `step` starts: its hyper-parameters go on the optimizer."""
+        self.settings.apply(self.optimizer, step)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(self.model(x), y)  # the logits go as soon as the loss is taken
+
+    def sync(self) -> None:
+        """After the last micro-batch's backward: from here every gradient is the model's true one."""
+        self._sync(self.model)
+
+    def norm(self) -> torch.Tensor:
+        return grad_norm(self.model)
+
+    def clip(self, max_norm: float | None, norm: torch.Tensor | None = None) -> torch.Tensor:
+        return clip_grad_norm(self.model, max_norm, norm)
+
+    def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], step: int, max_norm: float | None = 1.0,
+                 autocast=nullcontext, phase=lambda name: nullcontext()) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole step without Lightning, as Lightning runs it: gradients zeroed, the micro-batches' mean loss
+        backward, sync, clip, step. Returns (mean loss, grad norm) as tensors (no host sync); the gradients stay.
+        `phase(name)` is entered around "forward", "backward", "grad_sync_and_clip" and "optimizer"."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.begin(step)
+        total = 0.0
+        for x, y in batches:
+            with phase("forward"), autocast():
+                loss = self.loss(x, y) / len(batches)  # Lightning's accumulation: each micro-batch's share
+            with phase("backward"):
+                loss.backward()
+            total = total + loss.detach()
+        with phase("grad_sync_and_clip"):
+            self.sync()
+            norm = self.clip(max_norm)
+        with phase("optimizer"):
+            self.optimizer.step()
+        return total, norm
