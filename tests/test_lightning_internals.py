@@ -7,12 +7,33 @@ from types import SimpleNamespace
 import lightning
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from gpt_tp.train.lightning_internals import CHECKED, mark_saved
+from gpt_tp.train.lightning_internals import CHECKED, META, mark_saved
 
 
 def test_checked_against_this_lightning():
     assert lightning.__version__.startswith(CHECKED), (
         f"lightning {lightning.__version__} is not among {CHECKED}: check gpt_tp/train/lightning_internals.py against it")
+
+
+def test_meta_is_lightnings_metadata_file_name():
+    """gpt_tp's checks of a complete distributed checkpoint (check_checkpoint, latest_checkpoint) look for the file
+    Lightning writes the non-tensor state to, by its private name."""
+    from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+    assert META == _METADATA_FILENAME
+
+
+def test_model_parallel_takes_lightnings_arguments_by_name():
+    """gpt_tp.train.checkpoint.ModelParallel passes its arguments to ModelParallelStrategy by keyword: each one is
+    still a parameter there."""
+    import inspect
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from gpt_tp.train.checkpoint import ModelParallel
+
+    ours = list(inspect.signature(ModelParallel.__init__).parameters)[1:]
+    assert set(ours) <= set(inspect.signature(ModelParallelStrategy.__init__).parameters)
 
 
 def test_a_step_marked_saved_is_not_saved_again():

@@ -23,14 +23,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.collective import one_does
-from gpt_tp.train.lightning_internals import ModelCheckpoint, mark_saved  # noqa: F401 - configs name it here
+from gpt_tp.train.lightning_internals import META, ModelCheckpoint, mark_saved  # noqa: F401 - configs name it here
 from gpt_tp.errors import UserError
 from gpt_tp.sizing.sizes import checkpoint_bytes
 
 if TYPE_CHECKING:
     from gpt_tp.model import GPTConfig
 
-META = "meta.pt"  # Lightning's name for the non-tensor part (lightning.fabric.utilities.load._METADATA_FILENAME)
 PARTIAL = ".partial"
 OLD = ".old"  # a checkpoint being replaced under its name
 
@@ -173,8 +172,9 @@ class ModelParallel(ModelParallelStrategy):
     def __init__(self, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
                  save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout) -> None:
-        super().__init__(data_parallel_size, tensor_parallel_size, save_distributed_checkpoint, process_group_backend,
-                         timeout)
+        super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size,
+                         save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend, timeout=timeout)
         self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
 
     def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:

@@ -1,7 +1,8 @@
 """The one place gpt_tp touches Lightning internals (no public seam), checked on the versions in CHECKED, which
 tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not restore its last saved step on resume,
 so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); and it moves
-last.ckpt by deleting and remaking the link (a kill between leaves none): ModelCheckpoint renames a new one over it."""
+last.ckpt by deleting and remaking the link (a kill between leaves none): ModelCheckpoint renames a new one over it.
+A distributed checkpoint's non-tensor file has Lightning's private name (META)."""
 
 import os
 import shutil
@@ -9,6 +10,7 @@ import shutil
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
 CHECKED = ("2.6",)  # lightning.__version__ prefixes this module was checked against
+META = "meta.pt"  # a distributed checkpoint's non-tensor part, by Lightning's name (fabric's _METADATA_FILENAME)
 
 
 def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:

@@ -22,7 +22,8 @@ class StepProgressBar(TQDMProgressBar):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         bar, step = self.train_progress_bar, trainer.global_step
-        if bar is not None and step != bar.n and self._should_update(step, bar.total):  # not mid-accumulation
+        # every refresh_rate optimizer steps and the last one; not mid-accumulation (the step has not moved)
+        if bar is not None and self.is_enabled and step != bar.n and (step % self.refresh_rate == 0 or step == bar.total):
             bar.n = step
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
             bar.refresh()
