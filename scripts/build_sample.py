@@ -8,7 +8,8 @@ import shutil
 from pathlib import Path
 
 from gpt_tp.data.prepare import prepare
-from gpt_tp.data.shards import REPO_ROOT, DataError
+from gpt_tp.data.shards import REPO_ROOT
+from gpt_tp.errors import DataError
 from gpt_tp.entry import ArgumentParser, run
 
 PREFIX = "shakespeare"

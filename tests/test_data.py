@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from gpt_tp.data import shards as data_mod
-from gpt_tp.data.shards import DataError, TokenStream, check_token_ids, find_shards, read_shard, shard_header, write_shard
+from gpt_tp.data.shards import TokenStream, check_token_ids, find_shards, read_shard, shard_header, write_shard
+from gpt_tp.errors import DataError
 from gpt_tp.model import GPTConfig
 from gpt_tp.train.datamodule import GPTDataModule
 from shard_files import fake_trainer, make_shards, put_id

@@ -109,7 +109,7 @@ def test_shipped_encoding_is_tiktokens_r50k_base(tiktoken_cache):
 
 
 def test_damaged_ranks_file_is_one_clear_error(tmp_path, monkeypatch):
-    from gpt_tp.data.shards import DataError
+    from gpt_tp.errors import DataError
 
     bad = tmp_path / "r50k_base.tiktoken"
     bad.write_bytes(tokenizer.RANKS.read_bytes()[:-10])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, one_error_line, read_json, run_torchrun
-from gpt_tp.data.shards import DataError
+from gpt_tp.errors import DataError
 from gpt_tp.eval import hellaswag as hs
 from gpt_tp.eval import hellaswag_data as hd
 from gpt_tp.eval import hellaswag_score as score

@@ -18,7 +18,8 @@ import tiktoken  # noqa: E402
 
 from conftest import one_error_line  # noqa: E402
 from gpt_tp.data import prepare as prep  # noqa: E402
-from gpt_tp.data.shards import DataError, read_shard, write_shard  # noqa: E402
+from gpt_tp.data.shards import read_shard, write_shard  # noqa: E402
+from gpt_tp.errors import DataError  # noqa: E402
 from gpt_tp.data.tokenizer import get_encoding  # noqa: E402
 from gpt_tp.train.datamodule import GPTDataModule  # noqa: E402
 

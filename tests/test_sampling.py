@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import read_json, run_torchrun
-from gpt_tp.data.shards import DataError
+from gpt_tp.errors import DataError
 from gpt_tp.eval.sampling import TextSampleCallback
 from gpt_tp.train.generate import PROMPT, generate, last_logits, sample_texts
 

@@ -12,17 +12,13 @@ import numpy as np
 import torch
 
 from gpt_tp.data.tokenizer import EOT
-from gpt_tp.errors import UserError
+from gpt_tp.errors import DataError
 
 GPT2_VOCAB = EOT + 1  # ids GPT-2's BPE produces; a model's vocab_size above it (50304) is padding
 SPLITS = ("train", "val")
 SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d{6})\.npy$")
 _SHARD_LIKE_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d+)\.[A-Za-z0-9]+$")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class DataError(UserError):
-    """Bad data input: the message names the file or flag at fault and how to fix it."""
 
 
 def check_token_ids(ids, vocab_size: int, where: str) -> None:

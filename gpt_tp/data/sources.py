@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from gpt_tp.data.shards import DataError
+from gpt_tp.errors import DataError
 
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 COMPRESSION = {".gz", ".bz2", ".xz", ".zst", ".lz4"}

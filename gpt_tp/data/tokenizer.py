@@ -7,6 +7,8 @@ from pathlib import Path
 
 import tiktoken
 
+from gpt_tp.errors import DataError
+
 ENCODING = "r50k_base"
 EOT = 50256  # <|endoftext|>
 RANKS = Path(__file__).resolve().parent / "assets" / "r50k_base.tiktoken"
@@ -22,7 +24,6 @@ def get_encoding(name: str = ENCODING):
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:
-        from gpt_tp.data.shards import DataError  # imported here: loading r50k_base does not need torch
         raise DataError(f"--encoding {name!r}: tiktoken cannot load it ({type(e).__name__}: {str(e).splitlines()[0]}); use {ENCODING} "
                         "(GPT-2's BPE, shipped with gpt_tp), or set TIKTOKEN_CACHE_DIR to a folder holding its ranks file") from e
 
@@ -31,7 +32,6 @@ def get_encoding(name: str = ENCODING):
 def _r50k_base():
     data = RANKS.read_bytes() if RANKS.is_file() else b""
     if hashlib.sha256(data).hexdigest() != RANKS_SHA256:
-        from gpt_tp.data.shards import DataError
         raise DataError(f"{RANKS} is missing or damaged (sha256 is not {RANKS_SHA256}): reinstall gpt_tp "
                         "(or restore the file with git checkout)")
     ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}

@@ -9,7 +9,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from gpt_tp.data.shards import GPT2_VOCAB, DataError, TokenStream, find_shards
+from gpt_tp.data.shards import GPT2_VOCAB, TokenStream, find_shards
+from gpt_tp.errors import DataError
 from gpt_tp.train.predict import PromptBatches, Prompts
 from gpt_tp.train.ranks import data_parallel_rank_size, model_vocab
 
