@@ -19,8 +19,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB, detect_device_memory_gib
-from gpt_tp.parallel.apply import check_compiled_ac
-from gpt_tp.sizing import LayoutError, check_run, resolve_layout
+from gpt_tp.sizing import LayoutError, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
@@ -28,6 +27,7 @@ from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
 from gpt_tp.train.optim import OptimizerSettings, get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
+from gpt_tp.train.run import Run, layout_flags, resolve_run
 from gpt_tp.train.simulate import format_simulation, simulate
 from gpt_tp.train.slurm import latest_checkpoint
 
@@ -106,22 +106,19 @@ class GPTCLI(TrainingCLI):
     def _simulate(self, cfg) -> None:
         """--simulate: the launch's checks, then one rank of the world in this process; exit 0, or 2 if it won't fit."""
         devices, nodes = self._devices(cfg, "simulate")
-        dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))  # numbers by now (planned)
-        config = built_config(cfg.model.model, cfg.model.init_from)
-        self._check_shapes(config, devices, nodes, dp, tp)
-        if not 0 <= cfg.simulate_rank < devices * nodes:
-            raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{devices * nodes - 1}")
+        run = self._resolve(built_config(cfg.model.model, cfg.model.init_from), devices, nodes, cuda=False)
+        if not 0 <= cfg.simulate_rank < run.world:
+            raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{run.world - 1}")
         m = cfg.model
         settings = OptimizerSettings(m.max_lr, m.min_lr, m.warmup_steps, cfg.trainer.max_steps, m.weight_decay,
                                      m.betas, m.eps, m.fused)  # the run's optimizer, as GPTModule builds it
-        sim = simulate(config, dp, tp, cfg.data.batch_size, cfg.data.seq_len, str(cfg.trainer.precision),
-                       m.activation_checkpointing, cfg.simulate_rank, cfg.trainer.accumulate_grad_batches or 1, settings)
+        sim = simulate(run, cfg.simulate_rank, settings)
         memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
         print(format_simulation(sim, memory), flush=True)
         if not sim.fits(memory):
-            raise LayoutError(f"rank {sim.rank} of DP={dp} x TP={tp} needs {sim.peak['total'] / GIB:.1f} GiB at its peak, "
-                              f"more than 95% of {memory:g} GiB: raise tensor_parallel_size, use more nodes, lower "
-                              "data.batch_size, or set model.activation_checkpointing")
+            raise LayoutError(f"rank {sim.rank} of DP={run.dp} x TP={run.tp} needs {sim.peak['total'] / GIB:.1f} GiB at "
+                              f"its peak, more than 95% of {memory:g} GiB: raise tensor_parallel_size, use more nodes, "
+                              "lower data.batch_size, or set model.activation_checkpointing")
         raise SystemExit(0)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -152,16 +149,14 @@ class GPTCLI(TrainingCLI):
 
     # ---- checks before any process group or model shard exists (in the launching process: errors print once) ----
     def _check_layout(self) -> None:
-        """_check_shapes, then the checkpoint to resume from and the folders the run writes to."""
+        """The run resolved (GPTModule gets it), then the checkpoint to resume from and the folders the run writes to."""
         cfg = self.config[self.subcommand]
         devices, nodes = self.trainer.num_devices, self.trainer.num_nodes
         if devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
             # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // devices))
-        dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))  # numbers by now ('auto': planned)
-        self._check_shapes(self.model.config, devices, nodes, dp, tp)
-        if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
-            raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
+        self.run = self._resolve(self.model.config, devices, nodes, isinstance(self.trainer.accelerator, CUDAAccelerator))
+        self.model.use_run(self.run)
         ckpt = cfg.get("ckpt_path")
         folders = {cb.dirpath for cb in self.trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
         for folder in folders | ({os.path.dirname(os.path.abspath(ckpt))} if ckpt and ckpt not in CKPT_ALIASES else set()):
@@ -192,25 +187,22 @@ class GPTCLI(TrainingCLI):
             warnings.filterwarnings("ignore", message=".*there is no last checkpoint available")
             print(f"gpt_tp: no checkpoint in {', '.join(sorted(folders))}: starting from step 0", file=sys.stderr)
 
-    def _check_shapes(self, config, devices: int, nodes: int, dp: int, tp: int) -> None:
-        """The layout, the sequence length and (for a fit) the batch fit the model (check_run), and activation
-        checkpointing fits compile: the same lines for a launch and for --simulate."""
+    def _resolve(self, config, devices: int, nodes: int, cuda: bool) -> Run:
+        """This process's one Run of the parsed arguments (the layout planned by now where it was 'auto'): the same
+        checks and lines for a launch and for --simulate."""
         cfg = self.config[self.subcommand]
+        fit = self.subcommand == "fit"
+        dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))
         seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
-        batch = (cfg.data.batch_size, cfg.trainer.accumulate_grad_batches, cfg.model.total_batch_size)
-        try:
-            check_run(config, tp, dp, seq_len, *(batch if self.subcommand == "fit" else ()), world_size=devices * nodes)
-        except LayoutError as e:  # named by the settings behind its quantities, as flag=value
-            init, model = "trainer.strategy.init_args", cfg.model
-            source = (f"model.init_from={model.init_from}" if model.init_from is not None
-                      else f"model.model={model.model}" if isinstance(model.model, str) else None)
-            flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
-                     "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}",
-                     "seq_len": f"data.seq_len={seq_len}"}
-            for q in ("n_head", "n_embd", "vocab_size"):
-                flags[q] = f"{source} ({q}={getattr(config, q)})" if source else f"model.model.{q}={getattr(config, q)}"
-            raise LayoutError(f"{', '.join(flags[q] for q in e.quantities if q in flags)}: {e}", e.quantities) from None
-        check_compiled_ac(cfg.model.activation_checkpointing, cfg.model.compile, tp)
+        model = cfg.model
+        source = (f"model.init_from={model.init_from}" if model.init_from is not None
+                  else f"model.model={model.model}" if isinstance(model.model, str) else None)
+        return resolve_run(config, dp, tp, str(cfg.trainer.precision), model.activation_checkpointing, model.compile,
+                           model.async_tp, seq_len, cfg.data.batch_size if fit else None,
+                           1 if (acc := cfg.trainer.accumulate_grad_batches) is None else acc,
+                           model.total_batch_size if fit else None,
+                           world_size=devices * nodes, cuda=cuda,
+                           flags=layout_flags(dp, tp, devices, nodes, seq_len, config, source))
 
     def _check_weights(self) -> None:
         """validate and predict score or continue with trained weights only, never the random init."""

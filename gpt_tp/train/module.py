@@ -6,6 +6,7 @@ from contextlib import nullcontext
 
 import lightning as L
 import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
 
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
@@ -13,10 +14,10 @@ from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import OptimizerSettings, check_optimizer, fused_with_scaler
 from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
-from gpt_tp.sizing import check_run
 from gpt_tp.train.ranks import parallel_layout
 from gpt_tp.train.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
+from gpt_tp.train.run import Run, resolve_run
 from gpt_tp.train.step import TrainStep
 from gpt_tp.train.throughput import StepThroughput
 
@@ -63,12 +64,26 @@ class GPTModule(L.LightningModule):
             self.model = GPT(self.config)
         if hf_state is not None:
             self.model.load_state_dict(hf_state)
-        self._batch_checked = False
         self._loss_sum = None  # sum of micro-batch losses since the last optimizer step
         self.step_fn: TrainStep | None = None  # the training step, made with the optimizer
+        self.run: Run | None = None  # the resolved run: cli.py's (use_run), or resolved from the trainer at setup
+
+    def use_run(self, run: Run) -> None:
+        """The run as cli.py resolved and checked it before launch: setup then resolves nothing again."""
+        self.run = run
 
     def setup(self, stage: str) -> None:
-        """The schedule's length is the trainer's: model.max_steps is trainer.max_steps, or None to take it."""
+        """A script's GPTModule and Trainer go through cli.py's resolve and checks (once); the schedule's length is
+        the trainer's: model.max_steps is trainer.max_steps, or None to take it."""
+        if self.run is None:
+            tp, _, dp, _ = parallel_layout(self.trainer, self)
+            data, fit = self.trainer.datamodule, stage == "fit"
+            self.run = resolve_run(self.config, dp, tp, str(self.trainer.precision), self.hparams.activation_checkpointing,
+                                   self.hparams.compile, self.hparams.async_tp, getattr(data, "seq_len", None),
+                                   getattr(data, "batch_size", None) if fit else None,
+                                   self.trainer.accumulate_grad_batches, self.hparams.total_batch_size if fit else None,
+                                   world_size=self.trainer.world_size,
+                                   cuda=isinstance(self.trainer.accelerator, CUDAAccelerator))
         if stage != "fit":
             return
         steps, own = self.trainer.max_steps, self.hparams.max_steps
@@ -81,15 +96,12 @@ class GPTModule(L.LightningModule):
         self.hparams.max_steps = steps  # recorded in hparams.yaml and checkpoints as trained
 
     def configure_model(self) -> None:
-        if self.hparams.async_tp:  # before the first compiled forward
-            if not self.hparams.compile:
-                raise UserError("model.async_tp needs model.compile: true (it is an Inductor pass)")
-            if self.device_mesh is None:
-                raise UserError("model.async_tp needs a tensor-parallel run (ModelParallelStrategy, TP > 1)")
+        run = self.run
+        if run.async_tp:  # before the first compiled forward
             enable_async_tp(self.device_mesh["tensor_parallel"])
-        param_dtype = torch.bfloat16 if str(self.trainer.precision) == "bf16-mixed" else None  # FSDP2's gathers
-        parallelize(self.model, self.device_mesh, compile=self.hparams.compile, param_dtype=param_dtype,
-                    activation_checkpointing=self.hparams.activation_checkpointing, plan=self.tp_plan)
+        param_dtype = torch.bfloat16 if run.precision == "bf16-mixed" else None  # FSDP2's gathers
+        parallelize(self.model, self.device_mesh, compile=run.compile, param_dtype=param_dtype,
+                    activation_checkpointing=run.activation_checkpointing, plan=self.tp_plan)
         materialize(self.model, self.device)
 
     def _grad_scaler(self) -> torch.amp.GradScaler | None:
@@ -117,11 +129,10 @@ class GPTModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        if not self._batch_checked:  # for runs that bypass cli.py, which checks the same before launch
-            tp, _, dp, _ = parallel_layout(self.trainer, self)
-            check_run(self.config, tp, dp, x.shape[1], x.shape[0], self.trainer.accumulate_grad_batches,
-                      self.hparams.total_batch_size)
-            self._batch_checked = True
+        if self.run.batch_size is None:  # a data module without batch_size and seq_len: its first batch tells them
+            run = self.run
+            self.run = resolve_run(run.model, run.dp, run.tp, run.precision, run.activation_checkpointing, run.compile,
+                                   run.async_tp, x.shape[1], x.shape[0], run.accumulate, run.total_batch_size)
         # Lightning's accumulation rule (its batch_idx restored on resume): the last micro-batch syncs the gradients
         self._last_micro_batch = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
         self.step_fn.begin(self.global_step)

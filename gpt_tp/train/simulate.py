@@ -19,10 +19,11 @@ from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpt_tp.model import GPT, GPTConfig
+from gpt_tp.model import GPT
 from gpt_tp.parallel import parallelize
 from gpt_tp.sizing.memory import GIB, Memory, fits, memory_per_device
 from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.train.run import Run
 from gpt_tp.train.step import TrainStep
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries")
@@ -77,13 +78,13 @@ class Simulation:
         return fits(Memory(*(self.peak[k] for k in KINDS), 0), memory_gib)
 
 
-def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "32-true",
-             activation_checkpointing: str = "none", rank: int = 0, accumulate: int = 1,
-             settings: OptimizerSettings = OptimizerSettings()) -> Simulation:
-    """Rank `rank` of a dp x tp world takes two of gpt_tp's training steps (TrainStep, the run's optimizer settings)
-    on fake storage: the first's collectives are counted, the second's peak memory measured (AdamW's moments exist by
-    then). With accumulation that step takes two micro-batches, the second (like every later one) holding the first's
-    gradients (FSDP2 reduces each backward's)."""
+def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSettings()) -> Simulation:
+    """Rank `rank` of the run's dp x tp world takes two of gpt_tp's training steps (TrainStep, the run's optimizer
+    settings) on fake storage: the first's collectives are counted, the second's peak memory measured (AdamW's moments
+    exist by then). With accumulation that step takes two micro-batches, the second (like every later one) holding
+    the first's gradients (FSDP2 reduces each backward's). No torch.compile: the eager step's memory."""
+    config, dp, tp, precision = run.model, run.dp, run.tp, run.precision
+    batch_size, seq_len, activation_checkpointing = run.batch_size, run.seq_len, run.activation_checkpointing
     device = "cuda" if torch.cuda.is_available() else "cpu"
     notes = [] if device == "cuda" else ["this torch has no CUDA: fake tensors on 'cpu' at the config's precision "
                                          "(FSDP2 asks torch.cuda.current_device() for 'cuda')"]
@@ -126,7 +127,7 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
             if dp == 1:
                 tracker.track_external(model, train_step.optimizer)
             with tracker:
-                step(min(accumulate, 2), tracker)
+                step(min(run.accumulate, 2), tracker)
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
         dist.destroy_process_group()

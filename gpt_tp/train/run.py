@@ -1,0 +1,67 @@
+"""One run, resolved once: its layout, the model it builds, precision, activation checkpointing, compile, async TP and
+batch arithmetic, checked together in one place. cli.py resolves it in each process before anything is built
+(GPTCLI hands it to GPTModule.use_run); a GPTModule in a script resolves it from its Trainer at setup."""
+
+from dataclasses import dataclass
+
+from gpt_tp.errors import UserError
+from gpt_tp.model import GPTConfig
+from gpt_tp.parallel.apply import check_ac_mode, check_compiled_ac
+from gpt_tp.sizing import LayoutError, check_run
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a run trains, validated (resolve_run makes one)."""
+
+    model: GPTConfig  # the model GPTModule builds: model.model, or model.init_from's config.json
+    dp: int  # data-parallel size (FSDP2 under ModelParallelStrategy; every process under DDP)
+    tp: int  # tensor-parallel size
+    precision: str  # trainer.precision
+    activation_checkpointing: str  # "none", "full" or "selective"
+    compile: bool
+    async_tp: bool
+    seq_len: int | None  # data.seq_len (None: predict, any prompt length up to block_size)
+    batch_size: int | None  # data.batch_size, rows per DP rank per micro-batch (None: not a fit)
+    accumulate: int  # trainer.accumulate_grad_batches
+    total_batch_size: int | None  # model.total_batch_size: tokens per optimizer step (None: unchecked)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp
+
+
+def resolve_run(model: GPTConfig, dp: int, tp: int, precision: str = "32-true", activation_checkpointing: str = "none",
+                compile: bool = False, async_tp: bool = False, seq_len: int | None = None,
+                batch_size: int | None = None, accumulate: int = 1, total_batch_size: int | None = None,
+                world_size: int | None = None, cuda: bool = False, flags: dict[str, str] | None = None) -> Run:
+    """The Run of these settings, or one UserError naming the setting at fault. world_size: the processes launched
+    (dp x tp must equal it); cuda: the run's accelerator is CUDA; flags: how a quantity of LayoutError.quantities
+    ("tp", "dp", "world_size", "seq_len", "n_head", "n_embd", "vocab_size") is named to the user, as flag=value."""
+    check_ac_mode(activation_checkpointing)
+    try:
+        check_run(model, tp, dp, seq_len, batch_size, accumulate, total_batch_size, world_size=world_size)
+    except LayoutError as e:
+        named = [flags[q] for q in e.quantities if q in (flags or {})]
+        raise LayoutError(f"{', '.join(named)}: {e}" if named else str(e), e.quantities) from None
+    check_compiled_ac(activation_checkpointing, compile, tp)
+    if async_tp:
+        if not cuda:
+            raise UserError("model.async_tp: async TP needs CUDA GPUs (symmetric memory over NVLink); leave it off on CPU")
+        if not compile:
+            raise UserError("model.async_tp needs model.compile: true (it is an Inductor pass)")
+        if tp < 2:
+            raise UserError("model.async_tp needs a tensor-parallel run (ModelParallelStrategy, TP > 1)")
+    return Run(model, dp, tp, precision, activation_checkpointing, compile, async_tp, seq_len, batch_size, accumulate,
+               total_batch_size)
+
+
+def layout_flags(dp: int, tp: int, devices: int, nodes: int, seq_len: int | None, config: GPTConfig,
+                 source: str | None) -> dict[str, str]:
+    """cli.py's names for LayoutError's quantities; source: the setting the model's shape came from, if named."""
+    init = "trainer.strategy.init_args"
+    flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
+             "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}", "seq_len": f"data.seq_len={seq_len}"}
+    for q in ("n_head", "n_embd", "vocab_size"):
+        flags[q] = f"{source} ({q}={getattr(config, q)})" if source else f"model.model.{q}={getattr(config, q)}"
+    return flags
