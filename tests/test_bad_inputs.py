@@ -36,6 +36,8 @@ CONFIG_FILES = {
     "yaml-typo-key": ("data:\n  batchsize: 4\n", "does not accept option 'data.batchsize'"),
     "yaml-wrong-type": ("data:\n  batch_size: four\n", 'Parser key "data.batch_size"'),
     "yaml-syntax": ("data: [1, 2\n", "Problems parsing config"),
+    "yaml-model-max-steps": ("model:\n  max_steps: 19073\ntrainer:\n  max_steps: 100\n",
+                             "my.yaml: model.max_steps follows trainer.max_steps (one number"),
 }
 
 

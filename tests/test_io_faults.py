@@ -48,7 +48,7 @@ trainer:
   val_check_interval: 3
   log_every_n_steps: 1
   logger:
-  - class_path: gpt_tp.train.logs.CSVLogger
+  - class_path: gpt_tp.train.logs.HeldCSVLogger
     init_args: {{save_dir: {logs or tmp_path / "logs"}, name: run}}
   callbacks:
   - class_path: {checkpoints}
@@ -205,7 +205,7 @@ def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs, uninte
 def test_failed_tensorboard_write_stops_every_rank_alike(tmp_path, tmpfs):
     """The same with TensorBoard, whose writer thread fails first: no thread traceback, one line naming the event file."""
     fs = tmpfs("4m")
-    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.logger", "gpt_tp.train.logs.TensorBoardLogger", "--trainer.logger.save_dir",
+    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.logger", "gpt_tp.train.logs.HeldTensorBoardLogger", "--trainer.logger.save_dir",
                  str(fs), "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
                  "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
     assert broken.returncode == 2, broken.stderr[-3000:]

@@ -39,11 +39,12 @@ class HeldWrites:
             super().finalize(status)
 
 
-class CSVLogger(HeldWrites, LightningCSVLogger):
-    """Lightning's CSVLogger, its writes held (HeldWrites)."""
+class HeldCSVLogger(HeldWrites, LightningCSVLogger):
+    """Lightning's CSVLogger, its writes held (HeldWrites); a name of its own, so `--trainer.logger=CSVLogger` stays
+    Lightning's short name."""
 
 
-class TensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
+class HeldTensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
     """Lightning's TensorBoardLogger, its writes held: its writer thread's error comes back at the next write."""
 
     file = "the TensorBoard event file"
