@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
@@ -126,9 +127,15 @@ def _mistake(e: BaseException | None) -> str | None:
     return " ".join(text.split())
 
 
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """warnings.formatwarning for a command's user: `UserWarning: message`, without the Python file and source line."""
+    return f"{category.__name__}: {message}\n"
+
+
 def run(main: Callable[[], object]) -> None:
     """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake, 1
     with the traceback for a bug. A distributed process then leaves through _leave (see the module doc)."""
+    warnings.formatwarning = one_line_warning
     try:
         result = main()
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0

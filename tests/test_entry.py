@@ -50,6 +50,12 @@ def test_bad_flag_and_launch_outside_torchrun_are_one_line(capsys, monkeypatch):
         torchrun_mesh(1, 2)
 
 
+def test_a_warning_is_one_line_without_its_source():
+    code = "import warnings\nfrom gpt_tp.entry import run\nrun(lambda: warnings.warn('data.seq_len=9 is odd'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "UserWarning: data.seq_len=9 is odd\n")
+
+
 def test_a_bug_keeps_its_traceback():
     proc = subprocess.run([sys.executable, "-c", "from gpt_tp.entry import run\ndef f(): raise KeyError('x')\nrun(f)"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -3,6 +3,7 @@ of scripts/build_sample.py (the bundled sample's build)."""
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -203,6 +204,23 @@ def test_bundled_sample_is_reproducible(tmp_path):
     proc = subprocess.run([sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "empty"), "--out",
                            str(tmp_path / "out2")], cwd=REPO, capture_output=True, text=True)
     assert re.fullmatch(r"error: --corpus .*empty: no .txt files.*", one_error_line(proc)), proc.stderr
+
+
+def test_build_sample_keeps_a_built_sample_without_overwrite(tmp_path):
+    """One play into a folder holding the bundled sample: one line, every file unchanged; --overwrite replaces."""
+    out = tmp_path / "sample"
+    shutil.copytree(REPO / "data" / "sample", out)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "hamlet_gut.txt").write_text((CORPUS / "hamlet_gut.txt").read_text())
+    build = [sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "corpus"), "--out", str(out), "--quiet"]
+    proc = subprocess.run(build, cwd=REPO, capture_output=True, text=True)
+    assert one_error_line(proc) == (f"error: --out {out} already holds a built sample (17 shakespeare_* files): pass "
+                                    "--overwrite to replace them, or give an empty --out")
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    proc = subprocess.run([*build, "--overwrite"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(f.name for f in out.glob("shakespeare_*")) == ["shakespeare_prepare.json", "shakespeare_val_000000.npy"]
 
 
 @pytest.mark.parametrize("command, flag, message", [
