@@ -242,6 +242,35 @@ def test_long_prompt_slides_its_window(ckpt, tmp_path, enc):
     assert len(enc.encode(row["text"][len(prompt):])) >= 30  # about 40 (re-encoding may merge a few); not ~7
 
 
+def test_predict_keeps_an_existing_output_and_drops_a_bom(user_run, ckpt, tmp_path):
+    """--output naming an existing file is refused before launch (file unchanged) unless --overwrite_output; a UTF-8
+    byte-order mark in --prompts_file is not part of the first prompt."""
+    from gpt_tp.train.predict import Prompts
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("ROMEO:\nTo be\n".encode("utf-8-sig"))
+    assert Prompts(prompts_file=str(prompts)).read() == ["ROMEO:", "To be"]
+    out = tmp_path / "pred.jsonl"
+    out.write_text("mine\n")
+    predict = ("predict", "--config", CPU, *ONE_DEVICE, "--ckpt_path", str(ckpt[0]), "--prompts_file", str(prompts),
+               "--max_new_tokens", "2", "--output", str(out))
+    assert user_run(cli_main(*predict)) == (f"error: --output {out} exists; give a new file, or pass --overwrite_output "
+                                            "to replace it")
+    assert out.read_text() == "mine\n"
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), *predict, "--overwrite_output"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == ["ROMEO:", "To be"]
+
+
+def test_exported_safetensors_has_the_umasks_mode(ckpt):
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = [(ckpt[1] / name).stat().st_mode & 0o777 for name in ("model.safetensors", "config.json")]
+    assert modes == [0o666 & ~umask] * 2
+
+
 # ---- validate and predict never score the random init -------------------------------------------------------------
 def test_untrained_weights_refused(user_run, tmp_path):
     for sub in ("validate", "predict"):

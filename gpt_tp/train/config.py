@@ -140,8 +140,10 @@ class TrainingCLI(LightningCLI):
                                   compute_fn=lambda *values: dict(zip(PROMPT_FLAGS, values)))
             parser.add_argument("--output", type=str | None, default=None,
                                 help="also write {prompt, sample, text} JSON lines to this file (rank 0)")
+            parser.add_argument("--overwrite_output", action="store_true", help="replace an existing --output file")
             parser.add_lightning_class_args(PromptWriter, "prompt_writer")
             parser.link_arguments("output", "prompt_writer.output")
+            parser.link_arguments("overwrite_output", "prompt_writer.overwrite")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.config = parse(parser, args)

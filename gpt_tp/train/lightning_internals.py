@@ -1,7 +1,8 @@
 """The one place gpt_tp touches Lightning internals (no public seam), checked on the versions in CHECKED, which
 tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not restore its last saved step on resume,
 so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); and it moves
-last.ckpt by deleting and remaking the link (a kill between leaves none): ModelCheckpoint renames a new one over it."""
+last.ckpt by deleting and remaking the link (a kill between leaves none): ModelCheckpoint renames a new one over it.
+`cli.py validate` restores no step: show_step makes its logged rows and lines name the checkpoint's step."""
 
 import os
 import shutil
@@ -17,6 +18,15 @@ def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:
         raise RuntimeError("lightning's ModelCheckpoint has no _last_global_step_saved any more: update "
                            "gpt_tp/train/lightning_internals.py for this Lightning version")
     callback._last_global_step_saved = step
+
+
+def show_step(trainer, step: int) -> None:
+    """trainer.global_step (the HellaSwag line's step) and the step the loggers write become `step`; for a run that
+    trains no step (validate), which Lightning leaves at 0."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    epoch_loop.automatic_optimization.optim_progress.optimizer.step.total.completed = step
+    epoch_loop.manual_optimization.optim_step_progress.total.completed = step
+    epoch_loop._batches_that_stepped = step  # the logger connector's step
 
 
 class ModelCheckpoint(LightningModelCheckpoint):

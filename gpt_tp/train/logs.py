@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger, TensorBoardLogger as LightningTensorBoardLogger
 
 from gpt_tp.collective import one_does
+from gpt_tp.train.lightning_internals import show_step
 
 
 class HeldWrites:
@@ -81,3 +82,11 @@ class LogWriteCheck(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._check(trainer)
+
+
+class CheckpointStep(Callback):
+    """`cli.py validate` labels its results (metrics.csv's step, the HellaSwag line) with the checkpoint's step."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if trainer.state.fn == "validate" and "global_step" in checkpoint:
+            show_step(trainer, checkpoint["global_step"])
