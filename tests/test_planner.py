@@ -295,3 +295,11 @@ def test_auto_layout_takes_the_batch_that_adds_up():
                        r"x trainer.accumulate_grad_batches=1 needs data-parallel size 3, but the layouts that fit are "
                        r"DP=2 x TP=1, DP=1 x TP=2: set trainer.accumulate_grad_batches"):
         planner.resolve_layout(c, 2, 2, 1, 8, 128, total_batch_size=3072)
+
+
+def test_the_library_module_names_the_command():
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.sizing.planner"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert one_error_line(r) == ("error: gpt_tp.sizing.planner is the planner's library; its command is python -m "
+                                 "gpt_tp.train.plan (e.g. --config configs/tp2.yaml, or --model gpt2-xl "
+                                 "--devices-per-node 8; --help)")

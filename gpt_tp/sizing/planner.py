@@ -4,6 +4,8 @@ four times per layer on the critical path while FSDP2 overlaps its collectives (
 
 from dataclasses import dataclass, field
 
+from gpt_tp.entry import run
+from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing.layout import LayoutError, divisors, valid_tp_sizes
@@ -177,3 +179,12 @@ def resolve_layout(config: GPTConfig, world_size: int, devices_per_node: int, nu
         f"no data_parallel_size x tensor_parallel_size layout for {world_size} devices "
         f"(given dp={dp}, tp={tp}) works for this model:\n{format_plan(p)}"
     )
+
+
+def main() -> None:
+    raise UserError("gpt_tp.sizing.planner is the planner's library; its command is python -m gpt_tp.train.plan "
+                    "(e.g. --config configs/tp2.yaml, or --model gpt2-xl --devices-per-node 8; --help)")
+
+
+if __name__ == "__main__":
+    run(main)
