@@ -59,9 +59,12 @@ def torchrun_world() -> int:
 
 def pick_device(device: str = "auto"):
     """A --device flag, "auto" (CUDA when present), "cuda" or "cpu", as this process's torch.device (on CUDA: its
-    LOCAL_RANK's GPU)."""
+    LOCAL_RANK's GPU); "cuda" without CUDA is a UserError."""
     import torch
 
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch finds no CUDA device on this machine; use --device cpu, or auto (CUDA "
+                        "when present)")
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
 
