@@ -48,6 +48,18 @@ def test_bad_config_file(user_run, tmp_path, name):
     assert message in user_run(cli_main("fit", "--config", CPU, "--config", str(tmp_path / "my.yaml"), *ONE_DEVICE))
 
 
+def test_tp_wider_than_a_node_is_refused(user_run):
+    """TP=4 on 2 nodes of 2 devices (a TP group across nodes): --simulate and the launch give the same one line."""
+    args = ("fit", "--config", CPU, "--trainer.logger", "false", "--trainer.devices", "2", "--trainer.num_nodes", "2",
+            "--trainer.strategy.init_args.tensor_parallel_size", "4", "--trainer.strategy.init_args.data_parallel_size",
+            "1", "--model.total_batch_size", "null")
+    line = ("error: trainer.strategy.init_args.tensor_parallel_size=4, trainer.devices=2: tensor-parallel size 4 does "
+            "not divide the 2 devices of a node, so a TP group would span nodes (TP stays inside a node: "
+            "docs/scale.md); tensor-parallel sizes inside a node for this model: 1, 2")
+    assert user_run(cli_main(*args, "--simulate")) == line
+    assert user_run(cli_main(*args)) == line
+
+
 def test_config_file_that_does_not_exist(user_run, tmp_path):
     assert f"File does not exist: '{tmp_path}/nope.yaml'" in user_run(cli_main("fit", "--config", str(tmp_path / "nope.yaml")))
 

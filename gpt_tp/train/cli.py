@@ -197,13 +197,15 @@ class GPTCLI(TrainingCLI):
         seq_len = cfg.data.seq_len if self.subcommand != "predict" else None
         batch = (cfg.data.batch_size, cfg.trainer.accumulate_grad_batches, cfg.model.total_batch_size)
         try:
-            check_run(config, tp, dp, seq_len, *(batch if self.subcommand == "fit" else ()), world_size=devices * nodes)
+            check_run(config, tp, dp, seq_len, *(batch if self.subcommand == "fit" else ()), world_size=devices * nodes,
+                      devices_per_node=devices)
         except LayoutError as e:  # named by the settings behind its quantities, as flag=value
             init, model = "trainer.strategy.init_args", cfg.model
             source = (f"model.init_from={model.init_from}" if model.init_from is not None
                       else f"model.model={model.model}" if isinstance(model.model, str) else None)
             flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
                      "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}",
+                     "devices": f"trainer.devices={devices}",
                      "seq_len": f"data.seq_len={seq_len}"}
             for q in ("n_head", "n_embd", "vocab_size"):
                 flags[q] = f"{source} ({q}={getattr(config, q)})" if source else f"model.model.{q}={getattr(config, q)}"
