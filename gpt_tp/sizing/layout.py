@@ -68,8 +68,13 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
     if total is None or B * T * dp * accum == total:
         return
     per_step = B * T * dp
-    hint = (f"set trainer.accumulate_grad_batches={total // per_step}" if total % per_step == 0
-            else f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}")
+    if total % per_step == 0:
+        hint = f"set trainer.accumulate_grad_batches={total // per_step}"
+    elif total % dp == 0:
+        hint = f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}"
+    else:  # no B or T helps
+        hint = (f"{total} is not a multiple of the data-parallel size {dp}: set model.total_batch_size to a multiple "
+                f"of B x T x {dp} (e.g. {per_step * max(1, round(total / per_step))}) or use another layout")
     raise UserError(
         f"model.total_batch_size={total} tokens, but data.batch_size={B} x data.seq_len={T} x data-parallel size "
         f"{dp} x trainer.accumulate_grad_batches={accum} = {per_step * accum}: {hint} "
