@@ -131,6 +131,11 @@ trainer:
     assert len(full) == 9 and full[8] < full[0] - 0.5  # the loss falls on the bundled sample (still in warmup)
     assert part1 == {k: full[k] for k in range(6)}
     assert part2 == {k: full[k] for k in range(6, 9)}  # bit-identical after --ckpt_path last
+    # the plot's lineage: the resumed run continues the stopped one by its TP=2 checkpoint, not the uninterrupted one
+    from gpt_tp.eval.plot import run_csvs
+
+    csvs = [d / "metrics.csv" for d in runs]
+    assert run_csvs(csvs[2]) == csvs[1:] and run_csvs(csvs[0]) == csvs[:1]
 
 
 @pytest.mark.slow

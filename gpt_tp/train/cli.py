@@ -24,7 +24,7 @@ from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
-from gpt_tp.train.logs import CheckpointStep, LogWriteCheck, quiet_writer_threads
+from gpt_tp.train.logs import CheckpointStep, LogWriteCheck, RunLineage, quiet_writer_threads
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
@@ -130,8 +130,9 @@ class GPTCLI(TrainingCLI):
                                     ("enable_model_summary", ModelSummary, GPTSummary)):
             if trainer.get(flag) is not False and not any(isinstance(c, kind) for c in callbacks):
                 callbacks = [*callbacks, default()]
-        # rank 0's failed metrics.csv write stops every rank alike; validate's rows name the checkpoint's step
-        trainer["callbacks"] = [*callbacks, LogWriteCheck(), CheckpointStep()]
+        # rank 0's failed metrics.csv write stops every rank alike; validate's rows name the checkpoint's step; the
+        # log folder names the runs its checkpoints continue (the plot's lineage)
+        trainer["callbacks"] = [*callbacks, LogWriteCheck(), CheckpointStep(), RunLineage()]
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ModuleNotFoundError, ValueError) as e:  # a trainer.* value (devices=0, num_nodes=0)
