@@ -97,6 +97,8 @@ def test_same_error_on_every_rank_prints_once():
     assert [l for l in out.splitlines() if l.startswith("error:")] == ["error: data.seq_len=9 is wrong: set it to 8"]
     no_traceback_of_ours(out)
     assert proc.stderr.count("exitcode  : 2 ") == 2  # both ranks left with the user-error code
+    # torchrun's agent then reports the failure itself: its ChildFailedError traceback, and exit code 1 (docs/scale.md)
+    assert proc.returncode == 1 and "ChildFailedError" in proc.stderr
     assert "interpreter shutdown" not in out
 
 
