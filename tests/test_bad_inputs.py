@@ -266,8 +266,8 @@ def test_predict_keeps_an_existing_output_and_drops_a_bom(user_run, ckpt, tmp_pa
     out.write_text("mine\n")
     predict = ("predict", "--config", CPU, *ONE_DEVICE, "--ckpt_path", str(ckpt[0]), "--prompts_file", str(prompts),
                "--max_new_tokens", "2", "--output", str(out))
-    assert user_run(cli_main(*predict)) == (f"error: --output {out} exists; give a new file, or pass --overwrite_output "
-                                            "to replace it")
+    assert user_run(cli_main(*predict)) == (f"error: --output {out} exists; give a new file, or pass "
+                                            "--overwrite_output to replace it")
     assert out.read_text() == "mine\n"
     proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), *predict, "--overwrite_output"], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True,

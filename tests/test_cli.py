@@ -143,17 +143,20 @@ def test_resume_with_half_the_batch_and_twice_the_accumulation(tmp_path):
     """Stopped after step 4 at B=8 and resumed at B=4 x 2 accumulation (the same 1024 tokens a step): the losses of
     the uninterrupted run (within float reordering), no 'not an exact continuation' warning, and a warning that the
     micro-batch val_check_interval now validates at other steps."""
-    one = ("fit", "--config", "configs/cpu.yaml", "--trainer.devices", "1", "--trainer.strategy.init_args.tensor_parallel_size",
-           "1", "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "1", "--trainer.val_check_interval", "2",
+    one = ("fit", "--config", "configs/cpu.yaml", "--trainer.devices", "1",
+           "--trainer.strategy.init_args.tensor_parallel_size", "1", "--trainer.max_steps", "6",
+           "--trainer.log_every_n_steps", "1", "--trainer.val_check_interval", "2",
            "--data.val_batches", "1", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
            "--trainer.logger.save_dir", str(tmp_path / "logs"), "--trainer.callbacks", "[]")
     saves = ("--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.dirpath",
-             str(tmp_path / "ckpt"), "--trainer.callbacks.every_n_train_steps", "2", "--trainer.callbacks.save_last", "true")
+             str(tmp_path / "ckpt"), "--trainer.callbacks.every_n_train_steps", "2",
+             "--trainer.callbacks.save_last", "true")
     straight = cli(*one)
     assert straight.returncode == 0, straight.stderr[-3000:]
     first = cli(*one, *saves, "--trainer.callbacks+=tests.workers.stop_at.StopAt", "--trainer.callbacks.step", "4")
     assert first.returncode == 0, first.stderr[-3000:]
-    resumed = cli(*one, *saves, "--data.batch_size", "4", "--trainer.accumulate_grad_batches", "2", "--ckpt_path", "last")
+    resumed = cli(*one, *saves, "--data.batch_size", "4", "--trainer.accumulate_grad_batches", "2",
+                  "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "not an exact continuation" not in resumed.stderr
     assert ("trainer.val_check_interval=2 counts micro-batches: with trainer.accumulate_grad_batches=2 (was 1) "

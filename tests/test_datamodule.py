@@ -236,8 +236,9 @@ def test_resume_that_keeps_the_tokens_per_step_is_exact(tmp_path):
         position, messages = resume(k, was, now)
         assert position == 2 * k and len(messages) == 1 and "not an exact continuation" in messages[0]
     assert resume(4, 1, 2, interval=2)[1] == [
-        "trainer.val_check_interval=2 counts micro-batches: with trainer.accumulate_grad_batches=2 (was 1) validation "
-        "comes every 1 optimizer steps, not every 2; set trainer.val_check_interval=4 to keep the steps it validates at"]
+        "trainer.val_check_interval=2 counts micro-batches: with trainer.accumulate_grad_batches=2 (was 1) "
+        "validation comes every 1 optimizer steps, not every 2; set trainer.val_check_interval=4 to keep the steps it "
+        "validates at"]
 
 
 # ----------------------------------------------------------------------------------------------

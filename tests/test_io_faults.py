@@ -41,7 +41,7 @@ def tmpfs(tmp_path):
 
 def fit(tmp_path, dirpath, *args, logs=None, checkpoints="lightning.pytorch.callbacks.ModelCheckpoint", **kwargs):
     """configs/cpu.yaml at TP=2 for 9 steps, a checkpoint every 3 into dirpath (2 kept, last.ckpt a link), metrics
-    into `logs` (default tmp_path/logs) through gpt_tp's CSVLogger."""
+    into `logs` (default tmp_path/logs) through gpt_tp's HeldCSVLogger."""
     (tmp_path / "run.yaml").write_text(f"""
 trainer:
   max_steps: 9
@@ -205,8 +205,9 @@ def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs, uninte
 def test_failed_tensorboard_write_stops_every_rank_alike(tmp_path, tmpfs):
     """The same with TensorBoard, whose writer thread fails first: no thread traceback, one line naming the event file."""
     fs = tmpfs("4m")
-    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.logger", "gpt_tp.train.logs.HeldTensorBoardLogger", "--trainer.logger.save_dir",
-                 str(fs), "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
+    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.logger", "gpt_tp.train.logs.HeldTensorBoardLogger",
+                 "--trainer.logger.save_dir", str(fs), "--trainer.callbacks+=tests.workers.io_faults.BreakFolder",
+                 "--trainer.callbacks.path", str(fs),
                  "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
     assert broken.returncode == 2, broken.stderr[-3000:]
     (line,) = errors(broken)

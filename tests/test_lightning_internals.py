@@ -67,7 +67,8 @@ def test_show_step_sets_the_step_trainer_and_loggers_report(tmp_path):
     trainer.strategy.connect(LightningModule())
     show_step(trainer, 120)
     assert trainer.global_step == 120
-    assert "step = self.trainer.fit_loop.epoch_loop._batches_that_stepped" in inspect.getsource(_LoggerConnector.log_metrics)
+    source = inspect.getsource(_LoggerConnector.log_metrics)
+    assert "step = self.trainer.fit_loop.epoch_loop._batches_that_stepped" in source
     trainer._logger_connector.log_metrics({"val/loss": 1.5})
     trainer.logger.save()
     assert (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[1].endswith(",120,1.5")

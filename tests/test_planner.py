@@ -208,9 +208,9 @@ def test_command_line():
     # nothing fits, and a smaller batch cannot help: the table, then fit's line for it (exit 2), naming what would fit
     # (more ranks to shard the state)
     r = run("--model", "gpt2-xl", "--devices-per-node", "2", "--memory-gib", "8", "--batch-size", "1", "--ac", "full")
-    note = ("no layout fits 8 GiB per device: weights, gradients, AdamW state and overhead alone need 13.1 GiB at DP=2 x "
-            "TP=1, so a smaller batch cannot help; 3 nodes of 2 (DP=6 x TP=1: the state sharded over 6 ranks) would fit "
-            "(planner: --nodes 3)")
+    note = ("no layout fits 8 GiB per device: weights, gradients, AdamW state and overhead alone need 13.1 GiB at "
+            "DP=2 x TP=1, so a smaller batch cannot help; 3 nodes of 2 (DP=6 x TP=1: the state sharded over 6 ranks) "
+            "would fit (planner: --nodes 3)")
     assert note in r.stdout and one_error_line(r) == (
         f"error: no data_parallel_size x tensor_parallel_size layout of 2 devices works for this run: {note} "
         "(python -m gpt_tp.train.plan with the same arguments shows the table)")

@@ -149,7 +149,8 @@ def _fit(logs, ckpts, max_steps, ckpt_path=None, shift=0.0, lr=0.1):
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=max_steps, logger=CSVLogger(logs, name="gpt_tp"), log_every_n_steps=1,
         val_check_interval=3, limit_val_batches=1, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[ModelCheckpoint(dirpath=ckpts, every_n_train_steps=3, save_top_k=-1, filename="s{step}"), RunLineage()])
+        callbacks=[ModelCheckpoint(dirpath=ckpts, every_n_train_steps=3, save_top_k=-1, filename="s{step}"),
+                   RunLineage()])
     trainer.fit(Model(lr), data, data, ckpt_path=ckpt_path)
 
 

@@ -241,14 +241,16 @@ def test_build_sample_keeps_a_built_sample_without_overwrite(tmp_path):
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "hamlet_gut.txt").write_text((CORPUS / "hamlet_gut.txt").read_text())
-    build = [sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "corpus"), "--out", str(out), "--quiet"]
+    build = [sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "corpus"), "--out", str(out),
+             "--quiet"]
     proc = subprocess.run(build, cwd=REPO, capture_output=True, text=True)
     assert one_error_line(proc) == (f"error: --out {out} already holds a built sample (17 shakespeare_* files): pass "
                                     "--overwrite to replace them, or give an empty --out")
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
     proc = subprocess.run([*build, "--overwrite"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(f.name for f in out.glob("shakespeare_*")) == ["shakespeare_prepare.json", "shakespeare_val_000000.npy"]
+    assert sorted(f.name for f in out.glob("shakespeare_*")) == ["shakespeare_prepare.json",
+                                                              "shakespeare_val_000000.npy"]
 
 
 @pytest.mark.parametrize("command, flag, message", [

@@ -93,8 +93,8 @@ def check_run(config: GPTConfig, tp: int, dp: int, seq_len: int | None, batch_si
     validate_layout(config, tp=tp, dp=dp, world_size=world_size, seq_len=seq_len)
     if devices_per_node is not None and devices_per_node % tp:
         inside = [t for t in valid_tp_sizes(config, seq_len) if devices_per_node % t == 0]
-        raise LayoutError(f"tensor-parallel size {tp} does not divide the {devices_per_node} devices of a node, so a TP "
-                          "group would span nodes (TP stays inside a node: docs/scale.md); tensor-parallel sizes inside "
-                          f"a node for this model: {', '.join(map(str, inside))}", ("tp", "devices"))
+        raise LayoutError(f"tensor-parallel size {tp} does not divide the {devices_per_node} devices of a node, so a "
+                          "TP group would span nodes (TP stays inside a node: docs/scale.md); tensor-parallel sizes "
+                          f"inside a node for this model: {', '.join(map(str, inside))}", ("tp", "devices"))
     if batch_size is not None:
         check_total_batch(total_batch_size, batch_size, seq_len, dp, accum)

@@ -86,12 +86,13 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
     in_memory = [lay for lay in out.layouts if lay.fits]
     for lay in in_memory:  # the rest of the run's settings: the sizes it gives, its tokens per step
         if (dp != "auto" and lay.dp != int(dp)) or (tp != "auto" and lay.tp != int(tp)):
-            given = [f"{name}={size}" for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp))
+            fixed = [f"{name}={size}" for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp))
                      if size != "auto"]
-            lay.fits, lay.reason = False, f"fits, but the run gives {' and '.join(given)}"
+            lay.fits, lay.reason = False, f"fits, but the run gives {' and '.join(fixed)}"
         elif total_batch_size is not None and batch_size * seq_len * lay.dp * accum != total_batch_size:
-            lay.fits, lay.reason = False, (f"fits, but B x T x DP x accumulation = {batch_size * seq_len * lay.dp * accum}"
-                                           f" tokens, not model.total_batch_size={total_batch_size}")
+            tokens = batch_size * seq_len * lay.dp * accum
+            lay.fits, lay.reason = False, (f"fits, but B x T x DP x accumulation = {tokens} tokens, not "
+                                           f"model.total_batch_size={total_batch_size}")
     out.choice = next((lay for lay in out.layouts if lay.fits), None)
     bad = [lay for lay in out.layouts if lay.memory is None]
     if bad:
@@ -101,7 +102,8 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
             if 1 < t <= devices_per_node and t not in valid and config.n_embd % t == 0:
                 needs = []
                 if config.vocab_size % t:
-                    needs.append(f"vocab_size={padded_vocab(config.vocab_size, t)} (padded; model.vocab_size, planner: --vocab-size)")
+                    needs.append(f"vocab_size={padded_vocab(config.vocab_size, t)} (padded; model.vocab_size, "
+                                 "planner: --vocab-size)")
                 if seq_len % t:
                     needs.append(f"a sequence length that is a multiple of {t} (sequence parallelism splits T), e.g. "
                                  f"{seq_len // t * t} (data.seq_len, planner: --seq-len)")
@@ -112,9 +114,10 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
     if out.choice is None and given:  # the tokens per step rule out every layout that fits
         per_dp = batch_size * seq_len * accum
         out.notes.append(
-            f"model.total_batch_size={total_batch_size} tokens with data.batch_size={batch_size} x data.seq_len={seq_len}"
-            f" x trainer.accumulate_grad_batches={accum} needs data-parallel size {total_batch_size / per_dp:g}, but the "
-            f"layouts that fit are {', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in given)}: set "
+            f"model.total_batch_size={total_batch_size} tokens with data.batch_size={batch_size} x "
+            f"data.seq_len={seq_len} x trainer.accumulate_grad_batches={accum} needs data-parallel size "
+            f"{total_batch_size / per_dp:g}, but the layouts that fit are "
+            f"{', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in given)}: set "
             "trainer.accumulate_grad_batches or model.total_batch_size for one of them")
     elif out.choice is None and in_memory:
         why = next((f" ({lay.reason})" for lay in out.layouts if tp != "auto" and lay.tp == int(tp) and lay.reason

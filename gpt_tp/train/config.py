@@ -83,7 +83,8 @@ def check_removed_keys(argv: list[str]) -> None:
                 root = yaml.safe_load(f)
         except (OSError, yaml.YAMLError):
             continue  # the parser names a missing or broken file itself
-        for node in [root] + [root.get(sub) for sub in ("fit", "validate", "predict")] if isinstance(root, dict) else []:
+        nodes = [root, *(root.get(sub) for sub in ("fit", "validate", "predict"))] if isinstance(root, dict) else []
+        for node in nodes:
             for key, hint in REMOVED.items():
                 group, _, name = key.partition(".")
                 if isinstance(node, dict) and isinstance(node.get(group), dict) and name in node[group]:

@@ -216,8 +216,9 @@ class GPTDataModule(L.LightningDataModule):
         interval = self.trainer.val_check_interval if self.trainer is not None else None
         if was and now and was != now and isinstance(interval, int):
             rank_zero_warn(f"trainer.val_check_interval={interval} counts micro-batches: with "
-                           f"trainer.accumulate_grad_batches={now} (was {was}) validation comes every {interval / now:g} "
-                           f"optimizer steps, not every {interval / was:g}; set trainer.val_check_interval="
+                           f"trainer.accumulate_grad_batches={now} (was {was}) validation comes every "
+                           f"{interval / now:g} optimizer steps, not every {interval / was:g}; set "
+                           "trainer.val_check_interval="
                            f"{interval * now / was:g} to keep the steps it validates at")
         if state_dict.get("seed", self.seed) != self.seed:
             rank_zero_warn(f"checkpoint data seed {state_dict['seed']} differs from seed {self.seed}: "
