@@ -84,11 +84,11 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
                 lay.reason = f"needs {lay.memory.total / GIB:.1f} GiB > {usable_fraction:.0%} of {device_memory_gib:g} GiB"
         out.layouts.append(lay)
     in_memory = [lay for lay in out.layouts if lay.fits]
+    fixed = " and ".join(f"{name}={size}" for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp))
+                         if size != "auto")
     for lay in in_memory:  # the rest of the run's settings: the sizes it gives, its tokens per step
         if (dp != "auto" and lay.dp != int(dp)) or (tp != "auto" and lay.tp != int(tp)):
-            fixed = [f"{name}={size}" for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp))
-                     if size != "auto"]
-            lay.fits, lay.reason = False, f"fits, but the run gives {' and '.join(fixed)}"
+            lay.fits, lay.reason = False, f"fits, but the run gives {fixed}"
         elif total_batch_size is not None and batch_size * seq_len * lay.dp * accum != total_batch_size:
             tokens = batch_size * seq_len * lay.dp * accum
             lay.fits, lay.reason = False, (f"fits, but B x T x DP x accumulation = {tokens} tokens, not "
@@ -119,12 +119,10 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
             f"{total_batch_size / per_dp:g}, but the layouts that fit are "
             f"{', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in given)}: set "
             "trainer.accumulate_grad_batches or model.total_batch_size for one of them")
-    elif out.choice is None and in_memory:
-        why = next((f" ({lay.reason})" for lay in out.layouts if tp != "auto" and lay.tp == int(tp) and lay.reason
-                    and lay.memory is None), "" if tp == "auto" or devices_per_node % int(tp) == 0 else
-                   f" (TP={tp} does not divide the {devices_per_node} devices of a node)")
-        out.notes.append(f"the run gives data_parallel_size={dp} and tensor_parallel_size={tp}{why}, but the layouts "
-                         f"that fit are {', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in in_memory)}")
+    elif out.choice is None and in_memory:  # the run's own sizes rule them out
+        invalid = [f" ({lay.reason})" for lay in bad if tp != "auto" and lay.tp == int(tp)]
+        out.notes.append(f"the run gives {fixed}{''.join(invalid)}, but the layouts that fit are "
+                         f"{', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in in_memory)}")
     elif out.choice is None:
         out.notes.append(f"no layout fits {device_memory_gib:g} GiB per device: {_no_fit_hint(out, layout_memory, valid)}")
     return out
@@ -201,6 +199,7 @@ def refusal(p: Plan) -> str:
     """Why a plan has no choice, in one line: what `cli.py fit` with `auto` sizes and the planner command both say."""
     return (f"no data_parallel_size x tensor_parallel_size layout of {p.world_size} devices works for this run: "
             f"{p.notes[-1]} (python -m gpt_tp.train.plan with the same arguments shows the table)")
+
 
 def main() -> None:
     raise UserError("gpt_tp.sizing.planner is the planner's library; its command is python -m gpt_tp.train.plan "

@@ -20,6 +20,7 @@ def training_settings(args: list[str]) -> dict:
             "dp": t.data_parallel_size if t.tensor_parallel_size == "auto" else "auto", "tp": t.tensor_parallel_size,
             "accum": t.accumulate_grad_batches or 1, "total_batch_size": t.total_batch_size}
 
+
 def main(argv: list[str] | None = None) -> Plan:
     ap = ArgumentParser(
         prog="python -m gpt_tp.train.plan",
