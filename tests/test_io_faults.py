@@ -153,7 +153,7 @@ def test_kill_while_last_ckpt_moves(tmp_path, uninterrupted):
     configs') makes the new link beside the old one and renames it over it: last.ckpt still names step 3, and
     `--ckpt_path last` resumes from step 3 bit-identically."""
     ckpt = tmp_path / "ckpt"
-    checkpoints = "gpt_tp.train.checkpoint.ModelCheckpoint"
+    checkpoints = "gpt_tp.train.checkpoint.AtomicModelCheckpoint"
     killed = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.KillAtRelink", "--trainer.callbacks.step", "6",
                  checkpoints=checkpoints, start_new_session=True)
     assert killed.returncode == -9, killed.stderr[-3000:]

@@ -38,7 +38,7 @@ def test_last_link_is_moved_by_link_checkpoint():
 def test_atomic_last_link(tmp_path):
     """gpt_tp's _link_checkpoint: a new link renamed over the old one (or over a last.ckpt folder of its own, moved
     aside first), a killed run's `.new` leftover replaced; last.ckpt names a checkpoint at every step."""
-    from gpt_tp.train.checkpoint import ModelCheckpoint as Atomic
+    from gpt_tp.train.checkpoint import AtomicModelCheckpoint as Atomic
 
     trainer = SimpleNamespace(is_global_zero=True, strategy=SimpleNamespace(barrier=lambda: None))
     for step in ("step3.ckpt", "step6.ckpt", "step9.ckpt"):

@@ -90,7 +90,8 @@ def test_trainer_max_steps_is_the_schedule_length(monkeypatch):
 
 @pytest.mark.parametrize("short", ["CSVLogger", "TensorBoardLogger"])
 def test_lightning_short_logger_names_are_lightnings(monkeypatch, short):
-    """`--trainer.logger=CSVLogger` is Lightning's class: gpt_tp's own loggers have names of their own (Held...)."""
+    """`--trainer.logger=CSVLogger` is Lightning's class: gpt_tp's own loggers have names of their own (Held...), as
+    has its checkpoint callback (`--trainer.callbacks+=ModelCheckpoint` is Lightning's)."""
     monkeypatch.chdir(ROOT)
     from gpt_tp.train.config import _ParseOnly
 
@@ -99,3 +100,7 @@ def test_lightning_short_logger_names_are_lightnings(monkeypatch, short):
     assert cfg.trainer.logger.class_path == f"lightning.pytorch.loggers.{short}"
     default = _ParseOnly(["--config", "configs/cpu.yaml"]).config.trainer.logger
     assert default[0]["class_path"] == "gpt_tp.train.logs.HeldCSVLogger"
+    callbacks = _ParseOnly(["--config", "configs/cpu.yaml", "--trainer.callbacks+=ModelCheckpoint",
+                            "--trainer.callbacks.dirpath=ckpt"]).config.trainer.callbacks
+    assert [c.class_path for c in callbacks][::4] == ["gpt_tp.train.checkpoint.AtomicModelCheckpoint",
+                                                      "lightning.pytorch.callbacks.ModelCheckpoint"]

@@ -29,8 +29,9 @@ def show_step(trainer, step: int) -> None:
     epoch_loop._batches_that_stepped = step  # the logger connector's step
 
 
-class ModelCheckpoint(LightningModelCheckpoint):
-    """Lightning's ModelCheckpoint (the same arguments), last.ckpt always naming a step. A last.ckpt that is a folder
+class AtomicModelCheckpoint(LightningModelCheckpoint):
+    """Lightning's ModelCheckpoint (the same arguments), last.ckpt always naming a step; a name of its own, so
+    `--trainer.callbacks+=ModelCheckpoint` stays Lightning's short name. A last.ckpt that is a folder
     (a run that ended between saves) is first moved to `last.ckpt.old`, for checkpoint.recover_interrupted_saves."""
 
     @staticmethod
