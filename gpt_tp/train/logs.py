@@ -124,8 +124,8 @@ class RunLineage(Callback):
 
         one_does(write)  # rank 0 writes; a failed write ends every rank alike
 
-    def on_fit_start(self, trainer, pl_module) -> None:
-        self._record(trainer)  # after a resume's load_state_dict
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._record(trainer)  # after a resume's load_state_dict (ModelParallelStrategy restores after on_fit_start)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.state.fn == "validate":
