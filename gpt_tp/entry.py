@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
@@ -58,9 +59,12 @@ def torchrun_world() -> int:
 
 def pick_device(device: str = "auto"):
     """A --device flag, "auto" (CUDA when present), "cuda" or "cpu", as this process's torch.device (on CUDA: its
-    LOCAL_RANK's GPU)."""
+    LOCAL_RANK's GPU); "cuda" without CUDA is a UserError."""
     import torch
 
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch finds no CUDA device on this machine; use --device cpu, or auto (CUDA "
+                        "when present)")
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
 
@@ -126,9 +130,15 @@ def _mistake(e: BaseException | None) -> str | None:
     return " ".join(text.split())
 
 
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """warnings.formatwarning for a command's user: `UserWarning: message`, without the Python file and source line."""
+    return f"{category.__name__}: {message}\n"
+
+
 def run(main: Callable[[], object]) -> None:
     """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake, 1
     with the traceback for a bug. A distributed process then leaves through _leave (see the module doc)."""
+    warnings.formatwarning = one_line_warning
     try:
         result = main()
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0

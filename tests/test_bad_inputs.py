@@ -36,6 +36,8 @@ CONFIG_FILES = {
     "yaml-typo-key": ("data:\n  batchsize: 4\n", "does not accept option 'data.batchsize'"),
     "yaml-wrong-type": ("data:\n  batch_size: four\n", 'Parser key "data.batch_size"'),
     "yaml-syntax": ("data: [1, 2\n", "Problems parsing config"),
+    "yaml-model-max-steps": ("model:\n  max_steps: 19073\ntrainer:\n  max_steps: 100\n",
+                             "my.yaml: model.max_steps follows trainer.max_steps (one number"),
 }
 
 
@@ -44,6 +46,18 @@ def test_bad_config_file(user_run, tmp_path, name):
     text, message = CONFIG_FILES[name]
     (tmp_path / "my.yaml").write_text(text)
     assert message in user_run(cli_main("fit", "--config", CPU, "--config", str(tmp_path / "my.yaml"), *ONE_DEVICE))
+
+
+def test_tp_wider_than_a_node_is_refused(user_run):
+    """TP=4 on 2 nodes of 2 devices (a TP group across nodes): --simulate and the launch give the same one line."""
+    args = ("fit", "--config", CPU, "--trainer.logger", "false", "--trainer.devices", "2", "--trainer.num_nodes", "2",
+            "--trainer.strategy.init_args.tensor_parallel_size", "4", "--trainer.strategy.init_args.data_parallel_size",
+            "1", "--model.total_batch_size", "null")
+    line = ("error: trainer.strategy.init_args.tensor_parallel_size=4, trainer.devices=2: tensor-parallel size 4 does "
+            "not divide the 2 devices of a node, so a TP group would span nodes (TP stays inside a node: "
+            "docs/scale.md); tensor-parallel sizes inside a node for this model: 1, 2")
+    assert user_run(cli_main(*args, "--simulate")) == line
+    assert user_run(cli_main(*args)) == line
 
 
 def test_config_file_that_does_not_exist(user_run, tmp_path):
@@ -238,6 +252,35 @@ def test_long_prompt_slides_its_window(ckpt, tmp_path, enc):
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["text"].startswith(prompt)
     assert len(enc.encode(row["text"][len(prompt):])) >= 30  # about 40 (re-encoding may merge a few); not ~7
+
+
+def test_predict_keeps_an_existing_output_and_drops_a_bom(user_run, ckpt, tmp_path):
+    """--output naming an existing file is refused before launch (file unchanged) unless --overwrite_output; a UTF-8
+    byte-order mark in --prompts_file is not part of the first prompt."""
+    from gpt_tp.train.predict import Prompts
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("ROMEO:\nTo be\n".encode("utf-8-sig"))
+    assert Prompts(prompts_file=str(prompts)).read() == ["ROMEO:", "To be"]
+    out = tmp_path / "pred.jsonl"
+    out.write_text("mine\n")
+    predict = ("predict", "--config", CPU, *ONE_DEVICE, "--ckpt_path", str(ckpt[0]), "--prompts_file", str(prompts),
+               "--max_new_tokens", "2", "--output", str(out))
+    assert user_run(cli_main(*predict)) == (f"error: --output {out} exists; give a new file, or pass "
+                                            "--overwrite_output to replace it")
+    assert out.read_text() == "mine\n"
+    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), *predict, "--overwrite_output"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == ["ROMEO:", "To be"]
+
+
+def test_exported_safetensors_has_the_umasks_mode(ckpt):
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = [(ckpt[1] / name).stat().st_mode & 0o777 for name in ("model.safetensors", "config.json")]
+    assert modes == [0o666 & ~umask] * 2
 
 
 # ---- validate and predict never score the random init -------------------------------------------------------------

@@ -131,6 +131,40 @@ trainer:
     assert len(full) == 9 and full[8] < full[0] - 0.5  # the loss falls on the bundled sample (still in warmup)
     assert part1 == {k: full[k] for k in range(6)}
     assert part2 == {k: full[k] for k in range(6, 9)}  # bit-identical after --ckpt_path last
+    # the plot's lineage: the resumed run continues the stopped one by its TP=2 checkpoint, not the uninterrupted one
+    from gpt_tp.eval.plot import run_csvs
+
+    csvs = [d / "metrics.csv" for d in runs]
+    assert run_csvs(csvs[2]) == csvs[1:] and run_csvs(csvs[0]) == csvs[:1]
+
+
+@pytest.mark.slow
+def test_resume_with_half_the_batch_and_twice_the_accumulation(tmp_path):
+    """Stopped after step 4 at B=8 and resumed at B=4 x 2 accumulation (the same 1024 tokens a step): the losses of
+    the uninterrupted run (within float reordering), no 'not an exact continuation' warning, and a warning that the
+    micro-batch val_check_interval now validates at other steps."""
+    one = ("fit", "--config", "configs/cpu.yaml", "--trainer.devices", "1",
+           "--trainer.strategy.init_args.tensor_parallel_size", "1", "--trainer.max_steps", "6",
+           "--trainer.log_every_n_steps", "1", "--trainer.val_check_interval", "2",
+           "--data.val_batches", "1", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+           "--trainer.logger.save_dir", str(tmp_path / "logs"), "--trainer.callbacks", "[]")
+    saves = ("--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.dirpath",
+             str(tmp_path / "ckpt"), "--trainer.callbacks.every_n_train_steps", "2",
+             "--trainer.callbacks.save_last", "true")
+    straight = cli(*one)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first = cli(*one, *saves, "--trainer.callbacks+=tests.workers.stop_at.StopAt", "--trainer.callbacks.step", "4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = cli(*one, *saves, "--data.batch_size", "4", "--trainer.accumulate_grad_batches", "2",
+                  "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "not an exact continuation" not in resumed.stderr
+    assert ("trainer.val_check_interval=2 counts micro-batches: with trainer.accumulate_grad_batches=2 (was 1) "
+            "validation comes every 1 optimizer steps, not every 2; set trainer.val_check_interval=4 to keep the "
+            "steps it validates at") in resumed.stderr
+    full, part1, part2 = (losses(d) for d in sorted((tmp_path / "logs" / "lightning_logs").iterdir()))
+    assert part1 == {k: full[k] for k in range(4)}
+    assert sorted(part2) == [4, 5] and all(part2[k] == pytest.approx(full[k], rel=1e-5) for k in part2), (part2, full)
 
 
 @pytest.mark.slow
@@ -151,7 +185,7 @@ def test_validate_and_predict_from_the_demo_checkpoint(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = proc.stdout + proc.stderr
         val_losses.append(float(re.search(r"val/loss\s*[│|]?\s*([0-9.]+)", out).group(1)))
-        assert re.search(r"HellaSwag acc_norm \d+/11", out), out[-2000:]
+        assert re.search(r"step 4: HellaSwag acc_norm \d+/11", out), out[-2000:]  # the checkpoint's step
         assert proc.stdout.strip().splitlines()[-1] == f"gpt_tp validate: {ckpt / 'last.ckpt'}; no logger"
         assert "RNG states" not in proc.stderr
     assert val_losses[0] == pytest.approx(val_losses[1], rel=1e-5) and 5 < val_losses[0] < 11

@@ -2,6 +2,7 @@
 
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import numpy as np
@@ -214,6 +215,30 @@ def test_data_warnings_print_on_rank_zero_only(tmp_path, monkeypatch, rank):
         assert "seed 7 differs" in messages[1] and "holds only 9 batches" in messages[2]
     else:
         assert messages == []
+
+
+def test_resume_that_keeps_the_tokens_per_step_is_exact(tmp_path):
+    """A checkpoint of B=10 x accumulation 1 resumed at B=5 x 2: no warning where the step boundaries line up (the
+    same tokens, whole steps), one where they do not; a micro-batch val_check_interval that moves is said."""
+    make_shards(tmp_path, [1000, 700])
+
+    def resume(k: int, was: int, now: int, interval=None):
+        dm = GPTDataModule(tmp_path, batch_size=5, seq_len=10, val_batches=0, dp_rank=0, dp_size=1)
+        dm.trainer = SimpleNamespace(accumulate_grad_batches=now, val_check_interval=interval)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dm.load_state_dict({"train_batches": k, "batch_size": 10, "seq_len": 10, "dp_size": 1, "seed": 1337,
+                                "accumulate_grad_batches": was})
+        return dm.train_position(), [str(w.message) for w in caught]
+
+    assert resume(4, 1, 2) == (8, [])
+    for k, was, now in ((3, 1, 2), (4, 1, 1), (4, None, 2)):  # mid-step; fewer tokens a step; an older checkpoint
+        position, messages = resume(k, was, now)
+        assert position == 2 * k and len(messages) == 1 and "not an exact continuation" in messages[0]
+    assert resume(4, 1, 2, interval=2)[1] == [
+        "trainer.val_check_interval=2 counts micro-batches: with trainer.accumulate_grad_batches=2 (was 1) "
+        "validation comes every 1 optimizer steps, not every 2; set trainer.val_check_interval=4 to keep the steps it "
+        "validates at"]
 
 
 # ----------------------------------------------------------------------------------------------

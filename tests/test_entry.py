@@ -50,6 +50,12 @@ def test_bad_flag_and_launch_outside_torchrun_are_one_line(capsys, monkeypatch):
         torchrun_mesh(1, 2)
 
 
+def test_a_warning_is_one_line_without_its_source():
+    code = "import warnings\nfrom gpt_tp.entry import run\nrun(lambda: warnings.warn('data.seq_len=9 is odd'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "UserWarning: data.seq_len=9 is odd\n")
+
+
 def test_a_bug_keeps_its_traceback():
     proc = subprocess.run([sys.executable, "-c", "from gpt_tp.entry import run\ndef f(): raise KeyError('x')\nrun(f)"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -91,6 +97,8 @@ def test_same_error_on_every_rank_prints_once():
     assert [l for l in out.splitlines() if l.startswith("error:")] == ["error: data.seq_len=9 is wrong: set it to 8"]
     no_traceback_of_ours(out)
     assert proc.stderr.count("exitcode  : 2 ") == 2  # both ranks left with the user-error code
+    # torchrun's agent then reports the failure itself: its ChildFailedError traceback, and exit code 1 (docs/scale.md)
+    assert proc.returncode == 1 and "ChildFailedError" in proc.stderr
     assert "interpreter shutdown" not in out
 
 

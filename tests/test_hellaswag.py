@@ -181,6 +181,30 @@ def test_cli_hf_dir_and_ckpt_match_in_process(tmp_path, tiny, enc, monkeypatch):
         hs.main(["--ckpt_path", str(tmp_path / "nope.ckpt"), "--path", str(FIXTURE)])
 
 
+def test_weights_and_device_mistakes_come_first(user_run, ckpt, tmp_path, monkeypatch):
+    """Offline, a wrong --ckpt_path or --hf-dir is named, not the download; --device cuda without CUDA is one line;
+    an exported model.pt loads as --ckpt_path and scores as the same weights' Hugging Face folder."""
+    from gpt_tp.train.export import main as export_main
+
+    def offline(url, timeout=60.0):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(hd, "fetch_url", offline)
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    line = user_run(lambda: hs.main(["--ckpt_path", str(tmp_path / "nope.ckpt"), *cache]))
+    assert line.startswith(f"error: --ckpt_path {tmp_path / 'nope.ckpt'} not found"), line
+    line = user_run(lambda: hs.main(["--hf-dir", str(tmp_path / "nohf"), *cache]))
+    assert str(tmp_path / "nohf") in line and "download" not in line, line
+    if not torch.cuda.is_available():
+        assert user_run(lambda: hs.main(["--device", "cuda", "--path", str(FIXTURE)])) == (
+            "error: --device cuda: torch finds no CUDA device on this machine; use --device cpu, or auto (CUDA when "
+            "present)")
+    assert export_main([str(ckpt[0]), "--out", str(tmp_path / "export"), "--format", "torch"]) == 0
+    got = hs.main(["--ckpt_path", str(tmp_path / "export" / "model.pt"), "--path", str(FIXTURE)])
+    expected = hs.main(["--hf-dir", str(ckpt[1]), "--path", str(FIXTURE)])
+    assert (got["correct"], got["correct_norm"], got["total"]) == (expected["correct"], expected["correct_norm"], 11)
+
+
 def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch, capsys):
     from gpt_tp.entry import run
 

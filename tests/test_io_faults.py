@@ -41,14 +41,14 @@ def tmpfs(tmp_path):
 
 def fit(tmp_path, dirpath, *args, logs=None, checkpoints="lightning.pytorch.callbacks.ModelCheckpoint", **kwargs):
     """configs/cpu.yaml at TP=2 for 9 steps, a checkpoint every 3 into dirpath (2 kept, last.ckpt a link), metrics
-    into `logs` (default tmp_path/logs) through gpt_tp's CSVLogger."""
+    into `logs` (default tmp_path/logs) through gpt_tp's HeldCSVLogger."""
     (tmp_path / "run.yaml").write_text(f"""
 trainer:
   max_steps: 9
   val_check_interval: 3
   log_every_n_steps: 1
   logger:
-  - class_path: gpt_tp.train.logs.CSVLogger
+  - class_path: gpt_tp.train.logs.HeldCSVLogger
     init_args: {{save_dir: {logs or tmp_path / "logs"}, name: run}}
   callbacks:
   - class_path: {checkpoints}
@@ -153,7 +153,7 @@ def test_kill_while_last_ckpt_moves(tmp_path, uninterrupted):
     configs') makes the new link beside the old one and renames it over it: last.ckpt still names step 3, and
     `--ckpt_path last` resumes from step 3 bit-identically."""
     ckpt = tmp_path / "ckpt"
-    checkpoints = "gpt_tp.train.checkpoint.ModelCheckpoint"
+    checkpoints = "gpt_tp.train.checkpoint.AtomicModelCheckpoint"
     killed = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.KillAtRelink", "--trainer.callbacks.step", "6",
                  checkpoints=checkpoints, start_new_session=True)
     assert killed.returncode == -9, killed.stderr[-3000:]
@@ -205,8 +205,9 @@ def test_failed_metrics_csv_write_stops_every_rank_alike(tmp_path, tmpfs, uninte
 def test_failed_tensorboard_write_stops_every_rank_alike(tmp_path, tmpfs):
     """The same with TensorBoard, whose writer thread fails first: no thread traceback, one line naming the event file."""
     fs = tmpfs("4m")
-    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.logger", "gpt_tp.train.logs.TensorBoardLogger", "--trainer.logger.save_dir",
-                 str(fs), "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(fs),
+    broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.logger", "gpt_tp.train.logs.HeldTensorBoardLogger",
+                 "--trainer.logger.save_dir", str(fs), "--trainer.callbacks+=tests.workers.io_faults.BreakFolder",
+                 "--trainer.callbacks.path", str(fs),
                  "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only")
     assert broken.returncode == 2, broken.stderr[-3000:]
     (line,) = errors(broken)

@@ -59,7 +59,7 @@ def test_last_link_is_moved_by_link_checkpoint():
 def test_atomic_last_link(tmp_path):
     """gpt_tp's _link_checkpoint: a new link renamed over the old one (or over a last.ckpt folder of its own, moved
     aside first), a killed run's `.new` leftover replaced; last.ckpt names a checkpoint at every step."""
-    from gpt_tp.train.checkpoint import ModelCheckpoint as Atomic
+    from gpt_tp.train.checkpoint import AtomicModelCheckpoint as Atomic
 
     trainer = SimpleNamespace(is_global_zero=True, strategy=SimpleNamespace(barrier=lambda: None))
     for step in ("step3.ckpt", "step6.ckpt", "step9.ckpt"):
@@ -72,3 +72,24 @@ def test_atomic_last_link(tmp_path):
     os.symlink("step3.ckpt", tmp_path / "last.ckpt.new")  # what a kill between the two steps leaves
     Atomic._link_checkpoint(trainer, str(tmp_path / "step6.ckpt"), str(last))
     assert os.readlink(last) == "step6.ckpt" and sorted(os.listdir(tmp_path)) == ["last.ckpt", "step3.ckpt", "step6.ckpt", "step9.ckpt"]
+
+
+def test_show_step_sets_the_step_trainer_and_loggers_report(tmp_path):
+    """show_step: trainer.global_step and the step the logger connector writes rows under become the given step."""
+    import inspect
+
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+
+    from gpt_tp.train.lightning_internals import show_step
+
+    trainer = Trainer(logger=CSVLogger(tmp_path), enable_progress_bar=False, enable_model_summary=False)
+    trainer.strategy.connect(LightningModule())
+    show_step(trainer, 120)
+    assert trainer.global_step == 120
+    source = inspect.getsource(_LoggerConnector.log_metrics)
+    assert "step = self.trainer.fit_loop.epoch_loop._batches_that_stepped" in source
+    trainer._logger_connector.log_metrics({"val/loss": 1.5})
+    trainer.logger.save()
+    assert (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[1].endswith(",120,1.5")

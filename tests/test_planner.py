@@ -1,6 +1,7 @@
 """The layout planner: its memory estimate against tensors measured on CPU, its choices, its errors, its configs."""
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -179,7 +180,7 @@ def test_config_comment_is_the_planner_output(name):
     cfg = yaml.safe_load(text)
     strat = cfg["trainer"]["strategy"]["init_args"]
     assert (strat["data_parallel_size"], strat["tensor_parallel_size"]) == (dp, tp)
-    s = plan_command.training_settings(["--config", str(path)])
+    s = plan_command.training_settings(["--config", str(path)]) | {"dp": "auto", "tp": "auto"}  # the free choice
     p = planner.plan(s.pop("config"), **s, device_memory_gib=mem)
     assert (p.choice.dp, p.choice.tp) == (dp, tp)
     assert p.choice.memory.total / GIB == pytest.approx(total, abs=0.05)
@@ -204,18 +205,21 @@ def test_command_line():
     assert r.returncode == 2 and "configs/missing.yaml: no such file" in r.stderr
     r = run("--model", "gpt2")
     assert r.returncode == 2 and "--devices-per-node" in r.stderr
-    # nothing fits, and a smaller batch cannot help: exit 1, naming what would fit (more ranks to shard the state)
+    # nothing fits, and a smaller batch cannot help: the table, then fit's line for it (exit 2), naming what would fit
+    # (more ranks to shard the state)
     r = run("--model", "gpt2-xl", "--devices-per-node", "2", "--memory-gib", "8", "--batch-size", "1", "--ac", "full")
-    assert r.returncode == 1, r.stderr
-    assert ("no layout fits 8 GiB per device: weights, gradients, AdamW state and overhead alone need 13.1 GiB at DP=2 x "
-            "TP=1, so a smaller batch cannot help; 3 nodes of 2 (DP=6 x TP=1: the state sharded over 6 ranks) would fit "
-            "(planner: --nodes 3)") in r.stdout
+    note = ("no layout fits 8 GiB per device: weights, gradients, AdamW state and overhead alone need 13.1 GiB at "
+            "DP=2 x TP=1, so a smaller batch cannot help; 3 nodes of 2 (DP=6 x TP=1: the state sharded over 6 ranks) "
+            "would fit (planner: --nodes 3)")
+    assert note in r.stdout and one_error_line(r) == (
+        f"error: no data_parallel_size x tensor_parallel_size layout of 2 devices works for this run: {note} "
+        "(python -m gpt_tp.train.plan with the same arguments shows the table)")
     assert "lower data.batch_size" not in r.stdout
     r3 = run("--model", "gpt2-xl", "--devices-per-node", "2", "--nodes", "3", "--memory-gib", "8", "--batch-size", "1", "--ac", "full")
     assert r3.returncode == 0 and "choice: data_parallel_size=6, tensor_parallel_size=1" in r3.stdout
     # nothing fits at this batch, but the state does: lower the batch
     r = run("--model", "gpt2-xl", "--devices-per-node", "8", "--memory-gib", "24", "--batch-size", "64")
-    assert r.returncode == 1 and "lower data.batch_size (planner: --batch-size)" in r.stdout
+    assert r.returncode == 2 and "lower data.batch_size (planner: --batch-size)" in r.stdout
 
 
 @pytest.mark.slow
@@ -295,3 +299,50 @@ def test_auto_layout_takes_the_batch_that_adds_up():
                        r"x trainer.accumulate_grad_batches=1 needs data-parallel size 3, but the layouts that fit are "
                        r"DP=2 x TP=1, DP=1 x TP=2: set trainer.accumulate_grad_batches"):
         planner.resolve_layout(c, 2, 2, 1, 8, 128, total_batch_size=3072)
+
+
+def test_the_library_module_names_the_command():
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.sizing.planner"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert one_error_line(r) == ("error: gpt_tp.sizing.planner is the planner's library; its command is python -m "
+                                 "gpt_tp.train.plan (e.g. --config configs/tp2.yaml, or --model gpt2-xl "
+                                 "--devices-per-node 8; --help)")
+
+
+def test_planner_and_fit_auto_are_one_rule(user_run, capsys):
+    """The planner command reads the run's sizes, accumulation and total batch as fit does: for configs/cpu.yaml it
+    chooses the config's DP=1 x TP=2; on 3 nodes of multinode-2x8.yaml, where no layout makes 524288 tokens a step,
+    the planner and fit's `auto` stop with the same line."""
+    given = plan_command.main(["--config", "configs/cpu.yaml"])
+    assert (given.choice.dp, given.choice.tp) == (1, 2)
+    auto = plan_command.main(["--config", "configs/cpu.yaml", "--trainer.strategy.init_args.data_parallel_size", "auto",
+                              "--trainer.strategy.init_args.tensor_parallel_size", "auto"])
+    assert (auto.choice.dp, auto.choice.tp) == (1, 2)  # DP=2 x TP=1 fits too, but makes 2048 tokens a step, not 1024
+    capsys.readouterr()
+    args = ["--config", "configs/multinode-2x8.yaml", "--trainer.num_nodes", "3",
+            "--trainer.strategy.init_args.data_parallel_size", "auto"]
+    planned = user_run(lambda: plan_command.command(args))
+    import cli
+
+    fitted = user_run(lambda: cli.main(["fit", *args, "--simulate"]))
+    assert planned == fitted == (
+        "error: no data_parallel_size x tensor_parallel_size layout of 24 devices works for this run: "
+        "model.total_batch_size=524288 tokens with data.batch_size=32 x data.seq_len=1024 x "
+        "trainer.accumulate_grad_batches=2 needs data-parallel size 8, but the layouts that fit are DP=12 x TP=2: set "
+        "trainer.accumulate_grad_batches or model.total_batch_size for one of them (python -m gpt_tp.train.plan with "
+        "the same arguments shows the table)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_planners_choice_runs_through_fit(config):
+    """Every shipped config with both sizes `auto`: `cli.py fit --simulate` (fit's launch checks, then one rank of
+    the whole world on a fake process group) plans the planner command's choice for the same arguments and runs it."""
+    args = ["--config", f"configs/{config}", "--trainer.strategy.init_args.data_parallel_size", "auto",
+            "--trainer.strategy.init_args.tensor_parallel_size", "auto"]
+    p = plan_command.main(args)
+    proc = subprocess.run([sys.executable, "cli.py", "fit", *args, "--simulate"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"gpt_tp planner: DP={p.choice.dp} x TP={p.choice.tp} " in proc.stderr
+    assert f"simulated rank 0 of {p.world_size} (DP={p.choice.dp} x TP={p.choice.tp})" in proc.stdout

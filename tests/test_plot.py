@@ -1,5 +1,5 @@
 """The plot command: a PNG from a small CSVLogger log, clear errors on a missing or empty one, NaN-safe titles, and
-the versions of a resumed run (written by Lightning's own CSVLogger) joined into one curve."""
+a resumed run (written by Lightning's own CSVLogger, with RunLineage) joined with the runs it continues."""
 
 import subprocess
 import sys
@@ -117,13 +117,15 @@ def test_bad_flag_is_one_error_line(tmp_path):
 
 
 def _fit(logs, ckpts, max_steps, ckpt_path=None, shift=0.0, lr=0.1):
-    """A real Lightning run on CPU with the CSVLogger: logs train/loss every step and val/loss every 3 steps,
-    checkpoints every 3 steps. `shift` is added to what it logs (not a hyper-parameter) to tell versions apart."""
+    """A real Lightning run on CPU with the CSVLogger and RunLineage (as cli.py adds it): logs train/loss every step
+    and val/loss every 3 steps, checkpoints every 3 steps. `shift` is added to what it logs to tell versions apart."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
     from torch.utils.data import DataLoader, TensorDataset
+
+    from gpt_tp.train.logs import RunLineage
 
     class Model(L.LightningModule):
         def __init__(self, lr):
@@ -147,24 +149,30 @@ def _fit(logs, ckpts, max_steps, ckpt_path=None, shift=0.0, lr=0.1):
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=max_steps, logger=CSVLogger(logs, name="gpt_tp"), log_every_n_steps=1,
         val_check_interval=3, limit_val_batches=1, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[ModelCheckpoint(dirpath=ckpts, every_n_train_steps=3, save_top_k=-1, filename="s{step}")])
+        callbacks=[ModelCheckpoint(dirpath=ckpts, every_n_train_steps=3, save_top_k=-1, filename="s{step}"),
+                   RunLineage()])
     trainer.fit(Model(lr), data, data, ckpt_path=ckpt_path)
 
 
-def test_resumed_versions_are_one_curve(tmp_path):
+def test_a_run_is_drawn_with_its_ancestors_by_checkpoint(tmp_path, capsys):
+    """Versions join only where one resumed from a checkpoint another saved (lineage.json): siblings resumed from the
+    same checkpoint, a fresh run with the same hyper-parameters and a log without lineage.json stay apart."""
     logs, ck = tmp_path / "logs", tmp_path / "ck"
     _fit(logs, ck, 6)  # version_0: steps 0..5, checkpoints after steps 3 and 6
     _fit(logs, ck / "b", 10, ckpt_path=ck / "sstep=3.ckpt", shift=100.0)  # version_1 resumes at step 3: 3..9
     _fit(logs, ck / "c", 4)  # version_2: a fresh run, same hyper-parameters, from step 0
-    _fit(logs, ck / "d", 10, ckpt_path=ck / "sstep=6.ckpt", lr=0.2)  # version_3: resumed with another lr
-    v = [logs / "gpt_tp" / f"version_{i}" for i in range(4)]
+    _fit(logs, ck / "d", 10, ckpt_path=ck / "sstep=6.ckpt", lr=0.2)  # version_3: version_0's step 6, another lr
+    _fit(logs, ck / "e", 12, ckpt_path=ck / "b" / "sstep=9.ckpt")  # version_4: version_1's step 9
+    v = [logs / "gpt_tp" / f"version_{i}" for i in range(5)]
     parts = [read_metrics(d / "metrics.csv") for d in v]
-    assert [p["train/loss"][0][0] for p in parts] == [0, 3, 0, 6]  # what Lightning wrote
+    assert [p["train/loss"][0][0] for p in parts] == [0, 3, 0, 6, 9]  # what Lightning wrote
     assert [s for s, _ in parts[0]["train/loss"]] == list(range(6))
 
-    assert run_csvs(v[0] / "metrics.csv") == run_csvs(v[1] / "metrics.csv") == [v[0] / "metrics.csv", v[1] / "metrics.csv"]
-    assert run_csvs(v[2] / "metrics.csv") == [v[2] / "metrics.csv"]
-    assert run_csvs(v[3] / "metrics.csv") == [v[3] / "metrics.csv"]  # other hparams.yaml: another run
+    csvs = [d / "metrics.csv" for d in v]
+    assert run_csvs(csvs[0]) == [csvs[0]] and run_csvs(csvs[2]) == [csvs[2]]
+    assert run_csvs(csvs[1]) == [csvs[0], csvs[1]]
+    assert run_csvs(csvs[3]) == [csvs[0], csvs[3]]  # not its sibling version_1, though it overlaps steps 6..9
+    assert run_csvs(csvs[4]) == [csvs[0], csvs[1], csvs[4]]
 
     joined = join(parts[:2])
     # steps 0..2 from version_0, 3..9 from version_1 (it redid 3..5: the later version wins)
@@ -173,21 +181,14 @@ def test_resumed_versions_are_one_curve(tmp_path):
     assert [v > 100 for _, v in joined["train/loss"]] == [False] * 3 + [True] * 7
     assert joined["val/loss"] == parts[0]["val/loss"][:1] + parts[1]["val/loss"]
 
-    out = main([str(v[1]), "-o", str(tmp_path / "run.png")])
+    out = main([str(v[3]), "-o", str(tmp_path / "run.png")])
     assert out.read_bytes()[:8] == PNG_SIGNATURE
-    # a folder of runs: the newest version's run
-    assert run_csvs(find_csv(logs)) == [v[3] / "metrics.csv"]
-
-    # version_4 extends version_3 on a longer schedule (cli.py --trainer.max_steps 12 --ckpt_path last): one run
-    (v4 := logs / "gpt_tp" / "version_4").mkdir()
-    (v4 / "hparams.yaml").write_text((v[3] / "hparams.yaml").read_text() + "max_steps: 12\n")
-    (v4 / "metrics.csv").write_text("epoch,step,train/loss\n0,10,0.5\n")
-    (v[3] / "hparams.yaml").write_text((v[3] / "hparams.yaml").read_text() + "max_steps: 10\n")
-    # ... then a validate run of its checkpoint logs val/loss at step 0 in version_5: not the run to plot
-    (v5 := logs / "gpt_tp" / "version_5").mkdir()
-    (v5 / "metrics.csv").write_text("epoch,step,val/loss\n0,0,0.7\n")
-    assert find_csv(logs) == v4 / "metrics.csv"
-    assert run_csvs(find_csv(logs)) == [v[3] / "metrics.csv", v4 / "metrics.csv"]
+    assert capsys.readouterr().out == f"wrote {out} from {csvs[0]}, {csvs[3]}\n"  # the versions it drew
+    # a folder of runs: the newest version's lineage
+    assert run_csvs(find_csv(logs)) == [csvs[0], csvs[1], csvs[4]]
+    # a log without lineage.json (not written by cli.py) is drawn alone
+    (v[1] / "lineage.json").unlink()
+    assert run_csvs(csvs[1]) == [csvs[1]] and run_csvs(csvs[4]) == [csvs[0], csvs[4]]
 
 
 def test_a_single_point_is_drawn(tmp_path, monkeypatch):

@@ -2,9 +2,13 @@
 of scripts/build_sample.py (the bundled sample's build)."""
 
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +174,31 @@ def test_cli_help_and_run(tmp_path, reference, capsys):
     assert not (tmp_path / "o2").exists()
 
 
+def test_local_prepare_without_out_names_its_folder_for_the_input(tmp_path, reference, monkeypatch):
+    d, _ = reference
+    monkeypatch.chdir(tmp_path)
+    prep.main(["--local", str(d / "docs.jsonl"), "--shard-size", "1e3", "--workers", "1", "--quiet"])
+    assert shard_bytes(tmp_path / "docs_shards") == shard_bytes(d / "nanogpt")
+    assert not (tmp_path / prep.DEFAULT_OUT).exists()
+
+
+def test_ctrl_c_is_one_line(tmp_path):
+    """SIGINT to prepare's process group (what Ctrl-C sends) while 2 workers tokenize: one line, exit 130."""
+    big = tmp_path / "big.txt"
+    big.write_text(("To be, or not to be, that is the question. " * 20 + "\n") * 60_000)  # ~50 MB: minutes of work
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "gpt_tp.data.prepare", "--local", str(big), "--out", str(out),
+                             "--workers", "2", "--shard-size", "1e5", "--quiet"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*_train_*.npy")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # tokenizing: its first shards are written
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert (proc.returncode, stdout, stderr) == (130, "", f"interrupted: the complete shards in {out} are kept; run "
+                                                          "the same command again to resume\n")
+
+
 def test_prepared_shards_feed_the_data_module(tmp_path, reference):
     d, _ = reference
     dm = GPTDataModule(d / "nanogpt", batch_size=2, seq_len=32, val_batches=2)
@@ -204,6 +233,25 @@ def test_bundled_sample_is_reproducible(tmp_path):
     proc = subprocess.run([sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "empty"), "--out",
                            str(tmp_path / "out2")], cwd=REPO, capture_output=True, text=True)
     assert re.fullmatch(r"error: --corpus .*empty: no .txt files.*", one_error_line(proc)), proc.stderr
+
+
+def test_build_sample_keeps_a_built_sample_without_overwrite(tmp_path):
+    """One play into a folder holding the bundled sample: one line, every file unchanged; --overwrite replaces."""
+    out = tmp_path / "sample"
+    shutil.copytree(REPO / "data" / "sample", out)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "hamlet_gut.txt").write_text((CORPUS / "hamlet_gut.txt").read_text())
+    build = [sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "corpus"), "--out", str(out),
+             "--quiet"]
+    proc = subprocess.run(build, cwd=REPO, capture_output=True, text=True)
+    assert one_error_line(proc) == (f"error: --out {out} already holds a built sample (17 shakespeare_* files): pass "
+                                    "--overwrite to replace them, or give an empty --out")
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    proc = subprocess.run([*build, "--overwrite"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(f.name for f in out.glob("shakespeare_*")) == ["shakespeare_prepare.json",
+                                                              "shakespeare_val_000000.npy"]
 
 
 @pytest.mark.parametrize("command, flag, message", [

@@ -86,3 +86,21 @@ def test_trainer_max_steps_is_the_schedule_length(monkeypatch):
 
     cfg = _ParseOnly(["--config", "configs/cpu.yaml", "--trainer.max_steps", "30"]).config
     assert cfg.model.max_steps == cfg.trainer.max_steps == 30
+
+
+@pytest.mark.parametrize("short", ["CSVLogger", "TensorBoardLogger"])
+def test_lightning_short_logger_names_are_lightnings(monkeypatch, short):
+    """`--trainer.logger=CSVLogger` is Lightning's class: gpt_tp's own loggers have names of their own (Held...), as
+    has its checkpoint callback (`--trainer.callbacks+=ModelCheckpoint` is Lightning's)."""
+    monkeypatch.chdir(ROOT)
+    from gpt_tp.train.config import _ParseOnly
+
+    cfg = _ParseOnly(["--config", "configs/cpu.yaml", f"--trainer.logger={short}",
+                       "--trainer.logger.save_dir=logs"]).config
+    assert cfg.trainer.logger.class_path == f"lightning.pytorch.loggers.{short}"
+    default = _ParseOnly(["--config", "configs/cpu.yaml"]).config.trainer.logger
+    assert default[0]["class_path"] == "gpt_tp.train.logs.HeldCSVLogger"
+    callbacks = _ParseOnly(["--config", "configs/cpu.yaml", "--trainer.callbacks+=ModelCheckpoint",
+                            "--trainer.callbacks.dirpath=ckpt"]).config.trainer.callbacks
+    assert [c.class_path for c in callbacks][::4] == ["gpt_tp.train.checkpoint.AtomicModelCheckpoint",
+                                                      "lightning.pytorch.callbacks.ModelCheckpoint"]

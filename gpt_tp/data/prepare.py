@@ -5,6 +5,7 @@ Resumable through ``{prefix}_prepare.json``. Inputs, usage and errors: docs/data
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -30,8 +31,10 @@ CHUNK_DOCS = 64  # documents per task sent to a worker
 _enc = None  # a worker process's encoding
 
 
-def _init_worker(encoding: str) -> None:
+def _init_worker(encoding: str, pool: bool = False) -> None:
     global _enc
+    if pool:  # Ctrl-C reaches the whole process group: the main process alone answers it (main), no worker traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _enc = get_encoding(encoding)
 
 
@@ -54,7 +57,7 @@ def tokenized(texts, workers: int, encoding: str, first_index: int = 0):
         yield from chain.from_iterable(map(_tokenize_chunk, chunks))
         return
     import multiprocessing as mp
-    with mp.Pool(workers, initializer=_init_worker, initargs=(encoding,)) as pool:
+    with mp.Pool(workers, initializer=_init_worker, initargs=(encoding, True)) as pool:
         pending = deque()
         for chunk in chunks:
             pending.append(pool.apply_async(_tokenize_chunk, (chunk,)))
@@ -107,11 +110,16 @@ def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
     return {**state, "shards": good, "complete": state.get("complete", False) and len(good) == len(state["shards"])}
 
 
-def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local=None, text_column="text",
+def default_out(local) -> str:
+    """--out when none is given: FineWeb-Edu's folder for the Hub, else one named for the first local input."""
+    return f"{Path(local[0]).resolve().stem}_shards" if local else DEFAULT_OUT
+
+
+def prepare(out_dir=None, dataset=None, config=None, split="train", local=None, text_column="text",
             shard_size=DEFAULT_SHARD_SIZE, prefix=DEFAULT_PREFIX, workers=None, encoding=ENCODING,
             progress=True) -> dict:
     """Tokenize ``local`` files/folders, or else the Hugging Face ``dataset`` / ``config`` / ``split`` (streamed;
-    default FineWeb-Edu sample-10BT), into shards under ``out_dir``; return the final state (shards, totals)."""
+    default FineWeb-Edu sample-10BT), into shards under ``out_dir`` (None: default_out); return the final state."""
     if local and (dataset or config):
         raise DataError("--local reads local files: do not also give --dataset/--config")
     if shard_size < 1:
@@ -131,7 +139,7 @@ def prepare(out_dir=DEFAULT_OUT, dataset=None, config=None, split="train", local
         raise DataError(f"--encoding {encoding} has {enc.n_vocab:,} token ids; shards hold GPT-2 BPE ids (0..{GPT2_VOCAB - 1}), "
                         "the vocabulary the model trains on: use --encoding r50k_base")
 
-    out = Path(out_dir)
+    out = Path(default_out(local) if out_dir is None else out_dir)
     state = check_out_dir(out, prefix, settings)
     if state["complete"]:
         _log(progress, f"{out}: already complete, {len(state['shards'])} shards, {state['tokens']:,} tokens")
@@ -208,7 +216,7 @@ def _int(s: str) -> int:
     raise argparse.ArgumentTypeError(f"not an integer: {s!r}")
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     p = ArgumentParser("python -m gpt_tp.data.prepare", __doc__.split("\n\n")[0])
     p.add_argument("--dataset", help=f"Hugging Face dataset (default {DEFAULT_DATASET})")
     p.add_argument("--config", help=f"dataset config (default {DEFAULT_CONFIG} for {DEFAULT_DATASET})")
@@ -216,18 +224,26 @@ def main(argv=None) -> None:
     p.add_argument("--local", nargs="+", metavar="PATH",
                    help="local .jsonl/.json/.parquet/.txt files or folders instead of the Hub (a .txt file is one document)")
     p.add_argument("--text-column", default="text", help="column holding the text (default text)")
-    p.add_argument("--out", dest="out_dir", metavar="OUT", default=DEFAULT_OUT,
-                   help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--out", dest="out_dir", metavar="OUT",
+                   help=f"output folder (default {DEFAULT_OUT}; with --local, <first input's name>_shards)")
     p.add_argument("--shard-size", type=_int, default=DEFAULT_SHARD_SIZE, help="tokens per shard (default 1e8)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"shard file prefix (default {DEFAULT_PREFIX})")
     p.add_argument("--workers", type=int, help="tokenizer processes (default half the CPUs)")
     p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default {ENCODING} = GPT-2 BPE)")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
+    args = p.parse_args(argv)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        prepare(**vars(p.parse_args(argv)))
+        try:
+            prepare(**vars(args))
+        except KeyboardInterrupt:
+            out = args.out_dir or default_out(args.local)
+            print(f"interrupted: the complete shards in {out} are kept; run the same command again to resume",
+                  file=sys.stderr)
+            return 130
     for w in caught:  # one plain line each, as the errors are
         print(f"warning: {w.message}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

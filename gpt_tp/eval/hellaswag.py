@@ -78,7 +78,8 @@ class HellaSwagCallback(StepCallback):
 
 
 def load_model(args):
-    """A GPT from --hf-dir, --ckpt_path (GPTModule's distributed checkpoint folder or .ckpt file) or --model."""
+    """A GPT from --hf-dir, --ckpt_path (GPTModule's distributed checkpoint folder, a .ckpt file or an exported
+    model.pt) or --model."""
     torch.manual_seed(args.seed)
     if args.hf_dir:
         config, sd = load_hf_dir(args.hf_dir)
@@ -98,10 +99,14 @@ def load_model(args):
                 ckpt = torch.load(p, map_location="cpu", weights_only=False)
             except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
                 raise HellaSwagError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
-            if "state_dict" not in ckpt:
-                raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule")
-            config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
-            sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+            if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+                raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule or an exported "
+                                     "model.pt")
+            if "config" in ckpt:  # python -m gpt_tp.train.export's model.pt: the GPTConfig fields and the GPT's weights
+                config, sd = GPTConfig(**ckpt["config"]), ckpt["state_dict"]
+            else:
+                config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
+                sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     else:
         config, sd = GPTConfig.from_name(args.model), None
     model = GPT(config)
@@ -115,7 +120,8 @@ def main(argv=None) -> dict:
     ap = ArgumentParser("python -m gpt_tp.eval.hellaswag", "HellaSwag val accuracy of GPT-2 weights (build-nanogpt's scoring).")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--hf-dir", help="Hugging Face GPT-2 directory (config.json + model.safetensors)")
-    src.add_argument("--ckpt_path", help="Lightning checkpoint of GPTModule: distributed checkpoint folder (any TP/DP layout) or .ckpt file")
+    src.add_argument("--ckpt_path", help="Lightning checkpoint of GPTModule: distributed checkpoint folder (any TP/DP "
+                     "layout) or .ckpt file; or an exported model.pt")
     src.add_argument("--model", default="tiny", help="random init of a named size (smoke test), default tiny")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--path", help="local hellaswag_val.jsonl (default: download into --cache-dir)")
@@ -143,10 +149,10 @@ def main(argv=None) -> dict:
         dp_rank, dp_size, dp_group = dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group()
     else:
         device = pick_device(args.device)
+    model = load_model(args).to(device).eval()  # a wrong weights path is named before any download is tried
     # one process per node downloads, before the other ranks read; a failure ends every rank with it
     one_does(lambda: resolve_path(args.path, args.cache_dir), doer=int(os.environ.get("LOCAL_RANK", "0")) == 0)
     examples = read_examples(resolve_path(args.path, args.cache_dir), args.limit)
-    model = load_model(args).to(device).eval()
     if mesh is not None:
         parallelize(model, mesh)
     ctx = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.dtype == "bfloat16" else nullcontext

@@ -2,11 +2,13 @@
 GPT-2 / GPT-3 124M reference lines (docs/eval.md, "Plots"). Needs matplotlib."""
 
 import csv
+import json
 import math
 from pathlib import Path
 
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
+from gpt_tp.train.logs import LINEAGE
 
 REF_VAL_LOSS_GPT2 = 3.2924
 REF_HELLASWAG_GPT2 = 0.2945
@@ -39,41 +41,30 @@ def find_csv(path: str | Path) -> Path:
     raise PlotError(f"{p} not found: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
 
 
-def _version(d: Path) -> int | None:
-    return int(d.name[8:]) if d.name.startswith("version_") and d.name[8:].isdigit() else None
-
-
 def _first_step(metrics: dict[str, list[tuple[int, float]]]) -> int:
     return min(points[0][0] for points in metrics.values())
 
 
+def _lineage(folder: Path) -> dict | None:
+    """A version's lineage.json (gpt_tp.train.logs.RunLineage): {"run", "ancestors"}; None where there is none."""
+    try:
+        return json.loads((folder / LINEAGE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def run_csvs(csv_path: str | Path) -> list[Path]:
-    """The metrics.csv files of csv_path's run, oldest version first: a version continues the one before it when
-    both saved the same hparams.yaml but for max_steps and it starts later. Validate runs are passed over."""
+    """The metrics.csv files of csv_path's run, oldest first: the versions beside it whose run is one of its ancestors
+    by checkpoint (lineage.json, written by cli.py), then csv_path; csv_path alone where it has no lineage.json."""
     csv_path = Path(csv_path)
-    if _version(csv_path.parent) is None:
+    own = _lineage(csv_path.parent)
+    if own is None:
         return [csv_path]
-    versions = sorted((d for d in csv_path.parent.parent.iterdir() if _version(d) is not None and (d / "metrics.csv").is_file()),
-                      key=_version)
-    runs: list[list[Path]] = []
-    first = hparams = None  # of the run being built
-    for d in versions:
-        try:
-            start = _first_step(read_metrics(d / "metrics.csv"))
-        except PlotError:
-            if d == csv_path.parent:
-                raise
-            continue  # a version that logged nothing (e.g. requeued before its first step)
-        if d != csv_path.parent and not _trained(d / "metrics.csv"):
-            continue
-        yaml = d / "hparams.yaml"  # less max_steps: a run resumed on a longer schedule (--trainer.max_steps) is one run
-        h = [ln for ln in yaml.read_text().splitlines() if not ln.startswith("max_steps:")] if yaml.is_file() else None
-        if runs and h == hparams and start > first:
-            runs[-1].append(d / "metrics.csv")
-        else:
-            runs.append([d / "metrics.csv"])
-            first, hparams = start, h
-    return next(run for run in runs if csv_path.parent in [c.parent for c in run])
+    by_run = {}
+    for d in sorted(csv_path.parent.parent.iterdir()):
+        if d != csv_path.parent and (d / "metrics.csv").is_file() and (lineage := _lineage(d)) is not None:
+            by_run.setdefault(lineage.get("run"), d / "metrics.csv")
+    return [by_run[run] for run in own.get("ancestors", []) if run in by_run] + [csv_path]
 
 
 def join(parts: list[dict[str, list[tuple[int, float]]]]) -> dict[str, list[tuple[int, float]]]:
@@ -159,16 +150,24 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
 
 def main(argv=None) -> Path:
     ap = ArgumentParser("python -m gpt_tp.eval.plot", "Plot train/val loss and HellaSwag acc_norm from a CSVLogger log; "
-                        "the versions of a resumed run are joined into one curve.")
+                        "a run resumed through cli.py is drawn with the runs it continues (their checkpoints).")
     ap.add_argument("run", help="metrics.csv, a run dir holding it, or a folder of runs (the newest metrics.csv is used)")
     ap.add_argument("-o", "--out", default="run.png", help="PNG to write (default: run.png in the current directory)")
     ap.add_argument("--no-reference", action="store_true", help="leave out the GPT-2 / GPT-3 reference lines")
     args = ap.parse_args(argv)
     if Path(args.out).is_dir():
         raise PlotError(f"--out {args.out} is a folder; give a PNG file name, e.g. --out {Path(args.out) / 'run.png'}")
-    csvs = run_csvs(find_csv(args.run))
-    title = str(csvs[0]) if len(csvs) == 1 else f"{csvs[0].parent.parent}: " + " + ".join(c.parent.name for c in csvs)
-    out = plot(join([read_metrics(c) for c in csvs]), args.out, title=title, reference=not args.no_reference)
+    *ancestors, target = run_csvs(find_csv(args.run))
+    parts = {}
+    for c in ancestors:
+        try:
+            parts[c] = read_metrics(c)
+        except PlotError:  # an ancestor that logged nothing (requeued before its first step)
+            pass
+    parts[target] = read_metrics(target)
+    csvs = list(parts)
+    title = str(target) if len(csvs) == 1 else f"{target.parent.parent}: " + " + ".join(c.parent.name for c in csvs)
+    out = plot(join(list(parts.values())), args.out, title=title, reference=not args.no_reference)
     print(f"wrote {out} from {', '.join(map(str, csvs))}")
     return out
 

@@ -68,8 +68,13 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
     if total is None or B * T * dp * accum == total:
         return
     per_step = B * T * dp
-    hint = (f"set trainer.accumulate_grad_batches={total // per_step}" if total % per_step == 0
-            else f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}")
+    if total % per_step == 0:
+        hint = f"set trainer.accumulate_grad_batches={total // per_step}"
+    elif total % dp == 0:
+        hint = f"choose data.batch_size and data.seq_len so that {total} is a multiple of B x T x {dp}"
+    else:  # no B or T helps
+        hint = (f"{total} is not a multiple of the data-parallel size {dp}: set model.total_batch_size to a multiple "
+                f"of B x T x {dp} (e.g. {per_step * max(1, round(total / per_step))}) or use another layout")
     raise UserError(
         f"model.total_batch_size={total} tokens, but data.batch_size={B} x data.seq_len={T} x data-parallel size "
         f"{dp} x trainer.accumulate_grad_batches={accum} = {per_step * accum}: {hint} "
@@ -78,11 +83,17 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
 
 
 def check_run(config: GPTConfig, tp: int, dp: int, seq_len: int | None, batch_size: int | None = None,
-              accum: int = 1, total_batch_size: int | None = None, world_size: int | None = None) -> None:
-    """The one check of a run's shapes, before launch (cli.py) and at the first batch of a run that bypasses it
-    (GPTModule): T <= block_size, the model splits as dp x tp, and B x T x dp x accum is total_batch_size."""
+              accum: int = 1, total_batch_size: int | None = None, world_size: int | None = None,
+              devices_per_node: int | None = None) -> None:
+    """The one check of a run's shapes (gpt_tp.train.run.resolve_run's, before anything is built): T <= block_size, the model splits as dp x tp, a TP group stays inside a node of devices_per_node
+    (None: unchecked), and B x T x dp x accum is total_batch_size."""
     if seq_len is not None and seq_len > config.block_size:
         raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
     validate_layout(config, tp=tp, dp=dp, world_size=world_size, seq_len=seq_len)
+    if devices_per_node is not None and devices_per_node % tp:
+        inside = [t for t in valid_tp_sizes(config, seq_len) if devices_per_node % t == 0]
+        raise LayoutError(f"tensor-parallel size {tp} does not divide the {devices_per_node} devices of a node, so a "
+                          "TP group would span nodes (TP stays inside a node: docs/scale.md); tensor-parallel sizes "
+                          f"inside a node for this model: {', '.join(map(str, inside))}", ("tp", "devices"))
     if batch_size is not None:
         check_total_batch(total_batch_size, batch_size, seq_len, dp, accum)

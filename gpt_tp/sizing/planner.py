@@ -4,6 +4,8 @@ four times per layer on the critical path while FSDP2 overlaps its collectives (
 
 from dataclasses import dataclass, field
 
+from gpt_tp.entry import run
+from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing.layout import LayoutError, divisors, valid_tp_sizes
@@ -41,8 +43,11 @@ class Plan:
 
 def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
          device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
-         overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none") -> Plan:
-    """Each layout's memory estimate, validity and fit, and the choice (all fit when device_memory_gib is None)."""
+         overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none", dp: int | str = "auto",
+         tp: int | str = "auto", accum: int = 1, total_batch_size: int | None = None) -> Plan:
+    """Each layout's memory estimate, validity and fit, and the choice (all fit when device_memory_gib is None): the
+    smallest TP that fits among the layouts with the given dp and tp (a number, or "auto") whose batch_size x seq_len
+    x DP x accum is total_batch_size (None: any). cli.py's `auto` sizes are this choice (resolve_layout)."""
     for name, v in [("devices_per_node", devices_per_node), ("num_nodes", num_nodes), ("batch_size", batch_size),
                     ("seq_len", seq_len), ("vocab_size", config.vocab_size)]:
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -69,32 +74,56 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
         m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac)
         return m, fits(m, device_memory_gib, usable_fraction)
 
-    for tp in divisors(devices_per_node):
-        lay = Layout(dp=out.world_size // tp, tp=tp)
-        if tp not in valid:
-            lay.reason = f"TP={tp} does not divide {', '.join(f'{n}={v}' for n, v in shapes.items() if v % tp)}"
+    for size in divisors(devices_per_node):
+        lay = Layout(dp=out.world_size // size, tp=size)
+        if size not in valid:
+            lay.reason = f"TP={size} does not divide {', '.join(f'{n}={v}' for n, v in shapes.items() if v % size)}"
         else:
-            lay.memory, lay.fits = layout_memory(lay.dp, tp)
+            lay.memory, lay.fits = layout_memory(lay.dp, size)
             if not lay.fits:
                 lay.reason = f"needs {lay.memory.total / GIB:.1f} GiB > {usable_fraction:.0%} of {device_memory_gib:g} GiB"
         out.layouts.append(lay)
+    in_memory = [lay for lay in out.layouts if lay.fits]
+    fixed = " and ".join(f"{name}={size}" for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp))
+                         if size != "auto")
+    for lay in in_memory:  # the rest of the run's settings: the sizes it gives, its tokens per step
+        if (dp != "auto" and lay.dp != int(dp)) or (tp != "auto" and lay.tp != int(tp)):
+            lay.fits, lay.reason = False, f"fits, but the run gives {fixed}"
+        elif total_batch_size is not None and batch_size * seq_len * lay.dp * accum != total_batch_size:
+            tokens = batch_size * seq_len * lay.dp * accum
+            lay.fits, lay.reason = False, (f"fits, but B x T x DP x accumulation = {tokens} tokens, not "
+                                           f"model.total_batch_size={total_batch_size}")
     out.choice = next((lay for lay in out.layouts if lay.fits), None)
     bad = [lay for lay in out.layouts if lay.memory is None]
     if bad:
         out.notes.append(f"valid TP sizes for this model ({', '.join(f'{n}={v}' for n, v in shapes.items())}): "
                          f"{', '.join(map(str, sorted(valid)))}; " + "; ".join(lay.reason for lay in bad))
-        for tp in divisors(config.n_head):  # TP sizes a node of this size allows with whole heads, other V or T
-            if 1 < tp <= devices_per_node and tp not in valid and config.n_embd % tp == 0:
+        for t in divisors(config.n_head):  # TP sizes a node of this size allows with whole heads, other V or T
+            if 1 < t <= devices_per_node and t not in valid and config.n_embd % t == 0:
                 needs = []
-                if config.vocab_size % tp:
-                    needs.append(f"vocab_size={padded_vocab(config.vocab_size, tp)} (padded; model.vocab_size, planner: --vocab-size)")
-                if seq_len % tp:
-                    needs.append(f"a sequence length that is a multiple of {tp} (sequence parallelism splits T), e.g. "
-                                 f"{seq_len // tp * tp} (data.seq_len, planner: --seq-len)")
-                if devices_per_node % tp:
-                    needs.append(f"{tp} or a multiple of {tp} devices per node")
-                out.notes.append(f"TP={tp} would split whole heads with " + ", ".join(needs))
-    if out.choice is None:
+                if config.vocab_size % t:
+                    needs.append(f"vocab_size={padded_vocab(config.vocab_size, t)} (padded; model.vocab_size, "
+                                 "planner: --vocab-size)")
+                if seq_len % t:
+                    needs.append(f"a sequence length that is a multiple of {t} (sequence parallelism splits T), e.g. "
+                                 f"{seq_len // t * t} (data.seq_len, planner: --seq-len)")
+                if devices_per_node % t:
+                    needs.append(f"{t} or a multiple of {t} devices per node")
+                out.notes.append(f"TP={t} would split whole heads with " + ", ".join(needs))
+    given = [lay for lay in in_memory if "the run gives" not in lay.reason]
+    if out.choice is None and given:  # the tokens per step rule out every layout that fits
+        per_dp = batch_size * seq_len * accum
+        out.notes.append(
+            f"model.total_batch_size={total_batch_size} tokens with data.batch_size={batch_size} x "
+            f"data.seq_len={seq_len} x trainer.accumulate_grad_batches={accum} needs data-parallel size "
+            f"{total_batch_size / per_dp:g}, but the layouts that fit are "
+            f"{', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in given)}: set "
+            "trainer.accumulate_grad_batches or model.total_batch_size for one of them")
+    elif out.choice is None and in_memory:  # the run's own sizes rule them out
+        invalid = [f" ({lay.reason})" for lay in bad if tp != "auto" and lay.tp == int(tp)]
+        out.notes.append(f"the run gives {fixed}{''.join(invalid)}, but the layouts that fit are "
+                         f"{', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in in_memory)}")
+    elif out.choice is None:
         out.notes.append(f"no layout fits {device_memory_gib:g} GiB per device: {_no_fit_hint(out, layout_memory, valid)}")
     return out
 
@@ -153,27 +182,29 @@ def resolve_layout(config: GPTConfig, world_size: int, devices_per_node: int, nu
                    seq_len: int, device_memory_gib: float | None = None, precision: str = "bf16-mixed",
                    dp: int | str = "auto", tp: int | str = "auto", ac: str = "none", accum: int = 1,
                    total_batch_size: int | None = None) -> tuple[int, int]:
-    """(dp, tp) when either size is "auto" (docs/scale.md): the smallest TP that fits among the layouts whose
-    batch_size x seq_len x dp x accum is total_batch_size (None: any); a LayoutError when none does."""
+    """(dp, tp) when either size is "auto" (docs/scale.md): plan()'s choice; a LayoutError with its reason (refusal)
+    when it has none."""
     if world_size != devices_per_node * num_nodes:
         raise LayoutError(f"world_size={world_size} != devices_per_node={devices_per_node} x num_nodes={num_nodes}")
     if dp != "auto" and tp != "auto":
         return int(dp), int(tp)
-    p = plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, precision, ac=ac)
-    fits = [lay for lay in p.layouts  # only a sized layout fits
-            if lay.fits and (tp == "auto" or lay.tp == int(tp)) and (dp == "auto" or lay.dp == int(dp))]
-    adds_up = [lay for lay in fits if total_batch_size is None or batch_size * seq_len * lay.dp * accum == total_batch_size]
-    if adds_up:
-        return adds_up[0].dp, adds_up[0].tp
-    if fits:
-        per_dp = batch_size * seq_len * accum
-        raise LayoutError(
-            f"model.total_batch_size={total_batch_size} tokens with data.batch_size={batch_size} x data.seq_len={seq_len}"
-            f" x trainer.accumulate_grad_batches={accum} needs data-parallel size {total_batch_size / per_dp:g}, but the "
-            f"layouts that fit are {', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in fits)}: set "
-            f"trainer.accumulate_grad_batches or model.total_batch_size for one of them (python -m gpt_tp.train.plan)"
-        )
-    raise LayoutError(
-        f"no data_parallel_size x tensor_parallel_size layout for {world_size} devices "
-        f"(given dp={dp}, tp={tp}) works for this model:\n{format_plan(p)}"
-    )
+    p = plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, precision, ac=ac, dp=dp,
+             tp=tp, accum=accum, total_batch_size=total_batch_size)
+    if p.choice is None:
+        raise LayoutError(refusal(p))
+    return p.choice.dp, p.choice.tp
+
+
+def refusal(p: Plan) -> str:
+    """Why a plan has no choice, in one line: what `cli.py fit` with `auto` sizes and the planner command both say."""
+    return (f"no data_parallel_size x tensor_parallel_size layout of {p.world_size} devices works for this run: "
+            f"{p.notes[-1]} (python -m gpt_tp.train.plan with the same arguments shows the table)")
+
+
+def main() -> None:
+    raise UserError("gpt_tp.sizing.planner is the planner's library; its command is python -m gpt_tp.train.plan "
+                    "(e.g. --config configs/tp2.yaml, or --model gpt2-xl --devices-per-node 8; --help)")
+
+
+if __name__ == "__main__":
+    run(main)

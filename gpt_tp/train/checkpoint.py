@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.collective import one_does
-from gpt_tp.train.lightning_internals import META, ModelCheckpoint, mark_saved  # noqa: F401 - configs name it here
+from gpt_tp.train.lightning_internals import META, AtomicModelCheckpoint, mark_saved  # noqa: F401 - configs name it here
 from gpt_tp.errors import UserError
 from gpt_tp.sizing.sizes import checkpoint_bytes
 

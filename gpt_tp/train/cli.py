@@ -23,7 +23,7 @@ from gpt_tp.sizing import LayoutError, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
 from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
-from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
+from gpt_tp.train.logs import CheckpointStep, LogWriteCheck, RunLineage, quiet_writer_threads
 from gpt_tp.train.optim import OptimizerSettings, get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
@@ -130,7 +130,9 @@ class GPTCLI(TrainingCLI):
                                     ("enable_model_summary", ModelSummary, GPTSummary)):
             if trainer.get(flag) is not False and not any(isinstance(c, kind) for c in callbacks):
                 callbacks = [*callbacks, default()]
-        trainer["callbacks"] = [*callbacks, LogWriteCheck()]  # rank 0's failed metrics.csv write stops every rank alike
+        # rank 0's failed metrics.csv write stops every rank alike; validate's rows name the checkpoint's step; the
+        # log folder names the runs its checkpoints continue (the plot's lineage)
+        trainer["callbacks"] = [*callbacks, LogWriteCheck(), CheckpointStep(), RunLineage()]
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ModuleNotFoundError, ValueError) as e:  # a trainer.* value (devices=0, num_nodes=0)
@@ -201,7 +203,7 @@ class GPTCLI(TrainingCLI):
                            model.async_tp, seq_len, cfg.data.batch_size if fit else None,
                            1 if (acc := cfg.trainer.accumulate_grad_batches) is None else acc,
                            model.total_batch_size if fit else None,
-                           world_size=devices * nodes, cuda=cuda,
+                           world_size=devices * nodes, devices_per_node=devices, cuda=cuda,
                            flags=layout_flags(dp, tp, devices, nodes, seq_len, config, source))
 
     def _check_weights(self) -> None:

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -21,10 +22,11 @@ from gpt_tp.train.predict import PROMPT_FLAGS, Prompts, PromptWriter
 
 
 def default_loggers(save_dir: str = "logs") -> list:
-    """CSV always (gpt_tp.train.logs.CSVLogger: a failed write stops every rank alike); TensorBoard where installed."""
-    dirs = {"CSVLogger": save_dir}
+    """CSV always (gpt_tp.train.logs.HeldCSVLogger: a failed write stops every rank alike); TensorBoard where
+    installed."""
+    dirs = {"HeldCSVLogger": save_dir}
     if importlib.util.find_spec("tensorboard"):  # its own folder, so both number their versions alike
-        dirs["TensorBoardLogger"] = f"{save_dir}/tensorboard"
+        dirs["HeldTensorBoardLogger"] = f"{save_dir}/tensorboard"
     return [{"class_path": f"gpt_tp.train.logs.{cls}", "init_args": {"save_dir": d, "name": "gpt_tp"}}
             for cls, d in dirs.items()]
 
@@ -71,9 +73,28 @@ def _short_union_error(message: str) -> str:
     return f"{m['key']}: {m['first']}{hint}"
 
 
+def check_removed_keys(argv: list[str]) -> None:
+    """A REMOVED key in a --config file is refused as on the command line (a link would overwrite it silently)."""
+    files = [v for f, v in zip(argv, argv[1:]) if f in ("--config", "-c")]
+    files += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    for path in files:
+        try:
+            with open(path) as f:
+                root = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue  # the parser names a missing or broken file itself
+        nodes = [root, *(root.get(sub) for sub in ("fit", "validate", "predict"))] if isinstance(root, dict) else []
+        for node in nodes:
+            for key, hint in REMOVED.items():
+                group, _, name = key.partition(".")
+                if isinstance(node, dict) and isinstance(node.get(group), dict) and name in node[group]:
+                    raise UserError(f"{path}: {hint}")
+
+
 def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | None = None):
     """parser.parse_args (args None: the command line); a bad flag or value is a UserError naming it and the help
     of `python cli.py <sub>` (sub: the subcommand in args, or the one these arguments are for)."""
+    check_removed_keys(sys.argv[1:] if args is None else args)
     try:
         return parser.parse_args(args)
     except ArgumentError as e:
@@ -120,8 +141,10 @@ class TrainingCLI(LightningCLI):
                                   compute_fn=lambda *values: dict(zip(PROMPT_FLAGS, values)))
             parser.add_argument("--output", type=str | None, default=None,
                                 help="also write {prompt, sample, text} JSON lines to this file (rank 0)")
+            parser.add_argument("--overwrite_output", action="store_true", help="replace an existing --output file")
             parser.add_lightning_class_args(PromptWriter, "prompt_writer")
             parser.link_arguments("output", "prompt_writer.output")
+            parser.link_arguments("overwrite_output", "prompt_writer.overwrite")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.config = parse(parser, args)

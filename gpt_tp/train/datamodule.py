@@ -192,20 +192,35 @@ class GPTDataModule(L.LightningDataModule):
         """The index of the next global batch to train on (without a trainer: counted by the loader's yields)."""
         return self._start + (self._consumed if self.trainer is not None else self._yielded)
 
+    def _accumulation(self) -> int | None:
+        return self.trainer.accumulate_grad_batches if self.trainer is not None else None
+
     def state_dict(self) -> dict:
         """Saved in checkpoints by Lightning: the training position and the batch geometry."""
         return {"train_batches": self.train_position(), "batch_size": self.batch_size, "seq_len": self.seq_len,
-                "dp_size": self.data_parallel()[1], "seed": self.seed}
+                "dp_size": self.data_parallel()[1], "seed": self.seed, "accumulate_grad_batches": self._accumulation()}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Resume at the saved position (after a change of global batch geometry: at its token position, warning)."""
+        """Resume at the saved position (after a change of global batch geometry: at its token position). Exact
+        where the tokens per optimizer step are kept, the position is a whole number of new global batches, and the
+        saved batch count (Lightning's batch index in the endless epoch) is a multiple of the new accumulation, so
+        Lightning's accumulation starts a whole step; else a warning says it is not."""
         k = int(state_dict["train_batches"])
         old = state_dict["batch_size"] * state_dict["seq_len"] * state_dict["dp_size"]
         new = self.batch_size * self.seq_len * self.data_parallel()[1]
+        was, now = state_dict.get("accumulate_grad_batches"), self._accumulation()
         if old != new:
-            rank_zero_warn(f"checkpoint data position was saved with {old} tokens per global batch, now {new}: "
-                           "resuming at the same token position, not an exact continuation")
+            if not (was and now and old * was == new * now and k * old % new == 0 and k % now == 0):
+                rank_zero_warn(f"checkpoint data position was saved with {old} tokens per global batch, now {new}: "
+                               "resuming at the same token position, not an exact continuation")
             k = -(-k * old // new)
+        interval = self.trainer.val_check_interval if self.trainer is not None else None
+        if was and now and was != now and isinstance(interval, int):
+            rank_zero_warn(f"trainer.val_check_interval={interval} counts micro-batches: with "
+                           f"trainer.accumulate_grad_batches={now} (was {was}) validation comes every "
+                           f"{interval / now:g} optimizer steps, not every {interval / was:g}; set "
+                           "trainer.val_check_interval="
+                           f"{interval * now / was:g} to keep the steps it validates at")
         if state_dict.get("seed", self.seed) != self.seed:
             rank_zero_warn(f"checkpoint data seed {state_dict['seed']} differs from seed {self.seed}: "
                            "later epochs will be ordered differently")

@@ -2,7 +2,8 @@
 tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not restore its last saved step on resume,
 so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); and it moves
 last.ckpt by deleting and remaking the link (a kill between leaves none): ModelCheckpoint renames a new one over it.
-A distributed checkpoint's non-tensor file has Lightning's private name (META)."""
+A distributed checkpoint's non-tensor file has Lightning's private name (META). `cli.py validate` restores no
+step: show_step makes its logged rows and lines name the checkpoint's step."""
 
 import os
 import shutil
@@ -21,8 +22,18 @@ def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:
     callback._last_global_step_saved = step
 
 
-class ModelCheckpoint(LightningModelCheckpoint):
-    """Lightning's ModelCheckpoint (the same arguments), last.ckpt always naming a step. A last.ckpt that is a folder
+def show_step(trainer, step: int) -> None:
+    """trainer.global_step (the HellaSwag line's step) and the step the loggers write become `step`; for a run that
+    trains no step (validate), which Lightning leaves at 0."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    epoch_loop.automatic_optimization.optim_progress.optimizer.step.total.completed = step
+    epoch_loop.manual_optimization.optim_step_progress.total.completed = step
+    epoch_loop._batches_that_stepped = step  # the logger connector's step
+
+
+class AtomicModelCheckpoint(LightningModelCheckpoint):
+    """Lightning's ModelCheckpoint (the same arguments), last.ckpt always naming a step; a name of its own, so
+    `--trainer.callbacks+=ModelCheckpoint` stays Lightning's short name. A last.ckpt that is a folder
     (a run that ended between saves) is first moved to `last.ckpt.old`, for checkpoint.recover_interrupted_saves."""
 
     @staticmethod

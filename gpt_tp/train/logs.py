@@ -1,13 +1,16 @@
 """Logging that fails every rank alike (docs/train.md, "What is logged"): a failed write on rank 0, which alone writes
 metrics.csv, is held by the loggers and raised on every rank by LogWriteCheck, not left to end rank 0 alone."""
 
+import json
 import os
 import traceback
+import uuid
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger, TensorBoardLogger as LightningTensorBoardLogger
 
 from gpt_tp.collective import one_does
+from gpt_tp.train.lightning_internals import show_step
 
 
 class HeldWrites:
@@ -39,11 +42,12 @@ class HeldWrites:
             super().finalize(status)
 
 
-class CSVLogger(HeldWrites, LightningCSVLogger):
-    """Lightning's CSVLogger, its writes held (HeldWrites)."""
+class HeldCSVLogger(HeldWrites, LightningCSVLogger):
+    """Lightning's CSVLogger, its writes held (HeldWrites); a name of its own, so `--trainer.logger=CSVLogger` stays
+    Lightning's short name."""
 
 
-class TensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
+class HeldTensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
     """Lightning's TensorBoardLogger, its writes held: its writer thread's error comes back at the next write."""
 
     file = "the TensorBoard event file"
@@ -80,3 +84,49 @@ class LogWriteCheck(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._check(trainer)
+
+
+class CheckpointStep(Callback):
+    """`cli.py validate` labels its results (metrics.csv's step, the HellaSwag line) with the checkpoint's step."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        if trainer.state.fn == "validate" and "global_step" in checkpoint:
+            show_step(trainer, checkpoint["global_step"])
+
+
+LINEAGE = "lineage.json"  # in each logger's log_dir: {"run": this run's id, "ancestors": the runs it continues}
+
+
+class RunLineage(Callback):
+    """A run's identity through its checkpoints, for `python -m gpt_tp.eval.plot`: each run (one id, broadcast from
+    rank 0) saves the ids of the runs before it and its own in every checkpoint (this callback's state), and writes
+    them to its log folder as lineage.json. A run that resumes from a checkpoint, or validates one, has as ancestors
+    exactly the runs that trained that checkpoint, whatever folder it lies in."""
+
+    def __init__(self):
+        self.run, self.ancestors = None, []
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.run = trainer.strategy.broadcast(uuid.uuid4().hex)
+
+    def state_dict(self) -> dict:
+        return {"runs": [*self.ancestors, self.run]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.ancestors = list(state_dict["runs"])
+
+    def _record(self, trainer) -> None:
+        def write() -> None:
+            for folder in {lg.log_dir for lg in trainer.loggers if getattr(lg, "log_dir", None)}:
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, LINEAGE), "w", encoding="utf-8") as f:
+                    json.dump({"run": self.run, "ancestors": self.ancestors}, f)
+
+        one_does(write)  # rank 0 writes; a failed write ends every rank alike
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._record(trainer)  # after a resume's load_state_dict (ModelParallelStrategy restores after on_fit_start)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "validate":
+            self._record(trainer)

@@ -6,7 +6,8 @@ from dataclasses import asdict
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.sizing import AC_MODES, PRECISIONS, Plan, PlanError, format_plan, plan
+from gpt_tp.sizing import AC_MODES, PRECISIONS, LayoutError, Plan, PlanError, format_plan, plan
+from gpt_tp.sizing.planner import refusal
 
 
 def training_settings(args: list[str]) -> dict:
@@ -14,7 +15,10 @@ def training_settings(args: list[str]) -> dict:
     from gpt_tp.train.config import read_training_config  # imports Lightning: only when a training config is given
     t = read_training_config(args)
     return {"config": t.model, "devices_per_node": t.devices, "num_nodes": t.num_nodes, "batch_size": t.batch_size,
-            "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing}
+            "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing,
+            # a numeric TP fixes DP (the devices over TP), which the plan derives from its own devices, flags included
+            "dp": t.data_parallel_size if t.tensor_parallel_size == "auto" else "auto", "tp": t.tensor_parallel_size,
+            "accum": t.accumulate_grad_batches or 1, "total_batch_size": t.total_batch_size}
 
 
 def main(argv: list[str] | None = None) -> Plan:
@@ -43,7 +47,8 @@ def main(argv: list[str] | None = None) -> Plan:
         ap.error(f"unrecognized arguments: {' '.join(training)}")
     settings = training_settings(training) if training else {
         "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
-        "seq_len": None, "precision": "bf16-mixed", "ac": "none"}
+        "seq_len": None, "precision": "bf16-mixed", "ac": "none", "dp": "auto", "tp": "auto", "accum": 1,
+        "total_batch_size": None}
     if args.model:
         settings["config"] = GPTConfig.from_name(args.model)
     if args.vocab_size is not None:
@@ -68,5 +73,12 @@ def main(argv: list[str] | None = None) -> Plan:
     return p
 
 
+def command(argv: list[str] | None = None) -> None:
+    """main, then, where no layout works, `cli.py fit`'s own line for `auto` sizes (exit 2)."""
+    p = main(argv)
+    if p.choice is None:
+        raise LayoutError(refusal(p))
+
+
 if __name__ == "__main__":
-    run(lambda: 0 if main().choice is not None else 1)  # 1: no layout fits (the notes say what would)
+    run(command)

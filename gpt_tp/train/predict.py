@@ -21,7 +21,7 @@ class Prompts:
 
     Args:
         prompt: a prompt to continue, or a JSON list of them ('["To be", "ROMEO:"]'); default: the text sampler's prompt.
-        prompts_file: a text file with one prompt a line, after any --prompt.
+        prompts_file: a UTF-8 text file (a byte-order mark is dropped) with one prompt a line, after any --prompt.
         max_new_tokens: tokens to add to each prompt; past block_size the context slides, as nanoGPT's generate does.
         num_samples: continuations per prompt.
         top_k: sample from the k most likely tokens (1: greedy).
@@ -46,7 +46,7 @@ class Prompts:
             if not path.is_file():
                 raise UserError(f"--prompts_file {path}: no such file (give a text file with one prompt a line)")
             try:
-                prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+                prompts += [line for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
             except UnicodeDecodeError as e:
                 raise UserError(f"--prompts_file {path}: not UTF-8 text ({e.reason} at byte {e.start}); give a text "
                                 "file with one prompt a line") from e
@@ -91,13 +91,16 @@ class PromptWriter(BasePredictionWriter):
 
     Args:
         output: also write {"prompt", "sample", "text"} JSON lines to this file (cli.py predict's --output).
+        overwrite: replace an existing `output` (cli.py predict's --overwrite_output); without it one is refused.
     """
 
-    def __init__(self, output: str | None = None):
+    def __init__(self, output: str | None = None, overwrite: bool = False):
         super().__init__(write_interval="batch")
         if output is not None:  # found now, not after every prompt has been continued
             if Path(output).is_dir():
                 raise UserError(f"--output {output} is a folder; give the name of a file for the JSON lines")
+            if Path(output).exists() and not overwrite:
+                raise UserError(f"--output {output} exists; give a new file, or pass --overwrite_output to replace it")
             folder = Path(output).absolute().parent
             try:
                 if folder.exists() and not folder.is_dir():

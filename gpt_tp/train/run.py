@@ -34,13 +34,16 @@ class Run:
 def resolve_run(model: GPTConfig, dp: int, tp: int, precision: str = "32-true", activation_checkpointing: str = "none",
                 compile: bool = False, async_tp: bool = False, seq_len: int | None = None,
                 batch_size: int | None = None, accumulate: int = 1, total_batch_size: int | None = None,
-                world_size: int | None = None, cuda: bool = False, flags: dict[str, str] | None = None) -> Run:
+                world_size: int | None = None, devices_per_node: int | None = None, cuda: bool = False,
+                flags: dict[str, str] | None = None) -> Run:
     """The Run of these settings, or one UserError naming the setting at fault. world_size: the processes launched
-    (dp x tp must equal it); cuda: the run's accelerator is CUDA; flags: how a quantity of LayoutError.quantities
-    ("tp", "dp", "world_size", "seq_len", "n_head", "n_embd", "vocab_size") is named to the user, as flag=value."""
+    (dp x tp must equal it); devices_per_node: a TP group must fit in one node; cuda: the run's accelerator is CUDA;
+    flags: how a quantity of LayoutError.quantities ("tp", "dp", "world_size", "devices", "seq_len", "n_head",
+    "n_embd", "vocab_size") is named to the user, as flag=value."""
     check_ac_mode(activation_checkpointing)
     try:
-        check_run(model, tp, dp, seq_len, batch_size, accumulate, total_batch_size, world_size=world_size)
+        check_run(model, tp, dp, seq_len, batch_size, accumulate, total_batch_size, world_size=world_size,
+                  devices_per_node=devices_per_node)
     except LayoutError as e:
         named = [flags[q] for q in e.quantities if q in (flags or {})]
         raise LayoutError(f"{', '.join(named)}: {e}" if named else str(e), e.quantities) from None
@@ -61,7 +64,8 @@ def layout_flags(dp: int, tp: int, devices: int, nodes: int, seq_len: int | None
     """cli.py's names for LayoutError's quantities; source: the setting the model's shape came from, if named."""
     init = "trainer.strategy.init_args"
     flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
-             "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}", "seq_len": f"data.seq_len={seq_len}"}
+             "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}", "devices": f"trainer.devices={devices}",
+             "seq_len": f"data.seq_len={seq_len}"}
     for q in ("n_head", "n_embd", "vocab_size"):
         flags[q] = f"{source} ({q}={getattr(config, q)})" if source else f"model.model.{q}={getattr(config, q)}"
     return flags
