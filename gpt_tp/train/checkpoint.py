@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, load as dcp_load
@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.collective import one_does
-from gpt_tp.train.lightning_internals import ModelCheckpoint, mark_saved  # noqa: F401 - configs name it here
+from gpt_tp.train.lightning_internals import (  # noqa: F401 - configs name ModelCheckpoint here
+    ModelCheckpoint, mark_saved, replace_same_names, save_step)
 from gpt_tp.errors import UserError
 from gpt_tp.sizing.sizes import checkpoint_bytes
 
@@ -164,6 +165,34 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
         if (cb.save_last and cb.dirpath and "{" not in cb.CHECKPOINT_NAME_LAST and isinstance(state, dict)
                 and not state.get("last_model_path") and state.get("dirpath") == cb.dirpath):
             state["last_model_path"] = cb.format_checkpoint_name({}, cb.CHECKPOINT_NAME_LAST)
+
+
+def checkpoints_line(trainer) -> str:
+    """The closing line's account of the run's checkpoints, from each ModelCheckpoint's own last checkpoint:
+    `checkpoints in DIR (last.ckpt -> step0000013.ckpt)`; '' when none was saved."""
+    parts = []
+    for cb in trainer.checkpoint_callbacks:
+        last = getattr(cb, "last_model_path", "") or ""
+        if last and os.path.lexists(last):
+            link = f" -> {os.readlink(last)}" if os.path.islink(last) else ""
+            parts.append(f"checkpoints in {cb.dirpath} ({os.path.basename(last)}{link})")
+    return "; ".join(parts)
+
+
+class FinalStep(Callback):
+    """Every ModelCheckpoint saves the run's final step, whatever its every_n_train_steps (build-nanogpt saves at
+    `step % N == 0 or last_step`), once, with last.ckpt naming it; and saves a name that exists over it, never as
+    `<name>-v1.ckpt`. cli.py adds it to every run."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, LightningModelCheckpoint):
+                replace_same_names(cb)
+
+    def on_train_end(self, trainer, pl_module) -> None:  # before the ModelCheckpoints' own (Lightning puts them last)
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, LightningModelCheckpoint):
+                save_step(cb, trainer)
 
 
 class ModelParallel(ModelParallelStrategy):

@@ -22,14 +22,15 @@ from gpt_tp.hardware import GIB, detect_device_memory_gib
 from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
-from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
+from gpt_tp.train.checkpoint import (FinalStep, check_checkpoint, checkpoints_line, human_bytes,
+                                     recover_interrupted_saves)
 from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
 from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
 from gpt_tp.train.simulate import format_simulation, simulate
-from gpt_tp.train.slurm import latest_checkpoint
+from gpt_tp.train.slurm import Preemption, latest_checkpoint
 
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 # Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
@@ -122,7 +123,8 @@ class GPTCLI(TrainingCLI):
         raise SystemExit(0)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """Add StepProgressBar and GPTSummary unless the config brings its own or turns them off, and LogWriteCheck."""
+        """Add StepProgressBar and GPTSummary unless the config brings its own or turns them off, Preemption (SIGTERM)
+        unless it lists one, LogWriteCheck and FinalStep."""
         trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         callbacks = trainer.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
@@ -130,7 +132,10 @@ class GPTCLI(TrainingCLI):
                                     ("enable_model_summary", ModelSummary, GPTSummary)):
             if trainer.get(flag) is not False and not any(isinstance(c, kind) for c in callbacks):
                 callbacks = [*callbacks, default()]
-        trainer["callbacks"] = [*callbacks, LogWriteCheck()]  # rank 0's failed metrics.csv write stops every rank alike
+        if not any(isinstance(c, Preemption) for c in callbacks):  # SIGTERM on every launch: save, stop together
+            callbacks = [*callbacks, Preemption(dirpath=None, signal_name=None, requeue=False)]
+        # rank 0's failed metrics.csv write stops every rank alike; every run's final step saved
+        trainer["callbacks"] = [*callbacks, LogWriteCheck(), FinalStep()]
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ModuleNotFoundError, ValueError) as e:  # a trainer.* value (devices=0, num_nodes=0)
@@ -259,14 +264,8 @@ class GPTCLI(TrainingCLI):
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        saved = []
-        for cb in self.trainer.checkpoint_callbacks:
-            last = os.path.join(cb.dirpath, "last.ckpt") if getattr(cb, "dirpath", None) else None
-            if last and os.path.lexists(last):
-                link = f" -> {os.readlink(last)}" if os.path.islink(last) else ""
-                saved.append(f"checkpoints in {cb.dirpath} (last.ckpt{link})")
-        print(f"gpt_tp fit: step {self.trainer.global_step}; {'; '.join(saved) or 'no checkpoint saved'}; {self._logs()}",
-              flush=True)
+        saved = checkpoints_line(self.trainer) or "no checkpoint saved"
+        print(f"gpt_tp fit: step {self.trainer.global_step}; {saved}; {self._logs()}", flush=True)
 
     def after_validate(self) -> None:
         if self.trainer.is_global_zero:

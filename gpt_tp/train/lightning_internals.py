@@ -1,7 +1,9 @@
 """The one place gpt_tp touches Lightning internals (no public seam), checked on the versions in CHECKED, which
 tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not restore its last saved step on resume,
-so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); and it moves
-last.ckpt by deleting and remaking the link (a kill between leaves none): ModelCheckpoint renames a new one over it."""
+so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); it saves a step
+only from its own hooks (save_step: the final step, a stopped run's step) and names a second checkpoint of a name
+`<name>-v1.ckpt` (replace_same_names); and it moves last.ckpt by deleting and remaking the link (a kill between leaves
+none): ModelCheckpoint renames a new one over it."""
 
 import os
 import shutil
@@ -17,6 +19,27 @@ def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:
         raise RuntimeError("lightning's ModelCheckpoint has no _last_global_step_saved any more: update "
                            "gpt_tp/train/lightning_internals.py for this Lightning version")
     callback._last_global_step_saved = step
+
+
+def replace_same_names(callback: LightningModelCheckpoint) -> None:
+    """Save a checkpoint whose name exists over it (ModelParallel publishes it atomically), never as `<name>-v1.ckpt`:
+    `last.ckpt` then always names this run's newest checkpoint."""
+    if not hasattr(callback, "_enable_version_counter"):
+        raise RuntimeError("lightning's ModelCheckpoint has no _enable_version_counter any more: update "
+                           "gpt_tp/train/lightning_internals.py for this Lightning version")
+    callback._enable_version_counter = False
+
+
+def save_step(callback: LightningModelCheckpoint, trainer) -> str | None:
+    """Save the trainer's step now, as `callback` saves a periodic one (its top-k file, then last.ckpt), unless it has
+    already; every rank calls it. Returns the newest checkpoint `callback` has saved (None: none)."""
+    if trainer.global_step > 0 and not callback._should_skip_saving_checkpoint(trainer):
+        candidates = callback._monitor_candidates(trainer)
+        callback._save_topk_checkpoint(trainer, candidates)
+        if callback.save_top_k != 0 and callback._last_global_step_saved != trainer.global_step:  # not in the top k
+            callback._save_checkpoint(trainer, callback.format_checkpoint_name(candidates))
+        callback._save_last_checkpoint(trainer, candidates)
+    return callback._last_checkpoint_saved or None
 
 
 class ModelCheckpoint(LightningModelCheckpoint):
