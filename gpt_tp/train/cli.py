@@ -10,9 +10,10 @@ import threading
 import warnings
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -25,6 +26,8 @@ from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import (FinalStep, check_checkpoint, checkpoints_line, human_bytes,
                                      recover_interrupted_saves)
 from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
+from gpt_tp.train.lifecycle import (callbacks_replaced_by, check_launch, check_not_complete, claim_folder,
+                                    resume_checkpoint, saved_state)
 from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
@@ -79,9 +82,13 @@ class GPTCLI(TrainingCLI):
     """TrainingCLI with gpt_tp's checks before launch."""
 
     def before_instantiate_classes(self) -> None:
-        """check_config; `auto` layouts planned (the smallest TP that fits); `fit --simulate` instead of the run."""
+        """check_config; a fine-tune's checkpoint builds the model it holds; `auto` layouts planned (the smallest TP that fits); `fit --simulate` instead of the run."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
+        resumed = resume_checkpoint(cfg) if self.subcommand else None
+        saved = saved_state(resumed).get("hyper_parameters") or {} if resumed else {}
+        if cfg.model.init_from is None and saved.get("init_from") is not None and isinstance(saved.get("model"), dict):
+            cfg.model.model = Namespace(**saved["model"])  # a fine-tune: the model it built, not init_from's folder again
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is not None and "auto" in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             devices, nodes = self._devices(cfg, "plan an 'auto' layout")
@@ -128,6 +135,7 @@ class GPTCLI(TrainingCLI):
         trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         callbacks = trainer.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        self._lists_checkpoint = any(isinstance(c, ModelCheckpoint) for c in callbacks)
         for flag, kind, default in (("enable_progress_bar", ProgressBar, StepProgressBar),
                                     ("enable_model_summary", ModelSummary, GPTSummary)):
             if trainer.get(flag) is not False and not any(isinstance(c, kind) for c in callbacks):
@@ -147,6 +155,7 @@ class GPTCLI(TrainingCLI):
     def parse_arguments(self, parser, args) -> None:
         """A file given to --ckpt_path is refused here (checkpoints are folders), before Lightning unpickles it."""
         super().parse_arguments(parser, args)
+        self._argv = sys.argv[1:] if args is None else list(args)
         sub = self.config.get("subcommand")
         ckpt = self.config[sub].get("ckpt_path") if sub else None
         if ckpt and os.path.isfile(ckpt):
@@ -160,6 +169,7 @@ class GPTCLI(TrainingCLI):
         if devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
             # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // devices))
+        check_launch(self.trainer.strategy.cluster_environment, devices * nodes, devices, nodes)
         dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))  # numbers by now ('auto': planned)
         self._check_shapes(self.model.config, devices, nodes, dp, tp)
         if cfg.model.async_tp and not isinstance(self.trainer.accelerator, CUDAAccelerator):
@@ -177,6 +187,8 @@ class GPTCLI(TrainingCLI):
             if getattr(lg, "save_dir", None) is not None:
                 make_writable(lg.save_dir, "log folder", "trainer.logger", "the logger's save_dir")
         for folder in sorted(folders) if self.subcommand == "fit" else ():  # no room to save: fails now, not mid-run
+            if ckpt is None:
+                claim_folder(folder, cfg.overwrite_checkpoints)
             make_writable(folder, "checkpoint folder", "ModelCheckpoint dirpath", "its dirpath")
             free, need = shutil.disk_usage(folder).free, checkpoint_bytes(self.model.config)
             if free < need:
@@ -224,6 +236,15 @@ class GPTCLI(TrainingCLI):
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]
         self._check_layout()
+        if resumed := resume_checkpoint(cfg):
+            check_not_complete(cfg.ckpt_path, resumed, self.trainer.max_steps)
+        replaced = callbacks_replaced_by(self._argv)
+        if self.trainer.checkpoint_callbacks and not self._lists_checkpoint and replaced:
+            raise UserError(f"trainer.callbacks has no ModelCheckpoint: {replaced} lists trainer.callbacks, which "
+                            "replaces the whole list (jsonargparse's rule), so this run would keep no checkpoint to "
+                            f"resume; in {replaced} write `callbacks+:` to add to the list, or add "
+                            "--trainer.callbacks+=gpt_tp.train.checkpoint.ModelCheckpoint; or set "
+                            "trainer.enable_checkpointing false")
         if cfg.get("ckpt_path"):  # a resume writes into the folder it resumes from: Lightning's warning is no news
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         find_shards(cfg.data.data_dir, "train")
