@@ -31,13 +31,14 @@ def replace_same_names(callback: LightningModelCheckpoint) -> None:
 
 
 def save_step(callback: LightningModelCheckpoint, trainer) -> str | None:
-    """Save the trainer's step now, as `callback` saves a periodic one (its top-k file, then last.ckpt), unless it has
-    already; every rank calls it. Returns the newest checkpoint `callback` has saved (None: none)."""
+    """Save the trainer's step now, as `callback` saves a periodic one (its top-k file, then last.ckpt; with save_last
+    true last.ckpt only), unless it has already; every rank calls it. Returns the newest checkpoint `callback` has saved (None: none)."""
     if trainer.global_step > 0 and not callback._should_skip_saving_checkpoint(trainer):
         candidates = callback._monitor_candidates(trainer)
-        callback._save_topk_checkpoint(trainer, candidates)
-        if callback.save_top_k != 0 and callback._last_global_step_saved != trainer.global_step:  # not in the top k
-            callback._save_checkpoint(trainer, callback.format_checkpoint_name(candidates))
+        if callback.save_last in (None, False, "link"):  # save_last true: last.ckpt, a copy of its own, is the save
+            callback._save_topk_checkpoint(trainer, candidates)
+            if callback.save_top_k != 0 and callback._last_global_step_saved != trainer.global_step:  # not in the top k
+                callback._save_checkpoint(trainer, callback.format_checkpoint_name(candidates))
         callback._save_last_checkpoint(trainer, candidates)
     return callback._last_checkpoint_saved or None
 
