@@ -67,7 +67,8 @@ def test_final_step_and_last_ckpt_in_fresh_used_and_copied_folders(tmp_path):
     assert last_line(out) == f"gpt_tp fit: step 13; checkpoints in {ck} (last.ckpt -> step0000013.ckpt); no logger"
 
     before = snapshot(ck)
-    line = one_error_line(subprocess.CompletedProcess([], *finished(fit("--config", config, "--trainer.max_steps", "20")), ""))
+    refused = finished(fit("--config", config, "--trainer.max_steps", "20"))
+    line = one_error_line(subprocess.CompletedProcess([], *refused, ""))
     assert line.startswith(f"error: ModelCheckpoint dirpath {ck} holds another run's checkpoints (last.ckpt, "
                            "step0000010.ckpt, step0000013.ckpt): continue that run with --ckpt_path last"), line
     line = one_error_line(subprocess.CompletedProcess([], *finished(fit("--config", config, "--ckpt_path", "last",

@@ -26,8 +26,8 @@ from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.train.checkpoint import (FinalStep, check_checkpoint, checkpoints_line, human_bytes,
                                      recover_interrupted_saves)
 from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
-from gpt_tp.train.lifecycle import (callbacks_replaced_by, check_launch, check_not_complete, claim_folder,
-                                    resume_checkpoint, saved_state)
+from gpt_tp.train.lifecycle import (callbacks_replaced_by, check_launch, check_not_complete, check_unused,
+                                    remove_checkpoints, resume_checkpoint, saved_state)
 from gpt_tp.train.logs import LogWriteCheck, quiet_writer_threads
 from gpt_tp.train.optim import get_lr
 from gpt_tp.train.predict import PromptWriter
@@ -82,13 +82,14 @@ class GPTCLI(TrainingCLI):
     """TrainingCLI with gpt_tp's checks before launch."""
 
     def before_instantiate_classes(self) -> None:
-        """check_config; a fine-tune's checkpoint builds the model it holds; `auto` layouts planned (the smallest TP that fits); `fit --simulate` instead of the run."""
+        """check_config; a fine-tune's checkpoint builds the model it holds; `auto` layouts planned (the smallest TP
+        that fits); `fit --simulate` instead of the run."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
         resumed = resume_checkpoint(cfg) if self.subcommand else None
         saved = saved_state(resumed).get("hyper_parameters") or {} if resumed else {}
         if cfg.model.init_from is None and saved.get("init_from") is not None and isinstance(saved.get("model"), dict):
-            cfg.model.model = Namespace(**saved["model"])  # a fine-tune: the model it built, not init_from's folder again
+            cfg.model.model = Namespace(**saved["model"])  # a fine-tune: the model it built, not init_from's again
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is not None and "auto" in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             devices, nodes = self._devices(cfg, "plan an 'auto' layout")
@@ -187,8 +188,8 @@ class GPTCLI(TrainingCLI):
             if getattr(lg, "save_dir", None) is not None:
                 make_writable(lg.save_dir, "log folder", "trainer.logger", "the logger's save_dir")
         for folder in sorted(folders) if self.subcommand == "fit" else ():  # no room to save: fails now, not mid-run
-            if ckpt is None:
-                claim_folder(folder, cfg.overwrite_checkpoints)
+            if ckpt is None and not cfg.overwrite_checkpoints:
+                check_unused(folder)
             make_writable(folder, "checkpoint folder", "ModelCheckpoint dirpath", "its dirpath")
             free, need = shutil.disk_usage(folder).free, checkpoint_bytes(self.model.config)
             if free < need:
@@ -235,9 +236,6 @@ class GPTCLI(TrainingCLI):
 
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]
-        self._check_layout()
-        if resumed := resume_checkpoint(cfg):
-            check_not_complete(cfg.ckpt_path, resumed, self.trainer.max_steps)
         replaced = callbacks_replaced_by(self._argv)
         if self.trainer.checkpoint_callbacks and not self._lists_checkpoint and replaced:
             raise UserError(f"trainer.callbacks has no ModelCheckpoint: {replaced} lists trainer.callbacks, which "
@@ -245,6 +243,9 @@ class GPTCLI(TrainingCLI):
                             f"resume; in {replaced} write `callbacks+:` to add to the list, or add "
                             "--trainer.callbacks+=gpt_tp.train.checkpoint.ModelCheckpoint; or set "
                             "trainer.enable_checkpointing false")
+        self._check_layout()
+        if resumed := resume_checkpoint(cfg):
+            check_not_complete(cfg.ckpt_path, resumed, self.trainer.max_steps)
         if cfg.get("ckpt_path"):  # a resume writes into the folder it resumes from: Lightning's warning is no news
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         find_shards(cfg.data.data_dir, "train")
@@ -266,6 +267,10 @@ class GPTCLI(TrainingCLI):
         if isinstance(interval, int) and cfg.data.val_batches and max_steps > 0 and interval > max_steps * accum:
             rank_zero_warn(f"trainer.val_check_interval={interval} micro-batches is beyond the run's {max_steps} "
                            f"steps x {accum} accumulation: no validation will run; lower trainer.val_check_interval")
+        if cfg.get("ckpt_path") is None and cfg.overwrite_checkpoints:  # last: every check above has passed
+            for cb in self.trainer.checkpoint_callbacks:
+                if getattr(cb, "dirpath", None):
+                    remove_checkpoints(cb.dirpath)
 
     def before_validate(self) -> None:
         self._check_layout()

@@ -31,7 +31,8 @@ def resume_checkpoint(cfg) -> str | None:
         return None if ckpt in (None, "best", "hpc", "registry") else ckpt
     callbacks = cfg.trainer.callbacks or []
     for cb in callbacks if isinstance(callbacks, list) else [callbacks]:
-        dirpath = (cb.get("init_args") or {}).get("dirpath") if cb.get("class_path", "").endswith("Checkpoint") else None
+        is_checkpoint = cb.get("class_path", "").endswith("Checkpoint")
+        dirpath = (cb.get("init_args") or {}).get("dirpath") if is_checkpoint else None
         if dirpath and os.path.lexists(last := os.path.join(dirpath, "last.ckpt")):
             return last
     return None
@@ -53,18 +54,19 @@ def check_not_complete(flag: str, path: str, max_steps: int) -> None:
                         f"trainer.max_steps {max_steps}); raise --trainer.max_steps to train further")
 
 
-def claim_folder(folder: str, overwrite: bool) -> None:
+def check_unused(folder: str) -> None:
     """A fresh run (no --ckpt_path) writes into `folder`: refused while it holds another run's checkpoints, whose
-    last.ckpt would then name the wrong run; with overwrite they are deleted first."""
-    taken = sorted(p for p in Path(folder).glob("*.ckpt*"))
-    if not taken:
-        return
-    if not overwrite:
-        names = ", ".join(p.name for p in taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+    last.ckpt would then name the wrong run (--overwrite_checkpoints: remove_checkpoints, once every check passed)."""
+    if taken := sorted(p.name for p in Path(folder).glob("*.ckpt*")):
+        names = ", ".join(taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
         raise UserError(f"ModelCheckpoint dirpath {folder} holds another run's checkpoints ({names}): continue that "
                         "run with --ckpt_path last, set another dirpath, or pass --overwrite_checkpoints true to "
                         "delete them and start from step 0")
-    for p in taken:  # every rank's cli.py may do this at once
+
+
+def remove_checkpoints(folder: str) -> None:
+    """Delete every `*.ckpt*` entry of `folder` (--overwrite_checkpoints); every rank's cli.py may do it at once."""
+    for p in Path(folder).glob("*.ckpt*"):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
