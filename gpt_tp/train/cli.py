@@ -1,6 +1,7 @@
 """gpt_tp's command line (cli.py, see README): GPTCLI runs TrainingCLI with the checks that need no process group
 done first, in the launching process, so a mistake prints once; `auto` layouts are planned before launch."""
 
+import dataclasses
 import glob
 import logging
 import os
@@ -20,6 +21,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB, detect_device_memory_gib
+from gpt_tp.model import GPTConfig
 from gpt_tp.parallel.apply import check_compiled_ac
 from gpt_tp.sizing import LayoutError, check_run, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
@@ -35,6 +37,7 @@ from gpt_tp.train.progress import GPTSummary, StepProgressBar
 from gpt_tp.train.simulate import format_simulation, simulate
 from gpt_tp.train.slurm import Preemption, latest_checkpoint
 
+SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")  # what a Hugging Face folder's config.json decides
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 # Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
 QUIET_INFO = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
@@ -90,6 +93,14 @@ class GPTCLI(TrainingCLI):
         saved = saved_state(resumed).get("hyper_parameters") or {} if resumed else {}
         if cfg.model.init_from is None and saved.get("init_from") is not None and isinstance(saved.get("model"), dict):
             cfg.model.model = Namespace(**saved["model"])  # a fine-tune: the model it built, not init_from's again
+        elif cfg.model.init_from is not None:  # init_from's config.json decides the shape: recorded as built
+            asked, built = GPTConfig.resolve(cfg.model.model), built_config(cfg.model.model, cfg.model.init_from)
+            unused = [f"{k}={getattr(asked, k)}" for k in SHAPE_FIELDS if getattr(asked, k) != getattr(built, k)]
+            if unused and not isinstance(cfg.model.model, str):
+                rank_zero_warn(f"model.init_from={cfg.model.init_from} builds its config.json's model ("
+                               f"{', '.join(f'{k}={getattr(built, k)}' for k in SHAPE_FIELDS)}); model.model's "
+                               f"{', '.join(unused)} are not used, and the run records the model built")
+            cfg.model.model = Namespace(**dataclasses.asdict(built))
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is not None and "auto" in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             devices, nodes = self._devices(cfg, "plan an 'auto' layout")

@@ -6,7 +6,6 @@ from contextlib import nullcontext
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
@@ -19,9 +18,6 @@ from gpt_tp.train.ranks import parallel_layout
 from gpt_tp.train.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
 from gpt_tp.train.throughput import StepThroughput
-
-
-SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")  # what a Hugging Face folder's config.json decides
 
 
 class GPTModule(L.LightningModule):
@@ -54,21 +50,14 @@ class GPTModule(L.LightningModule):
         check_ac_mode(activation_checkpointing)
         check_optimizer(max_lr, min_lr, warmup_steps, max_steps, weight_decay, betas, eps)
         check_peak_flops(peak_flops)
+        self.save_hyperparameters()
         self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
         hf_state = None
         if init_from is not None:
-            asked = self.config
             self.config, hf_state = load_hf_dir(init_from, vocab_size=self.config.vocab_size)
-            if not isinstance(model, str) and (unused := [f"{k}={getattr(asked, k)}" for k in SHAPE_FIELDS
-                                                          if getattr(asked, k) != getattr(self.config, k)]):
-                rank_zero_warn(f"model.init_from={init_from} builds its config.json's model ("
-                               f"{', '.join(f'{k}={getattr(self.config, k)}' for k in SHAPE_FIELDS)}); model.model's "
-                               f"{', '.join(unused)} are not used, and hparams.yaml records the model built")
         if init_from is not None or not isinstance(model, str):
-            # the model built (init_from's shape, vocab mask), plain for weights_only loads: what hparams.yaml and the
-            # checkpoint record (save_hyperparameters reads this argument); export, HellaSwag and resumes use it
-            model = dataclasses.asdict(self.config)
-        self.save_hyperparameters()
+            # the model built (init_from's shape, vocab mask), plain for weights_only loads; export/HellaSwag use it
+            self.hparams["model"] = dataclasses.asdict(self.config)
         with torch.device("meta") if meta_init and hf_state is None else nullcontext():
             self.model = GPT(self.config)
         if hf_state is not None:
