@@ -93,8 +93,8 @@ class GPTCLI(TrainingCLI):
         saved = saved_state(resumed).get("hyper_parameters") or {} if resumed else {}
         if cfg.model.init_from is None and saved.get("init_from") is not None and isinstance(saved.get("model"), dict):
             cfg.model.model = Namespace(**saved["model"])  # a fine-tune: the model it built, not init_from's again
-        elif cfg.model.init_from is not None:  # init_from's config.json decides the shape: recorded as built
-            asked, built = GPTConfig.resolve(cfg.model.model), built_config(cfg.model.model, cfg.model.init_from)
+        elif cfg.model.init_from is not None and (built := self._init_from_model(cfg)) is not None:
+            asked = GPTConfig.resolve(cfg.model.model)  # init_from's config.json decides the shape: recorded as built
             unused = [f"{k}={getattr(asked, k)}" for k in SHAPE_FIELDS if getattr(asked, k) != getattr(built, k)]
             if unused and not isinstance(cfg.model.model, str):
                 rank_zero_warn(f"model.init_from={cfg.model.init_from} builds its config.json's model ("
@@ -114,6 +114,15 @@ class GPTCLI(TrainingCLI):
             print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
         if self.subcommand == "fit" and cfg.get("simulate"):
             self._simulate(cfg)
+
+    @staticmethod
+    def _init_from_model(cfg) -> GPTConfig | None:
+        """The model model.init_from builds, from its config.json; None for a folder GPTModule will refuse (its
+        loader names what is wrong with it)."""
+        try:
+            return built_config(cfg.model.model, cfg.model.init_from)
+        except UserError:
+            return None
 
     @staticmethod
     def _devices(cfg, to: str) -> tuple[int, int]:
