@@ -93,3 +93,28 @@ def test_show_step_sets_the_step_trainer_and_loggers_report(tmp_path):
     trainer._logger_connector.log_metrics({"val/loss": 1.5})
     trainer.logger.save()
     assert (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[1].endswith(",120,1.5")
+
+
+def test_save_step_and_replace_same_names(tmp_path):
+    """save_step (through FinalStep) saves a run's last step as ModelCheckpoint saves a periodic one, once, and
+    last.ckpt names it; replace_same_names makes a second run's same-named checkpoints replace the first's, with no
+    `-v1` file. A real Trainer on Lightning's BoringModel, one process."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from gpt_tp.train.checkpoint import FinalStep
+    from gpt_tp.train.checkpoint import AtomicModelCheckpoint as Atomic
+
+    def fit(steps: int) -> Atomic:
+        cb = Atomic(dirpath=tmp_path, filename="step{step}", auto_insert_metric_name=False, every_n_train_steps=2,
+                    save_top_k=-1, save_last="link")
+        Trainer(max_steps=steps, callbacks=[cb, FinalStep()], logger=False, enable_progress_bar=False,
+                enable_model_summary=False, limit_val_batches=0).fit(BoringModel())
+        return cb
+
+    cb = fit(3)
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "step2.ckpt", "step3.ckpt"]
+    assert os.readlink(tmp_path / "last.ckpt") == "step3.ckpt" and cb.last_model_path == str(tmp_path / "last.ckpt")
+    fit(4)  # step 4 is periodic and last: saved once
+    assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "step2.ckpt", "step3.ckpt", "step4.ckpt"]
+    assert os.readlink(tmp_path / "last.ckpt") == "step4.ckpt"

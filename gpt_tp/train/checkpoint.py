@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, load as dcp_load
@@ -23,7 +23,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.collective import one_does
-from gpt_tp.train.lightning_internals import META, AtomicModelCheckpoint, mark_saved  # noqa: F401 - configs name it here
+from gpt_tp.train.lightning_internals import (  # noqa: F401 - configs name AtomicModelCheckpoint here
+    META, AtomicModelCheckpoint, mark_saved, replace_same_names, save_step)
 from gpt_tp.errors import UserError
 from gpt_tp.sizing.sizes import checkpoint_bytes
 
@@ -152,17 +153,58 @@ def _publish(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _continue_checkpointing(callbacks: list, checkpoint: dict) -> None:
-    """A resumed run's ModelCheckpoint callbacks carry on the saved run's: the loaded step counts as saved, and a saved
-    state with an empty last_model_path gets `<dirpath>/last.ckpt` (its unversioned last name) in the same folder."""
+def _continue_checkpointing(callbacks: list, checkpoint: dict, path: Path) -> None:
+    """A resumed run's ModelCheckpoint callbacks carry on the saved run's: the loaded step counts as saved; a saved
+    state with an empty last_model_path gets `<dirpath>/last.ckpt` (its unversioned last name) in the same folder; and
+    a checkpoint resumed from a copy of its folder (`path` in the callback's dirpath, the state naming another) has
+    its state's paths moved to the copy, so the copy keeps its newest K and its own last.ckpt."""
     states = checkpoint.get("callbacks") or {}
     for cb in (c for c in callbacks if isinstance(c, LightningModelCheckpoint)):
         if "global_step" in checkpoint:
             mark_saved(cb, checkpoint["global_step"])  # not restored by Lightning (gpt_tp.train.lightning_internals)
         state = states.get(cb.state_key)
-        if (cb.save_last and cb.dirpath and "{" not in cb.CHECKPOINT_NAME_LAST and isinstance(state, dict)
-                and not state.get("last_model_path") and state.get("dirpath") == cb.dirpath):
+        if not (isinstance(state, dict) and cb.dirpath):
+            continue
+        old = state.get("dirpath")
+        if old and old != cb.dirpath and os.path.realpath(path.parent) == os.path.realpath(cb.dirpath):
+            def moved(p: str) -> str:
+                return os.path.join(cb.dirpath, os.path.basename(p)) if p and os.path.dirname(p) == old else p
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                state[key] = moved(state.get(key) or "")
+            state["best_k_models"] = {moved(k): v for k, v in (state.get("best_k_models") or {}).items()
+                                      if os.path.lexists(moved(k))}
+            state["dirpath"] = cb.dirpath
+        if (cb.save_last and "{" not in cb.CHECKPOINT_NAME_LAST and not state.get("last_model_path")
+                and state.get("dirpath") == cb.dirpath):
             state["last_model_path"] = cb.format_checkpoint_name({}, cb.CHECKPOINT_NAME_LAST)
+
+
+def checkpoints_line(trainer) -> str:
+    """The closing line's account of the run's checkpoints, from each ModelCheckpoint's own last checkpoint:
+    `checkpoints in DIR (last.ckpt -> step0000013.ckpt)`; '' when none was saved."""
+    parts = []
+    for cb in trainer.checkpoint_callbacks:
+        last = getattr(cb, "last_model_path", "") or ""
+        if last and os.path.lexists(last):
+            link = f" -> {os.readlink(last)}" if os.path.islink(last) else ""
+            parts.append(f"checkpoints in {cb.dirpath} ({os.path.basename(last)}{link})")
+    return "; ".join(parts)
+
+
+class FinalStep(Callback):
+    """Every ModelCheckpoint saves the run's final step, whatever its every_n_train_steps (build-nanogpt saves at
+    `step % N == 0 or last_step`), once, with last.ckpt naming it; and saves a name that exists over it, never as
+    `<name>-v1.ckpt`. cli.py adds it to every run."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, LightningModelCheckpoint):
+                replace_same_names(cb)
+
+    def on_train_end(self, trainer, pl_module) -> None:  # before the ModelCheckpoints' own (Lightning puts them last)
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, LightningModelCheckpoint):
+                save_step(cb, trainer)
 
 
 class ModelParallel(ModelParallelStrategy):
@@ -221,7 +263,7 @@ class ModelParallel(ModelParallelStrategy):
         check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
         sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
         checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
-        _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint)
+        _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint, path)
         return checkpoint
 
     def _load_plain(self, path: Path) -> dict:

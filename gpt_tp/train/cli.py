@@ -1,6 +1,7 @@
 """gpt_tp's command line (cli.py, see README): GPTCLI runs TrainingCLI with the checks that need no process group
 done first, in the launching process, so a mistake prints once; `auto` layouts are planned before launch."""
 
+import dataclasses
 import glob
 import logging
 import os
@@ -10,27 +11,33 @@ import threading
 import warnings
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB, detect_device_memory_gib
+from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import LayoutError, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
-from gpt_tp.train.checkpoint import check_checkpoint, human_bytes, recover_interrupted_saves
+from gpt_tp.train.checkpoint import (FinalStep, check_checkpoint, checkpoints_line, human_bytes,
+                                     recover_interrupted_saves)
 from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
+from gpt_tp.train.lifecycle import (callbacks_replaced_by, check_launch, check_not_complete, check_unused,
+                                    remove_checkpoints, resume_checkpoint, saved_state)
 from gpt_tp.train.logs import CheckpointStep, LogWriteCheck, RunLineage, quiet_writer_threads
 from gpt_tp.train.optim import OptimizerSettings, get_lr
 from gpt_tp.train.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
 from gpt_tp.train.run import Run, layout_flags, resolve_run
 from gpt_tp.train.simulate import format_simulation, simulate
-from gpt_tp.train.slurm import latest_checkpoint
+from gpt_tp.train.slurm import Preemption, latest_checkpoint
 
+SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")  # what a Hugging Face folder's config.json decides
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 # Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
 QUIET_INFO = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
@@ -78,9 +85,22 @@ class GPTCLI(TrainingCLI):
     """TrainingCLI with gpt_tp's checks before launch."""
 
     def before_instantiate_classes(self) -> None:
-        """check_config; `auto` layouts planned (the smallest TP that fits); `fit --simulate` instead of the run."""
+        """check_config; a fine-tune's checkpoint builds the model it holds; `auto` layouts planned (the smallest TP
+        that fits); `fit --simulate` instead of the run."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
+        resumed = resume_checkpoint(cfg) if self.subcommand else None
+        saved = saved_state(resumed).get("hyper_parameters") or {} if resumed else {}
+        if cfg.model.init_from is None and saved.get("init_from") is not None and isinstance(saved.get("model"), dict):
+            cfg.model.model = Namespace(**saved["model"])  # a fine-tune: the model it built, not init_from's again
+        elif cfg.model.init_from is not None and (built := self._init_from_model(cfg)) is not None:
+            asked = GPTConfig.resolve(cfg.model.model)  # init_from's config.json decides the shape: recorded as built
+            unused = [f"{k}={getattr(asked, k)}" for k in SHAPE_FIELDS if getattr(asked, k) != getattr(built, k)]
+            if unused and not isinstance(cfg.model.model, str):
+                rank_zero_warn(f"model.init_from={cfg.model.init_from} builds its config.json's model ("
+                               f"{', '.join(f'{k}={getattr(built, k)}' for k in SHAPE_FIELDS)}); model.model's "
+                               f"{', '.join(unused)} are not used, and the run records the model built")
+            cfg.model.model = Namespace(**dataclasses.asdict(built))
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is not None and "auto" in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             devices, nodes = self._devices(cfg, "plan an 'auto' layout")
@@ -94,6 +114,15 @@ class GPTCLI(TrainingCLI):
             print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
         if self.subcommand == "fit" and cfg.get("simulate"):
             self._simulate(cfg)
+
+    @staticmethod
+    def _init_from_model(cfg) -> GPTConfig | None:
+        """The model model.init_from builds, from its config.json; None for a folder GPTModule will refuse (its
+        loader names what is wrong with it)."""
+        try:
+            return built_config(cfg.model.model, cfg.model.init_from)
+        except UserError:
+            return None
 
     @staticmethod
     def _devices(cfg, to: str) -> tuple[int, int]:
@@ -122,17 +151,21 @@ class GPTCLI(TrainingCLI):
         raise SystemExit(0)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """Add StepProgressBar and GPTSummary unless the config brings its own or turns them off, and LogWriteCheck."""
+        """Add StepProgressBar and GPTSummary unless the config brings its own or turns them off, Preemption (SIGTERM)
+        unless it lists one, LogWriteCheck and FinalStep."""
         trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         callbacks = trainer.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        self._lists_checkpoint = any(isinstance(c, ModelCheckpoint) for c in callbacks)
         for flag, kind, default in (("enable_progress_bar", ProgressBar, StepProgressBar),
                                     ("enable_model_summary", ModelSummary, GPTSummary)):
             if trainer.get(flag) is not False and not any(isinstance(c, kind) for c in callbacks):
                 callbacks = [*callbacks, default()]
-        # rank 0's failed metrics.csv write stops every rank alike; validate's rows name the checkpoint's step; the
-        # log folder names the runs its checkpoints continue (the plot's lineage)
-        trainer["callbacks"] = [*callbacks, LogWriteCheck(), CheckpointStep(), RunLineage()]
+        if not any(isinstance(c, Preemption) for c in callbacks):  # SIGTERM on every launch: save, stop together
+            callbacks = [*callbacks, Preemption(dirpath=None, signal_name=None, requeue=False)]
+        # rank 0's failed metrics.csv write stops every rank alike; every run's final step saved; validate's rows name
+        # the checkpoint's step; the log folder names the runs its checkpoints continue (the plot's lineage)
+        trainer["callbacks"] = [*callbacks, LogWriteCheck(), FinalStep(), CheckpointStep(), RunLineage()]
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ModuleNotFoundError, ValueError) as e:  # a trainer.* value (devices=0, num_nodes=0)
@@ -144,6 +177,7 @@ class GPTCLI(TrainingCLI):
     def parse_arguments(self, parser, args) -> None:
         """A file given to --ckpt_path is refused here (checkpoints are folders), before Lightning unpickles it."""
         super().parse_arguments(parser, args)
+        self._argv = sys.argv[1:] if args is None else list(args)
         sub = self.config.get("subcommand")
         ckpt = self.config[sub].get("ckpt_path") if sub else None
         if ckpt and os.path.isfile(ckpt):
@@ -157,6 +191,7 @@ class GPTCLI(TrainingCLI):
         if devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
             # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // devices))
+        check_launch(self.trainer.strategy.cluster_environment, devices * nodes, devices, nodes)
         self.run = self._resolve(self.model.config, devices, nodes, isinstance(self.trainer.accelerator, CUDAAccelerator))
         self.model.use_run(self.run)
         ckpt = cfg.get("ckpt_path")
@@ -172,6 +207,8 @@ class GPTCLI(TrainingCLI):
             if getattr(lg, "save_dir", None) is not None:
                 make_writable(lg.save_dir, "log folder", "trainer.logger", "the logger's save_dir")
         for folder in sorted(folders) if self.subcommand == "fit" else ():  # no room to save: fails now, not mid-run
+            if ckpt is None and not cfg.overwrite_checkpoints:
+                check_unused(folder)
             make_writable(folder, "checkpoint folder", "ModelCheckpoint dirpath", "its dirpath")
             free, need = shutil.disk_usage(folder).free, checkpoint_bytes(self.model.config)
             if free < need:
@@ -215,7 +252,16 @@ class GPTCLI(TrainingCLI):
 
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]
+        replaced = callbacks_replaced_by(self._argv)
+        if self.trainer.checkpoint_callbacks and not self._lists_checkpoint and replaced:
+            raise UserError(f"trainer.callbacks has no ModelCheckpoint: {replaced} lists trainer.callbacks, which "
+                            "replaces the whole list (jsonargparse's rule), so this run would keep no checkpoint to "
+                            f"resume; in {replaced} write `callbacks+:` to add to the list, or add "
+                            "--trainer.callbacks+=gpt_tp.train.checkpoint.AtomicModelCheckpoint; or set "
+                            "trainer.enable_checkpointing false")
         self._check_layout()
+        if resumed := resume_checkpoint(cfg):
+            check_not_complete(cfg.ckpt_path, resumed, self.trainer.max_steps)
         if cfg.get("ckpt_path"):  # a resume writes into the folder it resumes from: Lightning's warning is no news
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         find_shards(cfg.data.data_dir, "train")
@@ -237,6 +283,10 @@ class GPTCLI(TrainingCLI):
         if isinstance(interval, int) and cfg.data.val_batches and max_steps > 0 and interval > max_steps * accum:
             rank_zero_warn(f"trainer.val_check_interval={interval} micro-batches is beyond the run's {max_steps} "
                            f"steps x {accum} accumulation: no validation will run; lower trainer.val_check_interval")
+        if cfg.get("ckpt_path") is None and cfg.overwrite_checkpoints:  # last: every check above has passed
+            for cb in self.trainer.checkpoint_callbacks:
+                if getattr(cb, "dirpath", None):
+                    remove_checkpoints(cb.dirpath)
 
     def before_validate(self) -> None:
         self._check_layout()
@@ -256,14 +306,8 @@ class GPTCLI(TrainingCLI):
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        saved = []
-        for cb in self.trainer.checkpoint_callbacks:
-            last = os.path.join(cb.dirpath, "last.ckpt") if getattr(cb, "dirpath", None) else None
-            if last and os.path.lexists(last):
-                link = f" -> {os.readlink(last)}" if os.path.islink(last) else ""
-                saved.append(f"checkpoints in {cb.dirpath} (last.ckpt{link})")
-        print(f"gpt_tp fit: step {self.trainer.global_step}; {'; '.join(saved) or 'no checkpoint saved'}; {self._logs()}",
-              flush=True)
+        saved = checkpoints_line(self.trainer) or "no checkpoint saved"
+        print(f"gpt_tp fit: step {self.trainer.global_step}; {saved}; {self._logs()}", flush=True)
 
     def after_validate(self) -> None:
         if self.trainer.is_global_zero:

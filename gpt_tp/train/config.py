@@ -125,7 +125,8 @@ class TrainingCLI(LightningCLI):
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "test"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """trainer.max_steps is the schedule's length too (model.max_steps); fit: --simulate; predict: the prompts."""
+        """trainer.max_steps is the schedule's length too (model.max_steps); fit: --simulate, --overwrite_checkpoints;
+        predict: the prompts."""
         parser.link_arguments("trainer.max_steps", "model.max_steps")
         sub = getattr(parser, "for_subcommand", None)
         if sub == "fit":
@@ -135,6 +136,9 @@ class TrainingCLI(LightningCLI):
             parser.add_argument("--simulate_rank", type=int, default=0, help="the rank --simulate builds")
             parser.add_argument("--simulate_memory_gib", type=float | None, default=None,
                                 help="device memory --simulate checks the peak against (default: this machine's GPU)")
+            parser.add_argument("--overwrite_checkpoints", type=bool, default=False,
+                                help="a fresh run (no --ckpt_path) whose ModelCheckpoint dirpath holds another run's "
+                                     "checkpoints deletes them first (default: refused, in one line)")
         if sub == "predict":
             parser.add_class_arguments(Prompts, None, as_group=True)
             parser.link_arguments(PROMPT_FLAGS, "data.prompts",  # the flags' values as the fields of the Prompts

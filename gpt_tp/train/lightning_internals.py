@@ -1,7 +1,9 @@
 """The one place gpt_tp touches Lightning internals (no public seam), checked on the versions in CHECKED, which
 tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not restore its last saved step on resume,
-so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); and it moves
-last.ckpt by deleting and remaking the link (a kill between leaves none): ModelCheckpoint renames a new one over it.
+so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); it saves a step
+only from its own hooks (save_step: the final step, a stopped run's step) and names a second checkpoint of a name
+`<name>-v1.ckpt` (replace_same_names); and it moves last.ckpt by deleting and remaking the link (a kill between leaves
+none): ModelCheckpoint renames a new one over it.
 A distributed checkpoint's non-tensor file has Lightning's private name (META). `cli.py validate` restores no
 step: show_step makes its logged rows and lines name the checkpoint's step."""
 
@@ -29,6 +31,29 @@ def show_step(trainer, step: int) -> None:
     epoch_loop.automatic_optimization.optim_progress.optimizer.step.total.completed = step
     epoch_loop.manual_optimization.optim_step_progress.total.completed = step
     epoch_loop._batches_that_stepped = step  # the logger connector's step
+
+
+def replace_same_names(callback: LightningModelCheckpoint) -> None:
+    """Save a checkpoint whose name exists over it (ModelParallel publishes it atomically), never as `<name>-v1.ckpt`:
+    `last.ckpt` then always names this run's newest checkpoint."""
+    if not hasattr(callback, "_enable_version_counter"):
+        raise RuntimeError("lightning's ModelCheckpoint has no _enable_version_counter any more: update "
+                           "gpt_tp/train/lightning_internals.py for this Lightning version")
+    callback._enable_version_counter = False
+
+
+def save_step(callback: LightningModelCheckpoint, trainer) -> str | None:
+    """Save the trainer's step now, as `callback` saves a periodic one (its top-k file, then last.ckpt; with save_last
+    true last.ckpt only), unless it has already; every rank calls it. Returns the newest checkpoint `callback` has
+    saved (None: none)."""
+    if trainer.global_step > 0 and not callback._should_skip_saving_checkpoint(trainer):
+        candidates = callback._monitor_candidates(trainer)
+        if callback.save_last in (None, False, "link"):  # save_last true: last.ckpt, a copy of its own, is the save
+            callback._save_topk_checkpoint(trainer, candidates)
+            if callback.save_top_k != 0 and callback._last_global_step_saved != trainer.global_step:  # not in the top k
+                callback._save_checkpoint(trainer, callback.format_checkpoint_name(candidates))
+        callback._save_last_checkpoint(trainer, candidates)
+    return callback._last_checkpoint_saved or None
 
 
 class AtomicModelCheckpoint(LightningModelCheckpoint):

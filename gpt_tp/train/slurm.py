@@ -11,13 +11,14 @@ import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
-from gpt_tp.train.checkpoint import META  # a distributed checkpoint's last file (rank 0 writes it last)
+from gpt_tp.train.checkpoint import META, checkpoints_line  # META: a distributed checkpoint's last file
+from gpt_tp.train.lightning_internals import save_step
 
 PREFIX = "gpt_tp"
 EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM": the run did not finish
@@ -37,18 +38,22 @@ def _say(msg: str) -> None:
 
 
 class Preemption(Callback):
-    """At the next optimizer step after SIGUSR1 or SIGTERM, save a checkpoint (all ranks together), then leave:
-    after SIGUSR1 requeue the Slurm job and exit 0, after SIGTERM exit 143.
+    """At the next optimizer step after SIGTERM (or signal_name), save a checkpoint (all ranks together), then leave:
+    after SIGTERM exit 143, after signal_name requeue the Slurm job and exit 0. cli.py adds one to every run that
+    lists none (dirpath None, signal_name None): Lightning's own SIGTERM handler runs a collective inside the handler,
+    which hangs when not every rank got the signal.
 
     Args:
         dirpath: folder for `preempt-step=N.ckpt`; give it to `python -m gpt_tp.train.slurm latest` when resuming.
-        signal_name: the signal Slurm sends before the end (`#SBATCH --signal=USR1@90`); not SIGTERM.
+            None: the trainer's ModelCheckpoint callbacks save the step, and last.ckpt names it.
+        signal_name: the signal Slurm sends before the end (`#SBATCH --signal=USR1@90`); not SIGTERM. None: SIGTERM
+            only.
         requeue: run `scontrol requeue $SLURM_JOB_ID` on rank 0 after a save for signal_name (only inside a Slurm job).
     """
 
-    def __init__(self, dirpath: str = "checkpoints", signal_name: str = "SIGUSR1", requeue: bool = True):
+    def __init__(self, dirpath: str | None = "checkpoints", signal_name: str | None = "SIGUSR1", requeue: bool = True):
         try:
-            self.signum = signal.Signals[signal_name]
+            self.signum = None if signal_name is None else signal.Signals[signal_name]
         except KeyError:
             raise ValueError(f"signal_name={signal_name!r} is not a signal name; use e.g. SIGUSR1") from None
         if self.signum == signal.SIGTERM:
@@ -72,6 +77,8 @@ class Preemption(Callback):
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.signum is None:
+            return
         env = getattr(trainer.strategy, "cluster_environment", None)
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:
             raise PreemptionError("gpt_tp.train.slurm.Preemption saves and requeues the job itself, but Lightning's "
@@ -81,6 +88,8 @@ class Preemption(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._install(signal.SIGTERM)  # replaces Lightning's, installed just before training
+        if self.signum is None:
+            return
         keys = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT")
         env = " ".join(f"{k}={os.environ.get(k, '-')}" for k in keys)
         _say(f"rank {trainer.global_rank} of {trainer.world_size}: {env} host={socket.gethostname()} "
@@ -100,14 +109,23 @@ class Preemption(Callback):
         requested, terminated = (bool(v) for v in trainer.strategy.reduce(flags, reduce_op="sum").tolist())
         if not (requested or terminated):
             return
-        name = "SIGTERM" if terminated else self.signum.name
-        path = os.path.join(self.dirpath, f"preempt-step={trainer.global_step}.ckpt")
-        rank_zero_info(f"[{PREFIX}] preemption signal ({name}): saving {path} at step {trainer.global_step}")
-        trainer.save_checkpoint(path)
+        name, step = "SIGTERM" if terminated else self.signum.name, trainer.global_step
+        if self.dirpath is None:  # the run's own checkpoints: last.ckpt names the step
+            saved = [p for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)
+                     if (p := save_step(cb, trainer))]
+            where = (f"saved {checkpoints_line(trainer)}; resume with --ckpt_path last" if saved
+                     else "nothing saved (trainer.callbacks has no ModelCheckpoint)")
+        else:
+            path = os.path.join(self.dirpath, f"preempt-step={step}.ckpt")
+            rank_zero_info(f"[{PREFIX}] preemption signal ({name}): saving {path} at step {step}")
+            trainer.save_checkpoint(path)
+            where = f"saved {path}; resume with --ckpt_path {path}"
         trainer.strategy.barrier("gpt_tp_preemption_saved")
         job = os.environ.get("SLURM_ARRAY_JOB_ID")
         job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
         if terminated:
+            if trainer.is_global_zero:  # the run's closing line (cli.py's after_fit does not run)
+                print(f"gpt_tp fit: stopped by SIGTERM at step {step}; {where}", flush=True)
             self._leave_after = "sigterm"  # the job is ending: no requeue
         elif self.requeue and job:
             self._leave_after = job

@@ -1,0 +1,228 @@
+"""A run's lifecycle through the real `cli.py fit` (configs/cpu.yaml, TP=2, saving every 10 steps): its final step is
+saved; SIGTERM to the process group or to one rank, under Lightning's own processes and under torchrun, saves the
+step reached and stops every rank with exit code 143; last.ckpt names this run's newest checkpoint in a fresh, a used
+and a copied folder; a fine-tune's checkpoint needs no init_from again. The launch mistakes run in this process."""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import cli  # imported here, not under capsys: Lightning's log handlers keep the stream they first see
+from conftest import ROOT, one_error_line
+from test_bad_inputs import CPU, ONE_DEVICE, cli_main, snapshot
+
+from gpt_tp.train import lifecycle
+
+
+def checkpointing(dirpath: Path, *, every: int = 10) -> str:
+    """A config file (JSON is YAML) replacing configs/cpu.yaml's callbacks: its ModelCheckpoint into dirpath only."""
+    path = dirpath.parent / f"{dirpath.name}.yaml"
+    path.write_text(f"""{{"trainer": {{"logger": false, "enable_progress_bar": false, "callbacks": [
+        {{"class_path": "gpt_tp.train.checkpoint.AtomicModelCheckpoint", "init_args": {{"dirpath": "{dirpath}",
+          "filename": "step{{step:07d}}", "auto_insert_metric_name": false, "every_n_train_steps": {every},
+          "save_top_k": 2, "monitor": "step", "mode": "max", "save_last": "link"}}}}]}},
+        "data": {{"val_batches": 0}}}}""")
+    return str(path)
+
+
+def fit(*args: str, launcher: tuple[str, ...] = (), **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, *launcher, str(ROOT / "cli.py"), "fit", "--config", CPU, *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def step_of(path: Path) -> int:
+    return torch.load(path / "meta.pt", weights_only=True)["global_step"]
+
+
+def last_line(out: str) -> str:
+    return [line for line in out.splitlines() if line.startswith("gpt_tp fit:")][-1]
+
+
+@pytest.mark.slow
+def test_final_step_and_last_ckpt_in_fresh_used_and_copied_folders(tmp_path):
+    """13 steps saving every 10: step 13 is saved and last.ckpt names it. A fresh run into that folder is refused
+    (nothing changed), a resume at max_steps is refused as complete; resumes in the same and in a copied folder move
+    last.ckpt to their own newest step with no -v1 files; --overwrite_checkpoints true starts again."""
+    ck = tmp_path / "ck"
+    config = checkpointing(ck)
+    rc, out = finished(fit("--config", config, "--trainer.max_steps", "13"))
+    assert rc == 0, out[-3000:]
+    assert sorted(os.listdir(ck)) == ["last.ckpt", "step0000010.ckpt", "step0000013.ckpt"]
+    assert os.readlink(ck / "last.ckpt") == "step0000013.ckpt" and step_of(ck / "last.ckpt") == 13
+    assert last_line(out) == f"gpt_tp fit: step 13; checkpoints in {ck} (last.ckpt -> step0000013.ckpt); no logger"
+
+    before = snapshot(ck)
+    refused = finished(fit("--config", config, "--trainer.max_steps", "20"))
+    line = one_error_line(subprocess.CompletedProcess([], *refused, ""))
+    assert line.startswith(f"error: ModelCheckpoint dirpath {ck} holds another run's checkpoints (last.ckpt, "
+                           "step0000010.ckpt, step0000013.ckpt): continue that run with --ckpt_path last"), line
+    line = one_error_line(subprocess.CompletedProcess([], *finished(fit("--config", config, "--ckpt_path", "last",
+                                                                        "--trainer.max_steps", "13")), ""))
+    assert line == (f"error: --ckpt_path last: the run is already complete ({ck}/last.ckpt is at step 13 >= "
+                    "trainer.max_steps 13); raise --trainer.max_steps to train further")
+    assert snapshot(ck) == before
+
+    rc, out = finished(fit("--config", config, "--ckpt_path", "last", "--trainer.max_steps", "21"))
+    assert rc == 0, out[-3000:]
+    assert sorted(os.listdir(ck)) == ["last.ckpt", "step0000020.ckpt", "step0000021.ckpt"]  # the newest 2 + last
+    assert os.readlink(ck / "last.ckpt") == "step0000021.ckpt" and step_of(ck / "last.ckpt") == 21
+
+    copy = tmp_path / "copy"
+    shutil.copytree(ck, copy, symlinks=True)
+    rc, out = finished(fit("--config", checkpointing(copy), "--ckpt_path", "last", "--trainer.max_steps", "24"))
+    assert rc == 0, out[-3000:]
+    assert sorted(os.listdir(copy)) == ["last.ckpt", "step0000021.ckpt", "step0000024.ckpt"], os.listdir(copy)
+    assert last_line(out).startswith(f"gpt_tp fit: step 24; checkpoints in {copy} (last.ckpt -> step0000024.ckpt)")
+
+    rc, out = finished(fit("--config", config, "--trainer.max_steps", "3", "--overwrite_checkpoints", "true"))
+    assert rc == 0, out[-3000:]
+    assert sorted(os.listdir(ck)) == ["last.ckpt", "step0000003.ckpt"] and step_of(ck / "last.ckpt") == 3
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch, target", [("lightning", "group"), ("lightning", "rank0"), ("lightning", "rank1"),
+                                            ("torchrun", "group")])
+def test_sigterm_saves_the_step_reached_and_stops_every_rank(tmp_path, launch, target):
+    """SIGTERM after the step-10 save, to the process group (timeout, docker stop, systemd) or to one rank: every rank
+    stops within seconds at one step, which is saved with last.ckpt naming it; the closing line says so; every rank
+    exits 143."""
+    ck = tmp_path / "ck"
+    launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2") if launch == "torchrun" else ()
+    proc = fit("--config", checkpointing(ck), "--trainer.max_steps", "400", launcher=launcher, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ck / "step0000010.ckpt" / "meta.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.5)
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            os.kill(proc.pid if target == "rank0" else _children(proc.pid)[0], signal.SIGTERM)
+        sent = time.monotonic()
+        rc, out = finished(proc, timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # torchrun's agent ends with its own SignalException (exit 1) once its workers, which exit 143, are gone
+    assert rc == (1 if launch == "torchrun" else 143), out[-3000:]
+    stop = re.search(r"gpt_tp fit: stopped by SIGTERM at step (\d+); saved checkpoints in (\S+) \(last\.ckpt -> "
+                     r"(step\d+\.ckpt)\); resume with --ckpt_path last", out)
+    assert stop, out[-3000:]
+    step = int(stop[1])
+    print(f"SIGTERM {launch}/{target}: the command ended {took:.1f} s after the signal, at step {step}")  # a figure
+    assert step > 10 and stop[2] == str(ck) and stop[3] == f"step{step:07d}.ckpt"
+    assert os.readlink(ck / "last.ckpt") == stop[3] and step_of(ck / "last.ckpt") == step
+    assert sorted(re.findall(r"rank (\d): checkpoint saved after SIGTERM: exiting", out)) == ["0", "1"], out[-3000:]
+    assert "Received SIGTERM" not in out  # Lightning's handler (a broadcast inside it) never ran
+    left = time.monotonic() + 10  # every rank ends: none is left in the session (rank 1 may outlive rank 0 briefly)
+    while subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).stdout and time.monotonic() < left:
+        time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).stdout == b""
+
+
+@pytest.mark.slow
+def test_fine_tune_checkpoint_needs_no_init_from(ckpt, tmp_path):
+    """init_from with model.model fields of another shape builds the folder's model, says which fields went unused
+    and records the model built; its checkpoint validates, predicts, resumes and exports without init_from."""
+    _, hf = ckpt  # configs/cpu.yaml's model (2 layers) as a Hugging Face folder
+    ck = tmp_path / "ck"
+    config = checkpointing(ck, every=2)
+    one = ("--trainer.devices", "1", "--trainer.strategy.init_args.tensor_parallel_size", "1")
+    rc, out = finished(fit("--config", config, "--model.init_from", str(hf), "--model.model.n_layer", "4",
+                           "--trainer.max_steps", "2"))
+    assert rc == 0, out[-3000:]
+    assert f"model.init_from={hf} builds its config.json's model (n_layer=2, n_head=4, n_embd=64, block_size=128); " \
+           "model.model's n_layer=4 are not used" in out
+    saved = torch.load(ck / "last.ckpt" / "meta.pt", weights_only=True)["hyper_parameters"]
+    assert saved["model"]["n_layer"] == 2 and saved["init_from"] == str(hf)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for sub, extra in (("validate", ()), ("predict", ("--prompt", "ROMEO:", "--max_new_tokens", "4"))):
+        proc = subprocess.run([sys.executable, "cli.py", sub, "--config", CPU, "--config", config, *one,
+                               "--ckpt_path", "last", *extra], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rc, out = finished(fit("--config", config, "--ckpt_path", "last", "--trainer.max_steps", "4"))
+    assert rc == 0, out[-3000:]
+    assert last_line(out).startswith(f"gpt_tp fit: step 4; checkpoints in {ck} (last.ckpt -> step0000004.ckpt)")
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.train.export", str(ck / "last.ckpt"), "--out",
+                           str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and (tmp_path / "out" / "model.safetensors").is_file(), proc.stderr[-3000:]
+
+
+# ---- launch mistakes: one line before anything waits (in this process) ---------------------------------------------
+def test_slurm_allocation_of_another_size(user_run, monkeypatch):
+    for k, v in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0",
+                 "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1"}.items():
+        monkeypatch.setenv(k, v)
+    line = user_run(cli_main("fit", "--config", CPU, "--trainer.logger", "false"))
+    assert line == ("error: this Slurm allocation runs 1 task(s), but the config trains on trainer.devices=2 x "
+                    "trainer.num_nodes=1 = 2 processes: allocate --nodes=1 --ntasks-per-node=2 (sbatch/srun), or set "
+                    "trainer.devices and trainer.num_nodes to the allocation")
+
+
+def test_stray_torchrun_variables(user_run, monkeypatch):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(lifecycle, "RENDEZVOUS_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("gpt_tp.entry._leave", sys.exit)  # with RANK set it would os._exit this test process
+    stray = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "old",
+             "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    for k, v in stray.items():
+        monkeypatch.setenv(k, v)
+    line = user_run(cli_main("fit", "--config", CPU, "--trainer.logger", "false"))
+    names = "RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID " \
+            "TORCHELASTIC_USE_AGENT_STORE"
+    assert line == (f"error: nothing answers the rendezvous at 127.0.0.1:{port} after 1 s: this shell holds torchrun's "
+                    f"variables ({names}), left by an earlier job? `unset {names}` and run again, or start the run "
+                    "under torchrun")
+
+
+def test_config_that_replaced_the_callbacks(user_run, tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("trainer:\n  callbacks:\n  - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n")
+    line = user_run(cli_main("fit", "--config", CPU, "--config", str(mine), "--trainer.logger", "false",
+                             "--trainer.devices", "1", "--trainer.strategy.init_args.tensor_parallel_size", "1"))
+    assert line.startswith(f"error: trainer.callbacks has no ModelCheckpoint: {mine} lists trainer.callbacks, which "
+                           "replaces the whole list (jsonargparse's rule)") and "`callbacks+:`" in line
+    mine.write_text("trainer:\n  callbacks+:\n  - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n")
+    assert lifecycle.callbacks_replaced_by(["--config", CPU, "--config", str(mine)]) == CPU  # appended: cpu.yaml's list
+
+
+def test_fresh_run_into_a_used_folder_and_a_complete_run(user_run, ckpt, tmp_path):
+    """In this process, on the 1-step checkpoint: a fresh run into its folder, and a resume with max_steps 1."""
+    saved, _ = ckpt
+    used = tmp_path / "used"
+    shutil.copytree(saved.parent, used, symlinks=True)
+    before = snapshot(used)
+    flags = (*ONE_DEVICE[:2], *ONE_DEVICE[4:], "--trainer.callbacks", "gpt_tp.train.checkpoint.AtomicModelCheckpoint",
+             "--trainer.callbacks.dirpath", str(used))
+    line = user_run(cli_main("fit", "--config", CPU, *flags))
+    assert line == (f"error: ModelCheckpoint dirpath {used} holds another run's checkpoints (last.ckpt): continue that "
+                    "run with --ckpt_path last, set another dirpath, or pass --overwrite_checkpoints true to delete them "
+                    "and start from step 0")
+    line = user_run(cli_main("fit", "--config", CPU, *flags, "--ckpt_path", "last", "--trainer.max_steps", "1"))
+    assert line == (f"error: --ckpt_path last: the run is already complete ({used}/last.ckpt is at step 1 >= "
+                    "trainer.max_steps 1); raise --trainer.max_steps to train further")
+    assert snapshot(used) == before
