@@ -1,11 +1,17 @@
-"""Optimizer and learning-rate schedule (build-nanogpt's defaults)."""
+"""Optimizers (build-nanogpt's AdamW, or Muon on the block matrices) and the learning-rate schedule."""
 
 import math
+import re
 
 import torch
 import torch.nn as nn
 
 from gpt_tp.errors import UserError
+from gpt_tp.parallel.muon import Muon
+
+OPTIMIZERS = ("adamw", "muon")
+# the weights Muon takes: the 2-D matrices inside the blocks (c_attn is one [3C, C] matrix, as on one device)
+MUON_WEIGHTS = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 
 def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: int = 715, max_steps: int = 19073) -> float:
@@ -51,3 +57,30 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tu
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+
+
+def check_muon(optimizer: str, muon_lr: float) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise UserError(f"model.optimizer={optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+    if not muon_lr >= 0:
+        raise UserError(f"model.muon_lr={muon_lr}: Muon's peak learning rate must be >= 0 (default 0.02)")
+
+
+def make_optimizer(model: nn.Module, optimizer: str = "adamw", lr: float = 6e-4, weight_decay: float = 0.1,
+                   betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
+                   muon_lr: float = 0.02, ns_dtype: torch.dtype = torch.bfloat16) -> torch.optim.Optimizer:
+    """The run's one optimizer. "adamw": make_adamw. "muon": gpt_tp.parallel.muon.Muon, torch.optim.Muon's update
+    at lr=muon_lr on the block matrices (MUON_WEIGHTS), AdamW at lr with make_adamw's groups and settings on the rest;
+    AdamW's groups come first (param_groups[0] is AdamW's), each Muon group has "muon": True."""
+    check_muon(optimizer, muon_lr)
+    if optimizer == "adamw":
+        return make_adamw(model, lr, weight_decay, betas, eps, fused)
+    matrices = {id(p) for n, p in model.named_parameters() if MUON_WEIGHTS.fullmatch(n) and p.dim() == 2}
+    if not matrices:
+        raise UserError("model.optimizer=muon: this model has no 2-D block weights (transformer.h.N.attn.c_attn, "
+                        "attn.c_proj, mlp.c_fc, mlp.c_proj) for Muon; use model.optimizer=adamw")
+    adamw = make_adamw(model, lr, weight_decay, betas, eps, fused)
+    groups = [{**g, "params": [p for p in g["params"] if id(p) not in matrices]} for g in adamw.param_groups]
+    muon = [p for p in model.parameters() if id(p) in matrices]
+    groups.append({"params": muon, "lr": muon_lr, "weight_decay": weight_decay, "muon": True})
+    return Muon(groups, ns_dtype=ns_dtype, lr=lr, betas=betas, eps=eps, fused=adamw.defaults["fused"])
