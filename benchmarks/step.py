@@ -12,7 +12,7 @@ from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import TP_PLAN, clip_grad_norm, materialize, parallelize
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.sizing.sizes import PRECISIONS
-from gpt_tp.train.optim import make_adamw
+from gpt_tp.train.optim import make_optimizer
 
 
 def runs(precision: str) -> bool:
@@ -29,16 +29,16 @@ def autocast_context(precision: str, device: torch.device):
 
 
 def build(config: GPTConfig, mesh, device: torch.device, compile: bool = False, precision: str = "32-true",
-          plan: dict = TP_PLAN):
+          plan: dict = TP_PLAN, optimizer: str = "adamw"):
     """A GPT built on the meta device, parallelized with `plan` on the (data_parallel, tensor_parallel) mesh (TP ->
-    compile -> FSDP2) and initialised shard by shard, with its fused AdamW."""
+    compile -> FSDP2) and initialised shard by shard, with its optimizer (fused AdamW, or Muon + fused AdamW)."""
     with torch.device("meta"):
         model = GPT(config)
     parallelize(model, mesh, compile=compile, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
                 plan=plan)
     materialize(model, device)
     model.train()
-    return model, make_adamw(model, lr=6e-4, fused=True)
+    return model, make_optimizer(model, optimizer, lr=6e-4, fused=True)
 
 
 def train_step(model, opt, x, y, precision: str = "32-true", max_norm: float = 1.0, phase=nullcontext) -> torch.Tensor:

@@ -11,7 +11,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.optim import check_optimizer, fused_with_scaler, get_lr, make_adamw
+from gpt_tp.train.optim import check_muon, check_optimizer, fused_with_scaler, get_lr, make_optimizer
 from gpt_tp.parallel import TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize, parallelize
 from gpt_tp.sizing import check_run
 from gpt_tp.train.ranks import parallel_layout
@@ -28,7 +28,8 @@ class GPTModule(L.LightningModule):
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
                  total_batch_size: int | None = 524288, compile: bool = False, async_tp: bool = False,
                  meta_init: bool = False, init_from: str | None = None, peak_flops: float | None = None,
-                 activation_checkpointing: str = "none"):
+                 activation_checkpointing: str = "none", optimizer: str = "adamw", muon_lr: float = 0.02,
+                 muon_fp32: bool = False):
         """
         Args:
             model: a named size (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny) or the GPTConfig fields.
@@ -45,10 +46,15 @@ class GPTModule(L.LightningModule):
             peak_flops: the device's peak FLOP/s for MFU; None detects known GPUs (MFU is NaN on CPU).
             activation_checkpointing: per block, "none", "full" (recompute the block in backward) or "selective" (keep
                 matmul and attention outputs); the same losses and gradients in every mode.
+            optimizer: "adamw" (build-nanogpt's), or "muon": torch.optim.Muon's update on the blocks' 2-D weights
+                (c_attn, attn.c_proj, c_fc, mlp.c_proj), sharded (gpt_tp.parallel.muon), AdamW on the rest.
+            muon_lr: Muon's peak lr, on the same warmup + cosine multiplier as max_lr.
+            muon_fp32: Newton-Schulz in float32 instead of torch.optim.Muon's bfloat16 (for parity tests).
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
         check_optimizer(max_lr, min_lr, warmup_steps, max_steps, weight_decay, betas, eps)
+        check_muon(optimizer, muon_lr)
         check_peak_flops(peak_flops)
         self.save_hyperparameters()
         self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
@@ -88,18 +94,23 @@ class GPTModule(L.LightningModule):
 
     def configure_optimizers(self):
         h = self.hparams
-        fused = fused_with_scaler(h.fused, self._grad_scaler() is not None)
-        opt = make_adamw(self.model, h.max_lr, h.weight_decay, tuple(h.betas), h.eps, fused)
+        fp16 = self._grad_scaler() is not None
+        if fp16 and h.optimizer == "muon":
+            raise UserError("model.optimizer=muon does not train with trainer.precision=16-mixed (its gradient "
+                            "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
+        opt = make_optimizer(self.model, h.optimizer, h.max_lr, h.weight_decay, tuple(h.betas), h.eps,
+                             fused_with_scaler(h.fused, fp16), h.muon_lr, torch.float32 if h.muon_fp32 else torch.bfloat16)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: self._lr(step) / h.max_lr)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
         """Put the optimizer on this run's schedule: a resumed optimizer and LambdaLR hold the saved run's lr and
-        base_lrs, so the first step would follow the old schedule (its min_lr, once it had ended)."""
-        sched = self.lr_schedulers()
-        sched.base_lrs = [self.hparams.max_lr] * len(sched.base_lrs)
-        for group in sched.optimizer.param_groups:
-            group["lr"] = self._lr(self.global_step)
+        base_lrs, so the first step would follow the old schedule (its min_lr, once it had ended). Each group's peak:
+        muon_lr for Muon's, max_lr for AdamW's."""
+        sched, h = self.lr_schedulers(), self.hparams
+        sched.base_lrs = [h.muon_lr if g.get("muon") else h.max_lr for g in sched.optimizer.param_groups]
+        for group, peak in zip(sched.optimizer.param_groups, sched.base_lrs):
+            group["lr"] = peak * self._lr(self.global_step) / h.max_lr
 
     def configure_callbacks(self) -> list:
         """What every run needs, whatever the trainer's callbacks: RNG states in checkpoints, tokens/s and MFU."""
