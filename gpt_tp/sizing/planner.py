@@ -41,7 +41,7 @@ class Plan:
 
 def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
          device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
-         overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none") -> Plan:
+         overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none", optimizer: str = "adamw") -> Plan:
     """Each layout's memory estimate, validity and fit, and the choice (all fit when device_memory_gib is None)."""
     for name, v in [("devices_per_node", devices_per_node), ("num_nodes", num_nodes), ("batch_size", batch_size),
                     ("seq_len", seq_len), ("vocab_size", config.vocab_size)]:
@@ -66,7 +66,7 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
     shapes = {"n_head": config.n_head, "n_embd": config.n_embd, "vocab_size": config.vocab_size, "seq_len": seq_len}
 
     def layout_memory(dp: int, tp: int) -> tuple[Memory, bool]:
-        m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac)
+        m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac, optimizer)
         return m, fits(m, device_memory_gib, usable_fraction)
 
     for tp in divisors(devices_per_node):

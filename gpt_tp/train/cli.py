@@ -112,7 +112,8 @@ class GPTCLI(TrainingCLI):
         if not 0 <= cfg.simulate_rank < devices * nodes:
             raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{devices * nodes - 1}")
         sim = simulate(config, dp, tp, cfg.data.batch_size, cfg.data.seq_len, str(cfg.trainer.precision),
-                       cfg.model.activation_checkpointing, cfg.simulate_rank, cfg.trainer.accumulate_grad_batches or 1)
+                       cfg.model.activation_checkpointing, cfg.simulate_rank, cfg.trainer.accumulate_grad_batches or 1,
+                       cfg.model.optimizer)
         memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
         print(format_simulation(sim, memory), flush=True)
         if not sim.fits(memory):

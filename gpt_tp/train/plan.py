@@ -14,7 +14,7 @@ def training_settings(args: list[str]) -> dict:
     from gpt_tp.train.config import read_training_config  # imports Lightning: only when a training config is given
     t = read_training_config(args)
     return {"config": t.model, "devices_per_node": t.devices, "num_nodes": t.num_nodes, "batch_size": t.batch_size,
-            "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing}
+            "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing, "optimizer": t.optimizer}
 
 
 def main(argv: list[str] | None = None) -> Plan:

@@ -22,7 +22,7 @@ from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, grad_norm, parallelize
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.sizing.memory import GIB, Memory, fits, memory_per_device
-from gpt_tp.train.optim import make_adamw
+from gpt_tp.train.optim import make_optimizer
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries")
 # FSDPMemTracker's kinds, by gpt_tp's names; unsharded parameters and the collectives' buffers are temporaries
@@ -77,9 +77,10 @@ class Simulation:
 
 
 def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "32-true",
-             activation_checkpointing: str = "none", rank: int = 0, accumulate: int = 1) -> Simulation:
+             activation_checkpointing: str = "none", rank: int = 0, accumulate: int = 1,
+             optimizer: str = "adamw") -> Simulation:
     """Rank `rank` of a dp x tp world takes two steps on fake storage: the first's collectives are counted, the
-    second's peak memory measured (AdamW's moments exist by then). With accumulation that step takes two
+    second's peak memory measured (the optimizer's state exists by then). With accumulation that step takes two
     micro-batches, the second (like every later one) holding the first's gradients (FSDP2 reduces each backward's)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     notes = [] if device == "cuda" else ["this torch has no CUDA: fake tensors on 'cpu' at the config's precision "
@@ -101,7 +102,7 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
             model.to_empty(device=device)
             if precision == "bf16-true":
                 model.to(torch.bfloat16)
-            opt = make_adamw(model, 6e-4, fused=False)
+            opt = make_optimizer(model, optimizer, 6e-4, fused=False)
 
             def step(micro_batches: int, tracker: MemTracker | None = None) -> None:
                 for i in range(micro_batches):
@@ -130,7 +131,8 @@ def simulate(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int,
     by_kind = {str(k).split(".")[-1]: v for k, v in next(iter(snapshot.values())).items()}
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
-    m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing)
+    m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing,
+                          optimizer=optimizer)
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"] = sum(planned.values())
     if tp > 1 and config.vocab_size % tp == 0:
