@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 def format_report(r: dict) -> str:
     gib, m = 2**30, r["measured"]
     one, here = r["modeled"]["state_bytes_tp1"]["total"], m["state_bytes"]["total"]
-    lines = [f"{r['model']} ({r['n_layer']} blocks), DP={r['dp']} x TP={r['tp']}: params+grads+{r['optimizer']} per rank "
+    lines = [f"{r['model']} ({r['n_layer']} blocks), DP={r['dp']} x TP={r['tp']}: params+grads+{r['optimizer']} "
+             f"per rank "
              f"{here / gib:.3f} GiB, {here / one:.4f} of one device's {one / gib:.3f} GiB"]
     for phase in ("forward", "backward", "grad_sync_and_clip", "optimizer"):
         lines.append(f"  {phase:<20} " + (", ".join(f"{k} {v}" for k, v in sorted(m["collectives"][phase].items())) or "-"))

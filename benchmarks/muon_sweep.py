@@ -94,8 +94,8 @@ def markdown(res: dict) -> str:
             f"{r['val'][s]:.3f}" for s in sorted(r["val"])) + f" | {r['median_step_s']:.3f} |")
     a, m = res["best"]["adamw"], res["best"]["muon"]
     lines.append("")
-    lines.append(f"best Muon / best AdamW: step time {res['step_time_ratio_muon_over_adamw']:.3f}; val loss at the last "
-                 f"step {m['val'][max(m['val'])]:.3f} / {a['val'][max(a['val'])]:.3f}; wall time to the last step "
+    lines.append(f"best Muon / best AdamW: step time {res['step_time_ratio_muon_over_adamw']:.3f}; val loss at the "
+                 f"last step {m['val'][max(m['val'])]:.3f} / {a['val'][max(a['val'])]:.3f}; wall time to the last step "
                  f"{m['wall_s'][max(m['val'])]:.0f} s / {a['wall_s'][max(a['val'])]:.0f} s")
     return "\n".join(lines)
 

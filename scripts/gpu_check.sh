@@ -66,9 +66,10 @@ for path in sys.argv[1:]:
             failed = failed or r.get("optimizer") == "muon"
         else:
             mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-            ns = f"   Newton-Schulz {100 * r['newton_schulz_share']:.1f}% of the step" if r.get("optimizer") == "muon" else ""
-            print(f"{r['name']:<48} {r['tokens_per_s']:>12,.0f} tok/s   MFU {mfu:>6}   "
-                  f"step {1e3 * r['step_time_s']['median']:.1f} ms   peak mem {max(r['peak_memory_bytes']) / 2**30:.1f} GiB{ns}")
+            ns = r.get("newton_schulz_share")
+            ns = "" if ns is None else f"   Newton-Schulz {100 * ns:.1f}% of the step"
+            print(f"{r['name']:<48} {r['tokens_per_s']:>12,.0f} tok/s   MFU {mfu:>6}   step "
+                  f"{1e3 * r['step_time_s']['median']:.1f} ms   peak mem {max(r['peak_memory_bytes']) / 2**30:.1f} GiB{ns}")
 sys.exit(1 if failed else 0)
 PY
 exit $rc

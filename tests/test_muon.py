@@ -48,8 +48,9 @@ def test_one_device_is_torch_muon_and_adamw_bit_for_bit():
                 o.step()
                 o.zero_grad()
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
-    moved = [(p - q).abs().max().item() for p, q in zip(model.parameters(), GPT(GPTConfig.from_name("tiny")).parameters())]
-    assert min(moved) > 0
+    torch.manual_seed(0)
+    init = GPT(GPTConfig.from_name("tiny"))
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), init.parameters()))  # every one trained
     assert {k for s in opt.state.values() for k in s} == {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"}
 
 
@@ -81,7 +82,8 @@ def test_sharded_muon_matches_one_device(tmp_path, dp, nproc, fp32):
         assert res["losses"][-1] < res["losses"][0] - 0.1
         assert res["buffers_like_params"] is True  # DTensors with their parameter's placements
         measured = sizes.merge([sizes.collective(g, k, n, 1, b) for g, k, n, b in res["optimizer_collectives"]])
-        assert measured == sizes.merge(sizes.muon_collectives(GPTConfig.from_name("tiny"), dp, tp))
+        modeled = sizes.muon_collectives(GPTConfig.from_name("tiny"), dp, tp, ns_bytes=4 if fp32 else 2)
+        assert measured == sizes.merge(modeled)
     assert len({tuple(r["losses"]) for r in results}) == 1
     C, L = 64, 2
     if (dp, tp) == (1, 2):

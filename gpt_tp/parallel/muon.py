@@ -3,6 +3,7 @@ holding a whole matrix where its split allows (docs/train.md, "Muon")."""
 
 import inspect
 import math
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -115,6 +116,13 @@ class Muon(torch.optim.AdamW):
                 group.setdefault("nesterov", True)
                 if any(p.ndim != 2 for p in group["params"]):
                     raise ValueError("Muon groups take 2-D weights only")
+
+    def __setstate__(self, state: dict) -> None:
+        """load_state_dict: Adam's __setstate__ reads each parameter state's "step", which Muon's do not have."""
+        muon = {p: s for p, s in state["state"].items() if "momentum_buffer" in s}
+        adamw = defaultdict(dict, {p: s for p, s in state["state"].items() if p not in muon})
+        super().__setstate__({**state, "state": adamw})
+        self.state.update(muon)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -253,5 +253,6 @@ def read_training_config(args: list[str]) -> TrainingConfig:
         model_parallel=model_parallel(strategy), accumulate_grad_batches=cfg.trainer.accumulate_grad_batches,
         precision="32-true" if cfg.trainer.precision is None else str(cfg.trainer.precision),
         max_steps=cfg.trainer.max_steps, total_batch_size=cfg.model.total_batch_size,
-        activation_checkpointing=cfg.model.activation_checkpointing, optimizer=cfg.model.optimizer, compile=cfg.model.compile,
+        activation_checkpointing=cfg.model.activation_checkpointing, optimizer=cfg.model.optimizer,
+        compile=cfg.model.compile,
         async_tp=cfg.model.async_tp, meta_init=cfg.model.meta_init, init_from=cfg.model.init_from, seed=parsed.seed)

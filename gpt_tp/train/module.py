@@ -99,7 +99,8 @@ class GPTModule(L.LightningModule):
             raise UserError("model.optimizer=muon does not train with trainer.precision=16-mixed (its gradient "
                             "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
         opt = make_optimizer(self.model, h.optimizer, h.max_lr, h.weight_decay, tuple(h.betas), h.eps,
-                             fused_with_scaler(h.fused, fp16), h.muon_lr, torch.float32 if h.muon_fp32 else torch.bfloat16)
+                             fused_with_scaler(h.fused, fp16), h.muon_lr,
+                             torch.float32 if h.muon_fp32 else torch.bfloat16)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: self._lr(step) / h.max_lr)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
