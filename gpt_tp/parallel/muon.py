@@ -20,7 +20,7 @@ class _Layout:
     (`summed`) all-reduce it; those that split the short side (`gathered`, FSDP2's dim 0 of the row-parallel c_proj)
     are all-gathered first, each rank then keeping its own slice of the update."""
 
-    def __init__(self, p: torch.Tensor):
+    def __init__(self, p: torch.Tensor, gather_all: bool = False):
         rows, cols = p.shape
         self.transpose = rows > cols
         self.scale = math.sqrt(max(1, rows / cols))  # adjust_lr_fn "original"
@@ -32,8 +32,8 @@ class _Layout:
                     if not pl.is_replicate() and p.device_mesh.size(i) > 1]
             if any(d is None for _, d in dims):
                 raise RuntimeError(f"Muon needs sharded or replicated weights, not {p.placements}")
-            self.summed = tuple(i for i, d in dims if d % 2 == long)
-            self.gathered = tuple(i for i, d in dims if d % 2 != long)
+            self.summed = () if gather_all else tuple(i for i, d in dims if d % 2 == long)
+            self.gathered = tuple(i for i, d in dims if gather_all or d % 2 != long)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's [rows, cols] shard -> whole along the short side (a no-op where nothing splits it)."""
@@ -104,11 +104,12 @@ class Muon(torch.optim.AdamW):
     """One optimizer for the whole model: groups with "muon": True get torch.optim.Muon's update (momentum, Nesterov,
     Newton-Schulz over the shards, decoupled weight decay, lr x sqrt(max(1, rows/cols))), the others AdamW's.
     Per-parameter state as the two torch optimizers keep it (Muon's momentum_buffer a DTensor like its parameter),
-    so DCP saves and reshards it. ns_dtype: torch.bfloat16 as torch.optim.Muon, float32 for tests."""
+    so DCP saves and reshards it. ns_dtype: torch.bfloat16 as torch.optim.Muon, float32 for tests. gather_all: every
+    matrix gathered whole and orthogonalized on every rank (the baseline benchmarks/muon_comm.py measures)."""
 
-    def __init__(self, params, ns_dtype: torch.dtype = torch.bfloat16, **adamw):
+    def __init__(self, params, ns_dtype: torch.dtype = torch.bfloat16, gather_all: bool = False, **adamw):
         super().__init__(params, **adamw)
-        self.ns_dtype = ns_dtype
+        self.ns_dtype, self.gather_all = ns_dtype, gather_all
         for group in self.param_groups:
             group.setdefault("muon", False)
             if group["muon"]:
@@ -126,14 +127,18 @@ class Muon(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):
+        loss = None
+        if closure is not None:  # Lightning's closure zeroes the gradients: it must see every group
+            with torch.enable_grad():
+                loss = closure()
         groups = self.param_groups
-        self.param_groups = [g for g in groups if not g["muon"]]
+        self.param_groups = [g for g in groups if not g["muon"]]  # AdamW's step on AdamW's groups
         try:
-            loss = super().step(closure)
+            super().step()
         finally:
             self.param_groups = groups
         todo = [(g, p) for g in groups if g["muon"] for p in g["params"] if p.grad is not None]
-        layouts, updates = [_Layout(p) for _, p in todo], []
+        layouts, updates = [_Layout(p, self.gather_all) for _, p in todo], []
         for (group, p), layout in zip(todo, layouts):
             grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             state = self.state[p]
