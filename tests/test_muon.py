@@ -54,6 +54,26 @@ def test_one_device_is_torch_muon_and_adamw_bit_for_bit():
     assert {k for s in opt.state.values() for k in s} == {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"}
 
 
+def test_step_closure_sees_every_group():
+    """Lightning's closure zeroes the gradients inside optimizer.step: Muon's as well as AdamW's, so each step's
+    gradients are that step's alone."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("tiny"))
+    opt = make_optimizer(model, "muon", lr=0.0, muon_lr=0.0, weight_decay=0.0)
+    x = torch.randint(0, 1000, (2, 16))
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    first = [p.grad.clone() for p in model.parameters()]
+    opt.step(closure)  # lr 0: the same parameters, so the same gradients, not their sum
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), first))
+
+
 def muon_parity(tmp_path, nproc: int, dp: int, fp32: bool) -> list[dict]:
     run_torchrun("muon_parity.py", nproc, "--dp", str(dp), *(["--fp32"] if fp32 else []), "--out", str(tmp_path / "r"))
     return [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
