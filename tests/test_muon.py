@@ -156,6 +156,7 @@ def test_muon_checkpoint_reshards(muon_straight, tmp_path, layout, nproc, args):
 @pytest.mark.slow
 def test_resume_that_switches_optimizer_is_refused(muon_straight, tmp_path):
     _, _, saved = muon_straight
+    before = sorted((f.name, f.stat().st_size) for f in saved.iterdir())
     cmd = [sys.executable, str(WORKERS / "ckpt_fit.py"), "--steps", "6", "--resume", str(saved),
            "--ckpt-dir", str(tmp_path / "c"), "--out", str(tmp_path / "o")]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -164,6 +165,7 @@ def test_resume_that_switches_optimizer_is_refused(muon_straight, tmp_path):
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
     assert errors[0] == (f"error: checkpoint {saved} holds model.optimizer=muon's state, but this run has "
                          "model.optimizer=adamw: resume with --model.optimizer muon, or start a new run")
+    assert sorted((f.name, f.stat().st_size) for f in saved.iterdir()) == before
 
 
 def test_muon_needs_block_matrices():
