@@ -21,7 +21,7 @@ from gpt_tp.sizing import sizes
 from gpt_tp.train.module import GPTModule
 from gpt_tp.train.optim import MUON_WEIGHTS, make_optimizer
 from synthetic_data import SyntheticDataModule
-from test_checkpoint import fit
+from test_checkpoint import check_exact_resume, check_resume_at, straight_runs
 from test_module import trainer
 
 
@@ -114,43 +114,25 @@ def test_sharded_muon_matches_one_device(tmp_path, dp, nproc, fp32):
                                        "tensor_parallel:all_reduce": 6}
 
 
+MUON = ("--optimizer", "muon", "--muon-fp32")  # ckpt_fit.py: Muon, Newton-Schulz in float32
+
+
 @pytest.fixture(scope="module")
 def muon_straight(tmp_path_factory):
-    """Muon (float32 Newton-Schulz) on the bundled sample at TP=2: 8 uninterrupted steps, and 4 whose checkpoint
-    the tests resume."""
-    tmp = tmp_path_factory.mktemp("muon_straight")
-    muon = ("--optimizer", "muon", "--muon-fp32")
-    losses, _ = fit(tmp, "full", 2, "--tp", "2", "--steps", "8", *muon)
-    assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1] - 0.5
-    half, last = fit(tmp, "half", 2, "--tp", "2", "--steps", "4", *muon)
-    assert half == {k: losses[k] for k in range(1, 5)}
-    saved = tmp / "step4_tp2"
-    shutil.copytree(last, saved)
-    return tmp, losses, saved
+    """Muon on the bundled sample at TP=2: 8 uninterrupted steps, and 4 whose checkpoint the tests resume."""
+    return straight_runs(tmp_path_factory.mktemp("muon_straight"), *MUON)
 
 
 @pytest.mark.slow
 def test_muon_checkpoint_resumes_bit_identically(muon_straight, tmp_path):
-    tmp, losses, _ = muon_straight
-    ckpt_dir = tmp_path / "ckpt_resume"
-    shutil.copytree(tmp / "ckpt_half", ckpt_dir, symlinks=True)
-    out = str(tmp_path / "resume")
-    run_torchrun("ckpt_fit.py", 2, "--tp", "2", "--steps", "8", "--ckpt-dir", str(ckpt_dir), "--resume", "last",
-                 "--optimizer", "muon", "--muon-fp32", "--out", out)
-    resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
-    assert resumed == {k: losses[k] for k in range(5, 9)}
+    check_exact_resume(muon_straight, tmp_path, *MUON)
 
 
 @pytest.mark.parametrize("layout,nproc,args", [("tp1", 1, []), ("dp2xtp1", 2, ["--dp", "2", "--batch-size", "2"])])
 @pytest.mark.slow
 def test_muon_checkpoint_reshards(muon_straight, tmp_path, layout, nproc, args):
     """The TP=2 checkpoint's momentum buffers (DTensors in DCP) continue on one device and at DP=2 x TP=1."""
-    _, losses, saved = muon_straight
-    resumed, _ = fit(tmp_path, layout, nproc, "--steps", "6", "--resume", str(saved), "--optimizer", "muon",
-                     "--muon-fp32", *args)
-    assert sorted(resumed) == [5, 6]
-    for k in (5, 6):
-        assert resumed[k] == pytest.approx(losses[k], rel=1e-5, abs=0)
+    check_resume_at(muon_straight, tmp_path, layout, nproc, *MUON, *args)
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from benchmarks.collectives import CollectiveRecorder, groups_of
@@ -25,6 +24,7 @@ from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, parallelize
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import MUON_WEIGHTS, get_lr, make_optimizer
+from parity import dp_mean, mesh_of
 
 MAX_LR, MUON_LR = 3e-3, 0.02
 
@@ -50,11 +50,7 @@ def main():
     ap.add_argument("--fp32", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dp, tp = args.dp, world // args.dp
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    dp_rank = mesh["data_parallel"].get_local_rank()
+    rank, dp, tp, mesh, dp_rank = mesh_of(args.dp)
 
     torch.manual_seed(1234)
     ref = GPT(GPTConfig.from_name("tiny"))
@@ -78,11 +74,7 @@ def main():
         loss_ref.backward()
         loss = cross_entropy(model(x[rows]), y[rows])
         loss.backward()
-        loss = loss.detach()
-        if dp > 1:
-            dist.all_reduce(loss, group=mesh["data_parallel"].get_group())
-            loss = loss / dp
-        res["losses"].append(loss.item())
+        res["losses"].append(dp_mean(loss, mesh))
         res["ref_losses"].append(loss_ref.item())
         clip_grad_norm(model, 1.0)
         clip_grad_norm(ref, 1.0)
@@ -101,7 +93,7 @@ def main():
             res["optimizer_collectives"] = [list(r) for r in rec.records]
     bufs = [(p, opt.state[p]["momentum_buffer"]) for g in opt.param_groups if g["muon"] for p in g["params"]]
     res["buffers_like_params"] = all(isinstance(b, DTensor) and b.placements == p.placements and b.shape == p.shape
-                                     for p, b in bufs) if world > 1 else None
+                                     for p, b in bufs) if dp * tp > 1 else None
     res["final_param_reldiff"] = max(
         ((p.full_tensor() if isinstance(p, DTensor) else p) - q).norm().item() / q.norm().item()
         for p, q in zip(model.parameters(), ref.parameters()))
