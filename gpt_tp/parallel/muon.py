@@ -24,7 +24,7 @@ class _Layout:
         rows, cols = p.shape
         self.transpose = rows > cols
         self.scale = math.sqrt(max(1, rows / cols))  # adjust_lr_fn "original"
-        self.mesh, self.placements, self.summed, self.gathered = None, None, (), ()
+        self.mesh, self.placements, self.whole, self.summed, self.gathered = None, None, None, (), ()
         if isinstance(p, DTensor):
             self.mesh, self.placements, long = p.device_mesh, p.placements, 0 if self.transpose else 1
             self.global_shape = dict(shape=p.shape, stride=p.stride())  # FSDP2's shards may be uneven
@@ -34,22 +34,21 @@ class _Layout:
                 raise RuntimeError(f"Muon needs sharded or replicated weights, not {p.placements}")
             self.summed = () if gather_all else tuple(i for i, d in dims if d % 2 == long)
             self.gathered = tuple(i for i, d in dims if gather_all or d % 2 != long)
+            self.whole = [Replicate() if i in self.gathered else pl for i, pl in enumerate(p.placements)]
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's [rows, cols] shard -> whole along the short side (a no-op where nothing splits it)."""
-        if not self.gathered:
-            return x
-        whole = [Replicate() if i in self.gathered else pl for i, pl in enumerate(self.placements)]
-        return DTensor.from_local(x, self.mesh, self.placements, run_check=False, **self.global_shape).redistribute(
-            self.mesh, whole).to_local()
+        return self._redistribute(x, self.placements, self.whole)
 
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
         """gather's inverse: this rank's slice (no communication)."""
+        return self._redistribute(x, self.whole, self.placements)
+
+    def _redistribute(self, x: torch.Tensor, source: list, target: list) -> torch.Tensor:
         if not self.gathered:
             return x
-        whole = [Replicate() if i in self.gathered else pl for i, pl in enumerate(self.placements)]
-        return DTensor.from_local(x, self.mesh, whole, run_check=False, **self.global_shape).redistribute(
-            self.mesh, self.placements).to_local()
+        dt = DTensor.from_local(x, self.mesh, source, run_check=False, **self.global_shape)
+        return dt.redistribute(self.mesh, target).to_local()
 
     def key(self):
         return (self.mesh, self.summed) if self.summed else None
