@@ -11,8 +11,8 @@ with its bytes. The audit holds:
     group Megatron's sequence parallelism, all_gather 6L + 3, reduce_scatter 4L + 2, all_reduce 3 (with the
     derivation in gpt_tp.sizing.sizes.tp_collectives); on the DP group FSDP2's all_gather 2L + 1 and
     reduce_scatter L + 1 and no all-reduce; one grad-norm all-reduce over the whole mesh;
-  - no collective inside the optimizer step;
-  - parameters, gradients and AdamW state held by this rank equal gpt_tp.sizing.sizes.state_bytes.
+  - no collective inside AdamW's step; with --optimizer muon, Muon's (gpt_tp.sizing.sizes.muon_collectives);
+  - parameters, gradients and optimizer state held by this rank equal gpt_tp.sizing.sizes.state_bytes.
 Rank 0 prints the figures (and writes them with --json); the command exits 1, naming what differs, when one does
 not hold.
 """
@@ -81,7 +81,7 @@ def differences(report: dict) -> list[str]:
         out.append(f"collectives {report['measured']['collectives']['by_group']} (bytes "
                    f"{key(report['measured']['collective_rows'])}) differ from the model's "
                    f"{report['modeled']['by_group']} (bytes {key(report['modeled']['collective_rows'])})")
-    if report["measured"]["collectives"]["optimizer"]:
+    if report["optimizer"] == "adamw" and report["measured"]["collectives"]["optimizer"]:
         out.append(f"the optimizer step communicates: {report['measured']['collectives']['optimizer']}")
     if report["measured"]["state_bytes"] != report["modeled"]["state_bytes"]:
         out.append(f"state bytes per rank {report['measured']['state_bytes']} differ from the model's "
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=1, help="rows per data-parallel rank (default 1)")
     ap.add_argument("--seq-len", type=int, help="tokens per row (default 256, or the model's block_size if smaller; the "
                     "counts do not depend on it)")
+    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="model.optimizer (default adamw)")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
     if min(args.dp, args.batch_size, args.seq_len or 1, args.layers or 1) < 1:
@@ -110,15 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     dp, tp = args.dp, max(1, world // args.dp)
     mesh, device = torchrun_mesh(dp, tp, "cpu")
     torch.manual_seed(0)
-    step = build(config, mesh, device)
+    step = build(config, mesh, device, optimizer=args.optimizer)
     x = torch.randint(0, min(config.vocab_size, 50257), (args.batch_size, args.seq_len))
     collectives, rows = measure_collectives(step, x, torch.roll(x, -1, 1), groups_of(mesh))
-    modeled_rows = sizes.step_collectives(config, args.batch_size, args.seq_len, dp, tp)
+    modeled_rows = sizes.step_collectives(config, args.batch_size, args.seq_len, dp, tp, optimizer=args.optimizer)
     report = {
-        "model": args.model, "n_layer": config.n_layer, "dp": dp, "tp": tp,
-        "measured": {"collectives": collectives, "collective_rows": rows, "state_bytes": measure_state_bytes(step.model, step.optimizer)},
+        "model": args.model, "n_layer": config.n_layer, "dp": dp, "tp": tp, "optimizer": args.optimizer,
+        "measured": {"collectives": collectives, "collective_rows": rows,
+                     "state_bytes": measure_state_bytes(step.model, step.optimizer)},
         "modeled": {"by_group": sizes.counts(modeled_rows), "collective_rows": modeled_rows,
-                    "state_bytes": sizes.state_bytes(config, dp, tp), "state_bytes_tp1": sizes.state_bytes(config, 1, 1)},
+                    "state_bytes": sizes.state_bytes(config, dp, tp, optimizer=args.optimizer),
+                    "state_bytes_tp1": sizes.state_bytes(config, 1, 1, optimizer=args.optimizer)},
     }
     report["differences"] = differences(report)
     if dist.get_rank() == 0:
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 def format_report(r: dict) -> str:
     gib, m = 2**30, r["measured"]
     one, here = r["modeled"]["state_bytes_tp1"]["total"], m["state_bytes"]["total"]
-    lines = [f"{r['model']} ({r['n_layer']} blocks), DP={r['dp']} x TP={r['tp']}: params+grads+AdamW per rank "
+    lines = [f"{r['model']} ({r['n_layer']} blocks), DP={r['dp']} x TP={r['tp']}: params+grads+{r['optimizer']} "
+             f"per rank "
              f"{here / gib:.3f} GiB, {here / one:.4f} of one device's {one / gib:.3f} GiB"]
     for phase in ("forward", "backward", "grad_sync_and_clip", "optimizer"):
         lines.append(f"  {phase:<20} " + (", ".join(f"{k} {v}" for k, v in sorted(m["collectives"][phase].items())) or "-"))

@@ -120,12 +120,13 @@ def specs_from_args(args) -> list[dict]:
         for plan in plans:
             for precision in precisions:
                 for comp in compiles:
-                    name = f"dp{dp}xtp{tp}{'' if plan == GPT_TP_PLAN else ' ' + plan} {precision}{' compile' if comp else ''}"
+                    name = (f"dp{dp}xtp{tp}{'' if plan == GPT_TP_PLAN else ' ' + plan} {precision}"
+                            f"{' compile' if comp else ''}{' muon' if args.optimizer == 'muon' else ''}")
                     specs.append(dict(
                         name=name, dp=dp, tp=tp, plan=plan, precision=precision, compile=comp,
                         async_tp=args.async_tp and tp > 1, device=device, threads=args.threads, model=args.model,
                         config=asdict(config), batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps,
-                        warmup=args.warmup, seed=args.seed, peak_flops=peak,
+                        warmup=args.warmup, seed=args.seed, peak_flops=peak, optimizer=args.optimizer,
                     ))
     return specs
 
@@ -279,6 +280,8 @@ def parser() -> argparse.ArgumentParser:
                     f"{', '.join(p for p in PRECISIONS if runs(p))} (default bf16-mixed on GPU, 32-true on CPU)")
     ap.add_argument("--compile", default="off", help="torch.compile per block: off, on or off,on (default off)")
     ap.add_argument("--async-tp", action="store_true", help="async TP (GPU, TP>1, compile on only)")
+    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="model.optimizer (default adamw); "
+                    "muon also reports the Newton-Schulz share of the step")
     ap.add_argument("--batch-size", type=int, default=4, help="micro-batch rows per data-parallel rank (default 4)")
     ap.add_argument("--seq-len", type=int, help="tokens per row (default 256, or the model's block_size if smaller)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps (default 10); the median is reported")

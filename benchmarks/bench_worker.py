@@ -10,12 +10,15 @@ writes its error next to it (<result>.rank<N>.error) for the launcher, then rais
 
 import json
 import os
+from contextlib import contextmanager
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+import gpt_tp.parallel.muon as muon
 
 from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.step import build, peak_memory, stats, sync, train_step
@@ -25,6 +28,26 @@ from gpt_tp.eval.paritycheck import load_plan
 from gpt_tp.hardware import mfu
 from gpt_tp.model import GPTConfig
 from gpt_tp.parallel import enable_async_tp
+
+
+@contextmanager
+def timing(module, name: str, device: torch.device):
+    """module.<name> timed while inside: yields the list each call's seconds go to (device synced on both ends)."""
+    original, times = getattr(module, name), []
+
+    def wrapper(*args, **kwargs):
+        sync(device)
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+        return out
+
+    setattr(module, name, wrapper)
+    try:
+        yield times
+    finally:
+        setattr(module, name, original)
 
 
 def measure(spec: dict) -> None:
@@ -38,7 +61,9 @@ def measure(spec: dict) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     config = GPTConfig(**spec["config"])
     torch.manual_seed(spec["seed"])
-    step = build(config, mesh, device, spec["compile"], spec["precision"], load_plan(spec["plan"], config))
+    step = build(config, mesh, device, spec["compile"], spec["precision"], load_plan(spec["plan"], config),
+                 spec.get("optimizer", "adamw"))
+    model, opt = step.model, step.optimizer
     if spec.get("async_tp"):
         enable_async_tp(mesh["tensor_parallel"])
     dp_rank = mesh["data_parallel"].get_local_rank()
@@ -47,19 +72,23 @@ def measure(spec: dict) -> None:
     batches = [tuple(t.to(device) for t in data.batch(i)) for i in range(4)]
 
     times, losses = [], []
-    for i in range(spec["warmup"] + spec["steps"]):
-        x, y = batches[i % len(batches)]
-        sync(device)
-        t0 = time.perf_counter()
-        loss = train_step(step, x, y, spec["precision"])
-        sync(device)
-        if i >= spec["warmup"]:
-            times.append(time.perf_counter() - t0)
-        losses.append(loss)
+    with timing(muon, "newton_schulz", device) as ns_times:  # Muon's Newton-Schulz, once per step
+        for i in range(spec["warmup"] + spec["steps"]):
+            x, y = batches[i % len(batches)]
+            sync(device)
+            t0 = time.perf_counter()
+            loss = train_step(step, x, y, spec["precision"])
+            sync(device)
+            if i >= spec["warmup"]:
+                times.append(time.perf_counter() - t0)
+            else:
+                ns_times.clear()
+            losses.append(loss)
     # the step ends when the slowest rank ends
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     times = t.tolist()
+    ns_share = statistics.median(ns_times) / statistics.median(times) if ns_times else None
     losses = [l.float().item() for l in (losses[0], losses[-1])]
     mem = peak_memory(device)
 
@@ -93,6 +122,8 @@ def measure(spec: dict) -> None:
             "mfu": mfu(config.flops_per_token(T), tok_s, spec["peak_flops"], world),
             "peak_memory_bytes": mems,
             "collectives": collectives,
+            "optimizer": spec.get("optimizer", "adamw"),
+            "newton_schulz_share": ns_share,  # rank 0's Newton-Schulz time over the step time, medians
             "loss_first_last": losses,
         }
         Path(spec["result"]).write_text(json.dumps(result, indent=1))

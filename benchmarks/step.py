@@ -37,17 +37,17 @@ def _sync(model) -> None:
 
 
 def build(config: GPTConfig, mesh, device: torch.device, compile: bool = False, precision: str = "32-true",
-          plan: dict = TP_PLAN) -> TrainStep:
+          plan: dict = TP_PLAN, optimizer: str = "adamw") -> TrainStep:
     """A GPT built on the meta device, parallelized with `plan` on the (data_parallel, tensor_parallel) mesh (TP ->
-    compile -> FSDP2) and initialised shard by shard, in gpt_tp's training step with its optimizer (fused AdamW at
-    lr 6e-4: no warmup)."""
+    compile -> FSDP2) and initialised shard by shard, in gpt_tp's training step with its optimizer (fused AdamW, or
+    Muon + fused AdamW; lr 6e-4, no warmup)."""
     with torch.device("meta"):
         model = GPT(config)
     parallelize(model, mesh, compile=compile, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
                 plan=plan)
     materialize(model, device)
     model.train()
-    return TrainStep(model, OptimizerSettings(warmup_steps=0), sync=_sync)
+    return TrainStep(model, OptimizerSettings(warmup_steps=0, optimizer=optimizer), sync=_sync)
 
 
 def train_step(step: TrainStep, x, y, precision: str = "32-true", max_norm: float = 1.0, phase=None) -> torch.Tensor:

@@ -3,7 +3,9 @@
 # Runs the benchmark at TP=1, and with several GPUs also TP=2 and DP=2 (and TP=N when there are N > 2), then
 # prints tokens/s and MFU per layout. With several GPUs it also runs TP=2 eager with gpt_tp's plan and with the
 # overlapped MLP (--plan benchmarks.plans:overlap2, eager only), to see whether the overlap earns a place.
-# Results: gpu_check_out/bench.{md,json,png} and gpu_check_out/overlap/bench.{md,json,png}.
+# Then Muon (model.optimizer=muon, compiled) at TP=1, and TP=2 with several GPUs: tok/s, MFU and the share of the
+# step Newton-Schulz takes; a Muon run that fails or reports no share fails the check (exit 1).
+# Results: gpu_check_out/bench.{md,json,png}, gpu_check_out/overlap/... and gpu_check_out/muon/....
 #   bash scripts/gpu_check.sh                 # defaults
 #   MODEL=gpt2-medium BATCH=8 bash scripts/gpu_check.sh
 set -euo pipefail
@@ -30,7 +32,11 @@ NRUNS=$(echo "$LAYOUTS" | tr ',' '\n' | wc -l)
 NEAGER=0
 if [ "$NGPU" -ge 2 ]; then NEAGER=2; fi  # TP=2 eager: gpt_tp's plan and overlap2
 EAGER_RUN=60  # seconds for an eager run (no compilation)
-PER_RUN=$(((LIMIT - NEAGER * EAGER_RUN) / NRUNS))
+MUON_LAYOUTS="1x1"
+if [ "$NGPU" -ge 2 ]; then MUON_LAYOUTS="1x1,1x2"; fi
+NMUON=$(echo "$MUON_LAYOUTS" | tr ',' '\n' | wc -l)
+MUON_RUN=75  # seconds for a compiled Muon run
+PER_RUN=$(((LIMIT - NEAGER * EAGER_RUN - NMUON * MUON_RUN) / NRUNS))
 rc=0
 timeout --signal=INT $((PER_RUN * NRUNS)) python -m benchmarks.bench --model "$MODEL" --layouts "$LAYOUTS" \
   --precision bf16-mixed --compile on --batch-size "$BATCH" --seq-len "$SEQ" --warmup 10 --steps 20 --timeout "$PER_RUN" \
@@ -44,15 +50,26 @@ if [ "$NEAGER" -gt 0 ]; then
     --seq-len "$SEQ" --warmup 10 --steps 20 --timeout "$EAGER_RUN" --out "$OUT/overlap" || rc=$?
   if [ -f "$OUT/overlap/bench.json" ]; then RESULTS="$RESULTS $OUT/overlap/bench.json"; fi
 fi
-python - $RESULTS <<'PY'
+rm -f "$OUT/muon/bench.json"
+timeout --signal=INT $((MUON_RUN * NMUON)) python -m benchmarks.bench --model "$MODEL" --layouts "$MUON_LAYOUTS" \
+  --optimizer muon --precision bf16-mixed --compile on --batch-size "$BATCH" --seq-len "$SEQ" --warmup 10 --steps 20 \
+  --timeout "$MUON_RUN" --out "$OUT/muon" || rc=$?
+if [ -f "$OUT/muon/bench.json" ]; then RESULTS="$RESULTS $OUT/muon/bench.json"; else
+  echo "gpu_check: Muon FAILED: no $OUT/muon/bench.json (stopped after $((MUON_RUN * NMUON))s?)" >&2; rc=1; fi
+python - $RESULTS <<'PY' || rc=1
 import json, sys
+failed = False
 for path in sys.argv[1:]:
     for r in json.load(open(path))["runs"]:
-        if "error" in r:
-            print(f"{r['name']:<48} FAILED: {r['error']}")
+        if "error" in r or (r.get("optimizer") == "muon" and r.get("newton_schulz_share") is None):
+            print(f"{r['name']:<48} FAILED: {r.get('error', 'no Newton-Schulz time recorded')}")
+            failed = failed or r.get("optimizer") == "muon"
         else:
             mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-            print(f"{r['name']:<48} {r['tokens_per_s']:>12,.0f} tok/s   MFU {mfu:>6}   "
-                  f"step {1e3 * r['step_time_s']['median']:.1f} ms   peak mem {max(r['peak_memory_bytes']) / 2**30:.1f} GiB")
+            ns = r.get("newton_schulz_share")
+            ns = "" if ns is None else f"   Newton-Schulz {100 * ns:.1f}% of the step"
+            print(f"{r['name']:<48} {r['tokens_per_s']:>12,.0f} tok/s   MFU {mfu:>6}   step "
+                  f"{1e3 * r['step_time_s']['median']:.1f} ms   peak mem {max(r['peak_memory_bytes']) / 2**30:.1f} GiB{ns}")
+sys.exit(1 if failed else 0)
 PY
 exit $rc

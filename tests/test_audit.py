@@ -93,3 +93,23 @@ def test_mistakes_are_one_error_line():
         proc = subprocess.run([sys.executable, "-m", "benchmarks.audit", "--model", "tiny", *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert msg in one_error_line(proc)
+
+
+@pytest.mark.parametrize("dp,tp", [(1, 2), (2, 2)], ids=["tp2", "dp2xtp2"])
+@pytest.mark.slow
+def test_muon_collectives_and_state(tmp_path, dp, tp):
+    """--optimizer muon: the optimizer step communicates what gpt_tp.sizing.sizes.muon_collectives says (the audit
+    exits 0 only then), by hand for L = 2 blocks, C = 64: at TP=2 one flat all-reduce of the 4L squared norms, then
+    one of the 4L C x C Grams per Newton-Schulz step (5); at DP=2 x TP=2 c_attn and c_fc summed over the whole mesh,
+    the c_projs all-gathered over DP (2L) and summed over TP. One momentum buffer per block matrix (12 C^2 elements
+    a block), two AdamW moments for every other parameter."""
+    r = audit(tmp_path, dp * tp, "--dp", str(dp), "--optimizer", "muon", "--batch-size", "2")
+    L, C = 2, 64
+    c = r["measured"]["collectives"]["optimizer"]
+    assert c == ({"all_reduce": 6} if dp == 1 else {"all_reduce": 12, "all_gather": 2 * L})
+    if dp == 1:
+        rows = [row for row in r["measured"]["collective_rows"] if row["kind"] == "all_reduce"]
+        adamw_all_reduces = 4 * (128 * 64 + (2 * L + 1) * 2 * 64) + 2 * 64 * 12 + 4  # as in the AdamW test, B = 2
+        assert sum(row["bytes"] for row in rows) == adamw_all_reduces + 4 * L * 4 + 5 * 4 * L * C * C * 4
+    n, matrices = 3_327_744, L * 12 * C * C
+    assert r["modeled"]["state_bytes_tp1"]["optimizer"] == 4 * (2 * n - matrices)

@@ -36,33 +36,52 @@ def run_to_failure(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """8 uninterrupted optimizer steps at TP=2, and a 4-step TP=2 run whose checkpoint the tests resume."""
-    tmp = tmp_path_factory.mktemp("straight")
-    losses, last = fit(tmp, "full", 2, "--tp", "2", "--steps", "8")
+def straight_runs(tmp, *args: str) -> tuple:
+    """8 uninterrupted optimizer steps at TP=2, and a 4-step TP=2 run whose checkpoint the tests resume (ckpt_fit.py's
+    `args` on both): (tmp, the 8 steps' losses, the copied step-4 checkpoint)."""
+    losses, last = fit(tmp, "full", 2, "--tp", "2", "--steps", "8", *args)
     assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1] - 0.5
     assert os.path.basename(last) == "step0008.ckpt"
     # every 2 steps, the last two kept, plus 'last'
     assert sorted(os.listdir(tmp / "ckpt_full")) == ["last.ckpt", "step0006.ckpt", "step0008.ckpt"]
-    half, last = fit(tmp, "half", 2, "--tp", "2", "--steps", "4")
+    half, last = fit(tmp, "half", 2, "--tp", "2", "--steps", "4", *args)
     assert half == {k: losses[k] for k in range(1, 5)}
     saved = tmp / "step4_tp2"
     shutil.copytree(last, saved)
     return tmp, losses, saved
 
 
-@pytest.mark.slow
-def test_exact_resume_with_last(straight, tmp_path):
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    return straight_runs(tmp_path_factory.mktemp("straight"))
+
+
+def check_exact_resume(straight: tuple, tmp_path, *args: str) -> None:
+    """--resume last from the 4-step run's folder: steps 5-8 bit-identical in fp32 on CPU (model, optimizer state,
+    LR schedule, step counters and the data position restored)."""
     tmp, losses, _ = straight
     ckpt_dir = tmp_path / "ckpt_resume"
     shutil.copytree(tmp / "ckpt_half", ckpt_dir, symlinks=True)
     out = str(tmp_path / "resume")
-    run_torchrun("ckpt_fit.py", 2, "--tp", "2", "--steps", "8", "--ckpt-dir", str(ckpt_dir), "--resume", "last", "--out", out)
+    run_torchrun("ckpt_fit.py", 2, "--tp", "2", "--steps", "8", "--ckpt-dir", str(ckpt_dir), "--resume", "last",
+                 "--out", out, *args)
     resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
     assert sorted(resumed) == [5, 6, 7, 8]
-    # bit-identical in fp32 on CPU: model, AdamW state, LR schedule, step counters and the data position restored
     assert resumed == {k: losses[k] for k in range(5, 9)}
+
+
+def check_resume_at(straight: tuple, tmp_path, layout: str, nproc: int, *args: str) -> None:
+    """The step-4 TP=2 checkpoint continued at another layout: steps 5 and 6 within 1e-5."""
+    _, losses, saved = straight
+    resumed, _ = fit(tmp_path, layout, nproc, "--steps", "6", "--resume", str(saved), *args)
+    assert sorted(resumed) == [5, 6]
+    for k in (5, 6):
+        assert resumed[k] == pytest.approx(losses[k], rel=1e-5, abs=0)
+
+
+@pytest.mark.slow
+def test_exact_resume_with_last(straight, tmp_path):
+    check_exact_resume(straight, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -72,11 +91,7 @@ def test_exact_resume_with_last(straight, tmp_path):
 @pytest.mark.slow
 def test_resume_at_another_layout(straight, tmp_path, layout, nproc, args):
     """A TP=2 checkpoint continues on one device and on DP=2 x TP=1 (FSDP2) with the same global batch."""
-    _, losses, saved = straight
-    resumed, _ = fit(tmp_path, layout, nproc, "--steps", "6", "--resume", str(saved), *args)
-    assert sorted(resumed) == [5, 6]
-    for k in (5, 6):
-        assert resumed[k] == pytest.approx(losses[k], rel=1e-5, abs=0)
+    check_resume_at(straight, tmp_path, layout, nproc, *args)
 
 
 @pytest.mark.slow

@@ -106,3 +106,22 @@ def test_a_config_that_cannot_work_fails_as_a_launch_does():
     proc = simulate("--config", "configs/multinode-2x8.yaml", "--model.total_batch_size", "4096")
     assert proc.returncode == 2 and re.fullmatch(r"error: model\.total_batch_size=4096 tokens, but .* = 524288: choose .*",
                                                  one_error_line(proc)), proc.stderr
+
+
+def test_muon_simulates_with_one_buffer_per_matrix():
+    """configs/tp2.yaml with model.optimizer=muon: the simulated optimizer state equals the planner's (one momentum
+    buffer per block matrix, AdamW's two moments for the rest), below AdamW's, and the step's collectives add Muon's
+    (gpt_tp.sizing.sizes.step_collectives with optimizer="muon")."""
+    from gpt_tp.model import GPTConfig
+    from gpt_tp.sizing.sizes import step_collectives
+
+    muon, adamw = (simulate("--config", "configs/tp2.yaml", "--model.optimizer", o) for o in ("muon", "adamw"))
+    assert muon.returncode == 0, muon.stderr[-3000:]
+    rows = table(muon)
+    assert rows["simulated"][2] == pytest.approx(rows["planner"][2], abs=0.011)
+    assert rows["simulated"][2] < table(adamw)["simulated"][2] - 0.1
+    cfg = yaml.safe_load((ROOT / "configs" / "tp2.yaml").read_text())
+    expected = {(r["dim"], r["kind"]): r["count"] for r in step_collectives(
+        GPTConfig.from_name(cfg["model"]["model"]), cfg["data"]["batch_size"], cfg["data"]["seq_len"], 1, 2,
+        cfg["trainer"]["precision"], optimizer="muon")}
+    assert collectives(muon) == expected, muon.stdout

@@ -102,8 +102,9 @@ def transient_bytes(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_le
 
 
 def memory_per_device(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed",
-                      sdpa: str = "flash", overhead_gib: float = 1.5, ac: str = "none") -> Memory:
-    s = sizes.state_bytes(config, dp, tp, precision_bytes(precision)[0])
+                      sdpa: str = "flash", overhead_gib: float = 1.5, ac: str = "none",
+                      optimizer: str = "adamw") -> Memory:
+    s = sizes.state_bytes(config, dp, tp, precision_bytes(precision)[0], optimizer)
     a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)
     transient = transient_bytes(config, dp, tp, batch_size, seq_len, precision, sdpa, ac)
     return Memory(s["params"], s["grads"], s["optimizer"], sum(a.values()), transient, int(overhead_gib * GIB))

@@ -44,7 +44,8 @@ class Plan:
 def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
          device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
          overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none", dp: int | str = "auto",
-         tp: int | str = "auto", accum: int = 1, total_batch_size: int | None = None) -> Plan:
+         tp: int | str = "auto", accum: int = 1, total_batch_size: int | None = None,
+         optimizer: str = "adamw") -> Plan:
     """Each layout's memory estimate, validity and fit, and the choice (all fit when device_memory_gib is None): the
     smallest TP that fits among the layouts with the given dp and tp (a number, or "auto") whose batch_size x seq_len
     x DP x accum is total_batch_size (None: any). cli.py's `auto` sizes are this choice (resolve_layout)."""
@@ -71,7 +72,7 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
     shapes = {"n_head": config.n_head, "n_embd": config.n_embd, "vocab_size": config.vocab_size, "seq_len": seq_len}
 
     def layout_memory(dp: int, tp: int) -> tuple[Memory, bool]:
-        m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac)
+        m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac, optimizer)
         return m, fits(m, device_memory_gib, usable_fraction)
 
     for size in divisors(devices_per_node):
@@ -181,7 +182,7 @@ def format_plan(p: Plan) -> str:
 def resolve_layout(config: GPTConfig, world_size: int, devices_per_node: int, num_nodes: int, batch_size: int,
                    seq_len: int, device_memory_gib: float | None = None, precision: str = "bf16-mixed",
                    dp: int | str = "auto", tp: int | str = "auto", ac: str = "none", accum: int = 1,
-                   total_batch_size: int | None = None) -> tuple[int, int]:
+                   total_batch_size: int | None = None, optimizer: str = "adamw") -> tuple[int, int]:
     """(dp, tp) when either size is "auto" (docs/scale.md): plan()'s choice; a LayoutError with its reason (refusal)
     when it has none."""
     if world_size != devices_per_node * num_nodes:
@@ -189,7 +190,7 @@ def resolve_layout(config: GPTConfig, world_size: int, devices_per_node: int, nu
     if dp != "auto" and tp != "auto":
         return int(dp), int(tp)
     p = plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, precision, ac=ac, dp=dp,
-             tp=tp, accum=accum, total_batch_size=total_batch_size)
+             tp=tp, accum=accum, total_batch_size=total_batch_size, optimizer=optimizer)
     if p.choice is None:
         raise LayoutError(refusal(p))
     return p.choice.dp, p.choice.tp

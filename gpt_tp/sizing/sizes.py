@@ -69,10 +69,17 @@ def numel(params: list[LocalParam], dp: int = 1) -> int:
     return sum(math.ceil(p.shape[0] / dp) * math.prod(p.shape[1:]) for p in params)
 
 
-def state_bytes(config: GPTConfig, dp: int, tp: int, param_bytes: int = 4) -> dict[str, int]:
-    """Parameters, gradients (in the parameter dtype), AdamW's two moments and their total, in bytes per rank."""
-    n = numel(local_params(config, tp), dp)
-    out = {"params": n * param_bytes, "grads": n * param_bytes, "optimizer": 2 * n * param_bytes}
+# the weights model.optimizer=muon gives Muon (one momentum buffer each); AdamW keeps two moments of the rest
+MUON_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def state_bytes(config: GPTConfig, dp: int, tp: int, param_bytes: int = 4, optimizer: str = "adamw") -> dict[str, int]:
+    """Parameters, gradients (in the parameter dtype), optimizer state and their total, in bytes per rank: AdamW's
+    two moments per parameter; under "muon" one momentum buffer per block matrix (MUON_WEIGHTS)."""
+    params = local_params(config, tp)
+    n = numel(params, dp)
+    states = 2 * n - (numel([p for p in params if p.name in MUON_WEIGHTS], dp) if optimizer == "muon" else 0)
+    out = {"params": n * param_bytes, "grads": n * param_bytes, "optimizer": states * param_bytes}
     return {**out, "total": sum(out.values())}
 
 
@@ -167,9 +174,36 @@ def norm_collective(dp: int, tp: int) -> list[dict]:
     return [collective("world" if dp > 1 and tp > 1 else DP if dp > 1 else TP, "all_reduce", dp * tp, 1, 4)]
 
 
+def muon_collectives(config: GPTConfig, dp: int, tp: int, ns_steps: int = 5, ns_bytes: int = 2) -> list[dict]:
+    """Muon's optimizer step (gpt_tp.parallel.muon) on the 4L block matrices, each with short side C. c_attn and c_fc
+    are split along their long side over TP and DP, the c_projs along their long side over TP and their short side
+    (FSDP2's dim 0) over DP. Per group of ranks that split long sides: one all-reduce of each matrix's squared norm
+    and ns_steps of its C x C Gram, float32; at DP > 1 each c_proj all-gathered over DP in Newton-Schulz's dtype."""
+    L, C = config.n_layer, config.n_embd
+    colwise = [d for d, n in ((DP, dp), (TP, tp)) if n > 1]
+    groups: dict[tuple[str, int], int] = {}  # (label, size) -> matrices summed over it, in one flat all-reduce
+    for dims in (colwise, [TP] if tp > 1 else []):
+        if dims:
+            group = ("world", dp * tp) if len(dims) == 2 else (dims[0], dp if dims == [DP] else tp)
+            groups[group] = groups.get(group, 0) + 2 * L
+    rows = [collective(label, "all_reduce", size, 1 + ns_steps, n * 4 * (1 + ns_steps * C * C))
+            for (label, size), n in groups.items()]
+    if dp > 1:
+        rows.append(collective(DP, "all_gather", dp, 2 * L, L * (C * C + 4 * C * C) // tp * ns_bytes))
+    return rows
+
+
+def muon_gather_all_bytes(config: GPTConfig, dp: int, tp: int, ns_bytes: int = 2) -> float:
+    """The baseline Muon's sharded scheme is measured against: every rank all-gathers each block matrix whole, in
+    Newton-Schulz's dtype. Wire bytes per rank per step (ring all-gather)."""
+    return wire_bytes("all_gather", config.n_layer * 12 * config.n_embd ** 2 * ns_bytes, dp * tp)
+
+
 def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int = 1, tp: int = 1,
-                     precision: str = "32-true") -> list[dict]:
-    """A step's collectives per (mesh dim, kind): count, full-tensor and per-rank wire bytes; batch_size per DP rank."""
+                     precision: str = "32-true", optimizer: str = "adamw") -> list[dict]:
+    """A step's collectives per (mesh dim, kind): count, full-tensor and per-rank wire bytes; batch_size per DP rank.
+    AdamW's step communicates nothing; Muon's: muon_collectives."""
     check_precision(precision)
     return merge(tp_collectives(config, batch_size, seq_len, dp, tp, precision)
-                 + fsdp_collectives(config, dp, tp, precision) + norm_collective(dp, tp))
+                 + fsdp_collectives(config, dp, tp, precision) + norm_collective(dp, tp)
+                 + (muon_collectives(config, dp, tp) if optimizer == "muon" else []))

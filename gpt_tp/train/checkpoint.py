@@ -110,6 +110,14 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
                               f"size it was trained with: {problems[0]}{more}")
 
 
+def check_same_optimizer(path: Path, optimizer: str) -> None:
+    """A checkpoint resumes only with the optimizer that wrote its state (AdamW's moments are not Muon's buffers)."""
+    saved = (torch.load(path / META, weights_only=True).get("hyper_parameters") or {}).get("optimizer", "adamw")
+    if saved != optimizer:
+        raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
+                              f"model.optimizer={optimizer}: resume with --model.optimizer {saved}, or start a new run")
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -261,6 +269,7 @@ class ModelParallel(ModelParallelStrategy):
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
         state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
         check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
+        check_same_optimizer(path, self.lightning_module.hparams.get("optimizer", "adamw"))
         sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
         checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
         _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint, path)

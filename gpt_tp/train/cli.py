@@ -109,7 +109,8 @@ class GPTCLI(TrainingCLI):
                 cfg.data.batch_size, cfg.data.seq_len, detect_device_memory_gib(), str(cfg.trainer.precision),
                 dp=init.data_parallel_size, tp=init.tensor_parallel_size, ac=cfg.model.activation_checkpointing,
                 accum=cfg.trainer.accumulate_grad_batches or 1,
-                total_batch_size=cfg.model.total_batch_size if self.subcommand == "fit" else None)
+                total_batch_size=cfg.model.total_batch_size if self.subcommand == "fit" else None,
+                optimizer=cfg.model.optimizer)
             init.data_parallel_size, init.tensor_parallel_size = dp, tp
             print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
         if self.subcommand == "fit" and cfg.get("simulate"):
@@ -140,7 +141,7 @@ class GPTCLI(TrainingCLI):
             raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{run.world - 1}")
         m = cfg.model
         settings = OptimizerSettings(m.max_lr, m.min_lr, m.warmup_steps, cfg.trainer.max_steps, m.weight_decay,
-                                     m.betas, m.eps, m.fused)  # the run's optimizer, as GPTModule builds it
+                                     m.betas, m.eps, m.fused, m.optimizer, m.muon_lr, m.muon_fp32)  # as GPTModule's
         sim = simulate(run, cfg.simulate_rank, settings)
         memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
         print(format_simulation(sim, memory), flush=True)

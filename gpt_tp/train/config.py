@@ -236,6 +236,7 @@ class TrainingConfig:
     max_steps: int  # trainer.max_steps: optimizer steps (-1: no limit)
     total_batch_size: int | None  # model.total_batch_size: tokens per optimizer step the run asks for (None: unchecked)
     activation_checkpointing: str  # model.activation_checkpointing: "none", "full" or "selective"
+    optimizer: str  # model.optimizer: "adamw" or "muon"
     compile: bool  # model.compile: torch.compile each block
     async_tp: bool  # model.async_tp: asynchronous tensor-parallel collectives (CUDA)
     meta_init: bool  # model.meta_init: build on the meta device, initialise the local shards only
@@ -279,5 +280,6 @@ def read_training_config(args: list[str]) -> TrainingConfig:
         model_parallel=model_parallel(strategy), accumulate_grad_batches=cfg.trainer.accumulate_grad_batches,
         precision="32-true" if cfg.trainer.precision is None else str(cfg.trainer.precision),
         max_steps=cfg.trainer.max_steps, total_batch_size=cfg.model.total_batch_size,
-        activation_checkpointing=cfg.model.activation_checkpointing, compile=cfg.model.compile,
+        activation_checkpointing=cfg.model.activation_checkpointing, optimizer=cfg.model.optimizer,
+        compile=cfg.model.compile,
         async_tp=cfg.model.async_tp, meta_init=cfg.model.meta_init, init_from=cfg.model.init_from, seed=parsed.seed)

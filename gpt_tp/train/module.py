@@ -12,7 +12,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.optim import OptimizerSettings, check_optimizer, fused_with_scaler
+from gpt_tp.train.optim import OptimizerSettings, check_muon, check_optimizer, fused_with_scaler
 from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
 from gpt_tp.train.ranks import parallel_layout
 from gpt_tp.train.predict import continue_prompt
@@ -30,7 +30,8 @@ class GPTModule(L.LightningModule):
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
                  total_batch_size: int | None = 524288, compile: bool = False, async_tp: bool = False,
                  meta_init: bool = False, init_from: str | None = None, peak_flops: float | None = None,
-                 activation_checkpointing: str = "none"):
+                 activation_checkpointing: str = "none", optimizer: str = "adamw", muon_lr: float = 0.02,
+                 muon_fp32: bool = False):
         """
         Args:
             model: a named size (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny) or the GPTConfig fields.
@@ -47,10 +48,15 @@ class GPTModule(L.LightningModule):
             peak_flops: the device's peak FLOP/s for MFU; None detects known GPUs (MFU is NaN on CPU).
             activation_checkpointing: per block, "none", "full" (recompute the block in backward) or "selective" (keep
                 matmul and attention outputs); the same losses and gradients in every mode.
+            optimizer: "adamw" (build-nanogpt's), or "muon": torch.optim.Muon's update on the blocks' 2-D weights
+                (c_attn, attn.c_proj, c_fc, mlp.c_proj), sharded (gpt_tp.parallel.muon), AdamW on the rest.
+            muon_lr: Muon's peak lr, on the same warmup + cosine multiplier as max_lr.
+            muon_fp32: Newton-Schulz in float32 instead of torch.optim.Muon's bfloat16 (for parity tests).
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
         check_optimizer(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps, weight_decay, betas, eps)
+        check_muon(optimizer, muon_lr)
         check_peak_flops(peak_flops)
         self.save_hyperparameters()
         self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
@@ -111,8 +117,12 @@ class GPTModule(L.LightningModule):
 
     def optimizer_settings(self) -> OptimizerSettings:
         h = self.hparams
+        fp16 = self._grad_scaler() is not None
+        if fp16 and h.optimizer == "muon":
+            raise UserError("model.optimizer=muon does not train with trainer.precision=16-mixed (its gradient "
+                            "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
         return OptimizerSettings(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps, h.weight_decay, tuple(h.betas), h.eps,
-                                 fused_with_scaler(h.fused, self._grad_scaler() is not None))
+                                 fused_with_scaler(h.fused, fp16), h.optimizer, h.muon_lr, h.muon_fp32)
 
     def configure_optimizers(self):
         """The training step's optimizer. No lr scheduler: each step sets its own lr (and AdamW's other settings)

@@ -1,13 +1,19 @@
-"""Optimizer and learning-rate schedule (build-nanogpt's defaults): OptimizerSettings builds the optimizer and sets
-each step's hyper-parameters on it."""
+"""Optimizers (build-nanogpt's AdamW, or Muon on the block matrices) and the learning-rate schedule:
+OptimizerSettings builds the run's optimizer and sets each step's hyper-parameters on it."""
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from gpt_tp.errors import UserError
+from gpt_tp.parallel.muon import Muon
+
+OPTIMIZERS = ("adamw", "muon")
+# the weights Muon takes: the 2-D matrices inside the blocks (c_attn is one [3C, C] matrix, as on one device)
+MUON_WEIGHTS = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 
 def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: int = 715, max_steps: int = 19073) -> float:
@@ -55,6 +61,33 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tu
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
 
 
+def check_muon(optimizer: str, muon_lr: float) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise UserError(f"model.optimizer={optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+    if not muon_lr >= 0:
+        raise UserError(f"model.muon_lr={muon_lr}: Muon's peak learning rate must be >= 0 (default 0.02)")
+
+
+def make_optimizer(model: nn.Module, optimizer: str = "adamw", lr: float = 6e-4, weight_decay: float = 0.1,
+                   betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
+                   muon_lr: float = 0.02, ns_dtype: torch.dtype = torch.bfloat16) -> torch.optim.Optimizer:
+    """The run's one optimizer. "adamw": make_adamw. "muon": gpt_tp.parallel.muon.Muon, torch.optim.Muon's update
+    at lr=muon_lr on the block matrices (MUON_WEIGHTS), AdamW at lr with make_adamw's groups and settings on the rest;
+    AdamW's groups come first (param_groups[0] is AdamW's), each Muon group has "muon": True."""
+    check_muon(optimizer, muon_lr)
+    if optimizer == "adamw":
+        return make_adamw(model, lr, weight_decay, betas, eps, fused)
+    matrices = {id(p) for n, p in model.named_parameters() if MUON_WEIGHTS.fullmatch(n) and p.dim() == 2}
+    if not matrices:
+        raise UserError("model.optimizer=muon: this model has no 2-D block weights (transformer.h.N.attn.c_attn, "
+                        "attn.c_proj, mlp.c_fc, mlp.c_proj) for Muon; use model.optimizer=adamw")
+    adamw = make_adamw(model, lr, weight_decay, betas, eps, fused)
+    groups = [{**g, "params": [p for p in g["params"] if id(p) not in matrices]} for g in adamw.param_groups]
+    muon = [p for p in model.parameters() if id(p) in matrices]
+    groups.append({"params": muon, "lr": muon_lr, "weight_decay": weight_decay, "muon": True})
+    return Muon(groups, ns_dtype=ns_dtype, lr=lr, betas=betas, eps=eps, fused=adamw.defaults["fused"])
+
+
 @dataclass(frozen=True)
 class OptimizerSettings:
     """One run's optimizer and schedule (GPTModule's hparams of the same names); checked when made."""
@@ -67,23 +100,32 @@ class OptimizerSettings:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     fused: bool | None = None  # fused AdamW; None: where the device has it
+    optimizer: str = "adamw"  # "adamw", or "muon" on the block matrices (MUON_WEIGHTS) with AdamW on the rest
+    muon_lr: float = 0.02  # Muon's peak, on the same warmup + cosine multiplier as max_lr
+    muon_fp32: bool = False  # Newton-Schulz in float32 rather than torch.optim.Muon's bfloat16 (for tests)
 
     def __post_init__(self):
         object.__setattr__(self, "betas", tuple(self.betas))  # a checkpoint's hparams may hold a list
         check_optimizer(self.max_lr, self.min_lr, self.warmup_steps, self.max_steps, self.weight_decay, self.betas,
                         self.eps)
+        check_muon(self.optimizer, self.muon_lr)
 
     def lr(self, step: int) -> float:
         return get_lr(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps)
 
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
         """The optimizer of gpt_tp's training step, the one way it is made."""
-        return make_adamw(model, self.max_lr, self.weight_decay, self.betas, self.eps, self.fused)
+        return make_optimizer(model, self.optimizer, self.max_lr, self.weight_decay, self.betas, self.eps, self.fused,
+                              self.muon_lr, torch.float32 if self.muon_fp32 else torch.bfloat16)
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> None:
-        """Optimizer step `step` (0-based)'s lr, betas, eps and weight decay on every group: these settings hold even
-        where a resumed optimizer's groups came back with the saved run's."""
+        """Optimizer step `step` (0-based)'s lr, betas, eps and weight decay on every group (a Muon group: its lr,
+        muon_lr on the same multiplier, and weight decay): these settings hold even where a resumed optimizer's groups
+        came back with the saved run's."""
         lr = self.lr(step)
         for group in optimizer.param_groups:
+            if group.get("muon"):
+                group.update(lr=lr / self.max_lr * self.muon_lr, weight_decay=self.weight_decay)
+                continue
             decays = group["params"][0].dim() >= 2  # build's groups: >= 2-D parameters decay, the others not
             group.update(lr=lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay if decays else 0.0)

@@ -18,7 +18,8 @@ def training_settings(args: list[str]) -> dict:
             "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing,
             # a numeric TP fixes DP (the devices over TP), which the plan derives from its own devices, flags included
             "dp": t.data_parallel_size if t.tensor_parallel_size == "auto" else "auto", "tp": t.tensor_parallel_size,
-            "accum": t.accumulate_grad_batches or 1, "total_batch_size": t.total_batch_size}
+            "accum": t.accumulate_grad_batches or 1, "total_batch_size": t.total_batch_size,
+            "optimizer": t.optimizer}
 
 
 def main(argv: list[str] | None = None) -> Plan:

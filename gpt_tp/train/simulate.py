@@ -134,7 +134,8 @@ def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSet
     by_kind = {str(k).split(".")[-1]: v for k, v in next(iter(snapshot.values())).items()}
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
-    m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing)
+    m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing,
+                          optimizer=settings.optimizer)
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"] = sum(planned.values())
     if tp > 1 and config.vocab_size % tp == 0:

@@ -91,6 +91,8 @@ def main():
     ap.add_argument("--die-on-save", type=int, default=0)
     ap.add_argument("--die-on-aside", type=int, default=0)
     ap.add_argument("--fail-fsync", default=None, help="rank 0's fsync fails; the time it failed goes to this file")
+    ap.add_argument("--optimizer", default="adamw", help="model.optimizer")
+    ap.add_argument("--muon-fp32", action="store_true", help="model.muon_fp32: Newton-Schulz in float32")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.die_on_save:
@@ -112,7 +114,8 @@ def main():
     )
     L.seed_everything(1234, verbose=False)
     config = GPTConfig(n_layer=2, n_head=4, n_embd=args.n_embd, block_size=64, dropout=args.dropout)
-    model = GPTModule(config, max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=12, total_batch_size=None)
+    model = GPTModule(config, max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=12, total_batch_size=None,
+                      optimizer=args.optimizer, muon_fp32=args.muon_fp32)
     data = GPTDataModule("data/sample", batch_size=args.batch_size, seq_len=64, val_batches=0)
     trainer.fit(model, data, ckpt_path=args.resume)
     if trainer.global_rank == 0:

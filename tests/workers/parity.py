@@ -70,6 +70,21 @@ def naive_errors(config, mesh):
     return errors
 
 
+def mesh_of(dp: int):
+    """The gloo process group and the (dp, tp) mesh over it: (rank, dp, tp, mesh, this rank's DP index)."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (dp, world // dp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    return rank, dp, world // dp, mesh, mesh["data_parallel"].get_local_rank()
+
+
+def dp_mean(loss: torch.Tensor, mesh) -> float:
+    """This DP rank's loss -> the mean over the DP ranks."""
+    loss = loss.detach().clone()
+    dist.all_reduce(loss, group=mesh["data_parallel"].get_group())
+    return loss.item() / mesh["data_parallel"].size()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dp", type=int, default=1)
@@ -78,11 +93,7 @@ def main():
     ap.add_argument("--skip-naive", action="store_true", help="leave out the naive recipe's errors")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dp, tp = args.dp, world // args.dp
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    dp_rank = mesh["data_parallel"].get_local_rank()
+    rank, dp, tp, mesh, dp_rank = mesh_of(args.dp)
 
     torch.manual_seed(1234)
     config = GPTConfig.from_name("tiny")
@@ -116,11 +127,7 @@ def main():
         if step == 0:  # the TP group's collectives by kind, forward and backward
             for phase, rec in (("forward", fwd), ("backward", bwd)):
                 res[f"tp_collectives_{phase}"] = dict(Counter(k for g, k, _, _ in rec.records if g == "tensor_parallel"))
-        loss = loss.detach()
-        if dp > 1:
-            dist.all_reduce(loss, group=mesh["data_parallel"].get_group())
-            loss = loss / dp
-        res["losses"].append(loss.item())
+        res["losses"].append(dp_mean(loss, mesh))
         res["ref_losses"].append(loss_ref.item())
         reduce_dtensor_partial_grads(model)  # torch_recipe's Partial LayerNorm gradients (none in other plans)
         res["norms"].append(clip_grad_norm(model, 1.0).item())  # the step's gradient sync, then the clip

@@ -1,0 +1,81 @@
+"""Muon's optimizer step, sharded (gpt_tp.parallel.muon) against gathering every matrix whole: bytes and time.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmarks.muon_comm --model gpt2 --layers 2
+
+On a DP x TP mesh (TP the rest of the processes), the model's block matrices get random gradients; then the two
+optimizer steps alternate, --steps times each, on the same parameters: Muon as model.optimizer=muon runs it (Newton-
+Schulz on the long-side shards, Grams all-reduced) and the gather-everything baseline (gather_all: each matrix
+all-gathered whole in bf16, orthogonalized on every rank, its slice kept). Rank 0 prints, per scheme, the median
+step time (the slowest rank's) and the collectives recorded in one step with their bytes, beside
+gpt_tp.sizing.sizes' muon_collectives and muon_gather_all_bytes.
+"""
+
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from benchmarks.collectives import CollectiveRecorder, groups_of
+from benchmarks.step import build
+from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
+from gpt_tp.errors import UserError
+from gpt_tp.model import SIZES, GPTConfig
+from gpt_tp.sizing import sizes
+from gpt_tp.train.optim import make_optimizer
+
+
+def step_time(opt) -> float:
+    t0 = time.perf_counter()
+    opt.step()
+    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(prog="python -m benchmarks.muon_comm", description=__doc__)
+    ap.add_argument("--model", default="gpt2", choices=list(SIZES), help="a named size (default gpt2)")
+    ap.add_argument("--layers", type=int, default=2, help="blocks (default 2: the figures are per step of these)")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel size; TP is the rest of the processes")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per scheme (default 3)")
+    args = ap.parse_args(argv)
+    if min(args.layers, args.dp, args.steps) < 1:
+        raise UserError("--layers, --dp and --steps must be >= 1")
+    config = GPTConfig.from_name(args.model, n_layer=args.layers)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    dp, tp = args.dp, max(1, world // args.dp)
+    mesh, device = torchrun_mesh(dp, tp, "cpu")
+    torch.manual_seed(0)
+    model, sharded = build(config, mesh, device, optimizer="muon")
+    gathered = make_optimizer(model, "muon", fused=True)
+    gathered.gather_all = True
+    for p in model.parameters():
+        local = torch.randn((p.to_local() if isinstance(p, DTensor) else p).shape)
+        p.grad = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()) \
+            if isinstance(p, DTensor) else local
+    out = {}
+    for name, opt in (("sharded", sharded), ("gather_all", gathered)):
+        with CollectiveRecorder(groups_of(mesh)) as rec:
+            opt.step()  # also makes the momentum buffers
+        rows = sizes.merge([sizes.collective(*r[:3], 1, r[3]) for r in rec.records])
+        out[name] = {"rows": rows, "times": []}
+    for _ in range(args.steps):
+        for name, opt in (("sharded", sharded), ("gather_all", gathered)):
+            out[name]["times"].append(step_time(opt))
+    if dist.get_rank() == 0:
+        print(f"{args.model} shapes, {args.layers} blocks, DP={dp} x TP={tp}: Muon's optimizer step")
+        modeled = {"sharded": sum(r["wire_bytes"] for r in sizes.muon_collectives(config, dp, tp)),
+                   "gather_all": sizes.muon_gather_all_bytes(config, dp, tp)}
+        for name, r in out.items():
+            wire = sum(row["wire_bytes"] for row in r["rows"])
+            kinds = ", ".join(f"{row['dim']} {row['kind']} {row['count']}x" for row in r["rows"])
+            print(f"  {name:<11} step {statistics.median(r['times']):.3f} s (median of {args.steps}), wire bytes per "
+                  f"rank {wire / 2**20:.2f} MiB (model {modeled[name] / 2**20:.2f} MiB): {kinds}")
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)

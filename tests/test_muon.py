@@ -1,0 +1,162 @@
+"""model.optimizer=muon: torch.optim.Muon's update on the block matrices, sharded over TP and FSDP2, against one device
+running torch.optim.Muon itself (tests/workers/muon_parity.py), its communication against gpt_tp.sizing, its
+checkpoints (tests/workers/ckpt_fit.py) and its mistakes."""
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from lightning.pytorch.plugins import MixedPrecision
+
+from conftest import ROOT, WORKERS, read_json, run_torchrun
+from gpt_tp.errors import UserError
+from gpt_tp.model import GPT, GPTConfig
+from gpt_tp.sizing import sizes
+from gpt_tp.train.module import GPTModule
+from gpt_tp.train.optim import MUON_WEIGHTS, make_optimizer
+from synthetic_data import SyntheticDataModule
+from test_checkpoint import check_exact_resume, check_resume_at, straight_runs
+from test_module import trainer
+
+
+def test_one_device_is_torch_muon_and_adamw_bit_for_bit():
+    """Unsharded, make_optimizer("muon") is torch.optim.Muon on the 8 block matrices (c_attn one [3C, C] matrix)
+    plus build-nanogpt's fused AdamW on the rest: the same parameters after 3 steps, to the bit."""
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig.from_name("tiny"))
+    model = copy.deepcopy(ref)
+    opt = make_optimizer(model, "muon", lr=3e-3, fused=True)
+    assert [(len(g["params"]), g["muon"], g["lr"]) for g in opt.param_groups] == [(2, False, 3e-3), (18, False, 3e-3),
+                                                                                   (8, True, 0.02)]
+    matrices = [p for n, p in ref.named_parameters() if MUON_WEIGHTS.fullmatch(n)]
+    rest = [p for p in ref.parameters() if all(p is not q for q in matrices)]
+    ref_opts = [torch.optim.Muon(matrices, lr=0.02, weight_decay=0.1),
+                torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
+                                   {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=3e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)]
+    x = torch.randint(0, 1000, (3, 2, 16))
+    for step in range(3):
+        for m, opts in ((ref, ref_opts), (model, [opt])):
+            F.cross_entropy(m(x[step]).flatten(0, 1), x[step].flatten()).backward()
+            for o in opts:
+                o.step()
+                o.zero_grad()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    torch.manual_seed(0)
+    init = GPT(GPTConfig.from_name("tiny"))
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), init.parameters()))  # every one trained
+    assert {k for s in opt.state.values() for k in s} == {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"}
+
+
+def test_step_closure_sees_every_group():
+    """Lightning's closure zeroes the gradients inside optimizer.step: Muon's as well as AdamW's, so each step's
+    gradients are that step's alone."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("tiny"))
+    opt = make_optimizer(model, "muon", lr=0.0, muon_lr=0.0, weight_decay=0.0)
+    x = torch.randint(0, 1000, (2, 16))
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).flatten(0, 1), x.flatten())
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    first = [p.grad.clone() for p in model.parameters()]
+    opt.step(closure)  # lr 0: the same parameters, so the same gradients, not their sum
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), first))
+
+
+def muon_parity(tmp_path, nproc: int, dp: int, fp32: bool) -> list[dict]:
+    run_torchrun("muon_parity.py", nproc, "--dp", str(dp), *(["--fp32"] if fp32 else []), "--out", str(tmp_path / "r"))
+    return [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
+
+
+@pytest.mark.parametrize("dp,nproc,fp32", [
+    (1, 2, False),
+    pytest.param(1, 2, True, marks=pytest.mark.slow),
+    pytest.param(2, 2, False, marks=pytest.mark.slow),
+    pytest.param(2, 2, True, marks=pytest.mark.slow),
+    pytest.param(2, 4, False, marks=pytest.mark.slow),
+    pytest.param(2, 4, True, marks=pytest.mark.slow),
+], ids=["tp2-bf16", "tp2-fp32", "dp2xtp1-bf16", "dp2xtp1-fp32", "dp2xtp2-bf16", "dp2xtp2-fp32"])
+def test_sharded_muon_matches_one_device(tmp_path, dp, nproc, fp32):
+    """8 steps from the same init and data, clip 1.0 by the global norm, the schedule on both peaks: losses within
+    1e-3 relative of one device's torch.optim.Muon with bf16 Newton-Schulz as torch runs it, 1e-5 in float32. The
+    optimizer step's collectives are gpt_tp.sizing.sizes.muon_collectives', to the byte: at TP=2 one flat all-reduce
+    of the 8 squared norms, then one of the 8 C x C Grams per Newton-Schulz step (float32); at DP=2 the c_projs
+    gathered over DP in bf16 (their short side is FSDP2's dim 0)."""
+    tp = nproc // dp
+    results = muon_parity(tmp_path, nproc, dp, fp32)
+    tol = 1e-5 if fp32 else 1e-3
+    for res in results:
+        assert res["muon_groups"] == 1 and res["muon_params"] == 8
+        assert res["losses"] == pytest.approx(res["ref_losses"], rel=tol)
+        assert res["losses"][-1] < res["losses"][0] - 0.1
+        assert res["buffers_like_params"] is True  # DTensors with their parameter's placements
+        measured = sizes.merge([sizes.collective(g, k, n, 1, b) for g, k, n, b in res["optimizer_collectives"]])
+        modeled = sizes.muon_collectives(GPTConfig.from_name("tiny"), dp, tp, ns_bytes=4 if fp32 else 2)
+        assert measured == sizes.merge(modeled)
+    assert len({tuple(r["losses"]) for r in results}) == 1
+    C, L = 64, 2
+    if (dp, tp) == (1, 2):
+        assert results[0]["kinds"] == {"tensor_parallel:all_reduce": 6}
+        assert sum(r[3] for r in results[0]["optimizer_collectives"]) == 8 * 4 + 5 * 8 * C * C * 4
+    if (dp, tp) == (2, 2):
+        assert results[0]["kinds"] == {"data_parallel:all_gather": 2 * L, "world:all_reduce": 6,
+                                       "tensor_parallel:all_reduce": 6}
+
+
+MUON = ("--optimizer", "muon", "--muon-fp32")  # ckpt_fit.py: Muon, Newton-Schulz in float32
+
+
+@pytest.fixture(scope="module")
+def muon_straight(tmp_path_factory):
+    """Muon on the bundled sample at TP=2: 8 uninterrupted steps, and 4 whose checkpoint the tests resume."""
+    return straight_runs(tmp_path_factory.mktemp("muon_straight"), *MUON)
+
+
+@pytest.mark.slow
+def test_muon_checkpoint_resumes_bit_identically(muon_straight, tmp_path):
+    check_exact_resume(muon_straight, tmp_path, *MUON)
+
+
+@pytest.mark.parametrize("layout,nproc,args", [("tp1", 1, []), ("dp2xtp1", 2, ["--dp", "2", "--batch-size", "2"])])
+@pytest.mark.slow
+def test_muon_checkpoint_reshards(muon_straight, tmp_path, layout, nproc, args):
+    """The TP=2 checkpoint's momentum buffers (DTensors in DCP) continue on one device and at DP=2 x TP=1."""
+    check_resume_at(muon_straight, tmp_path, layout, nproc, *MUON, *args)
+
+
+@pytest.mark.slow
+def test_resume_that_switches_optimizer_is_refused(muon_straight, tmp_path):
+    _, _, saved = muon_straight
+    before = sorted((f.name, f.stat().st_size) for f in saved.iterdir())
+    cmd = [sys.executable, str(WORKERS / "ckpt_fit.py"), "--steps", "6", "--resume", str(saved),
+           "--ckpt-dir", str(tmp_path / "c"), "--out", str(tmp_path / "o")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0] == (f"error: checkpoint {saved} holds model.optimizer=muon's state, but this run has "
+                         "model.optimizer=adamw: resume with --model.optimizer muon, or start a new run")
+    assert sorted((f.name, f.stat().st_size) for f in saved.iterdir()) == before
+
+
+def test_muon_needs_block_matrices():
+    with pytest.raises(UserError, match=r"model.optimizer=muon: this model has no 2-D block weights"):
+        make_optimizer(nn.Sequential(nn.Linear(4, 4)), "muon")
+
+
+def test_fp16_refuses_muon():
+    plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]
+    with pytest.raises(UserError, match=r"model.optimizer=muon does not train with trainer.precision=16-mixed"):
+        trainer(2, plugins=plugins).fit(GPTModule("tiny", optimizer="muon", total_batch_size=None),
+                                        SyntheticDataModule(batch_size=2, seq_len=32))
