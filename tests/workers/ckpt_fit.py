@@ -15,6 +15,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gpt_tp.entry import run
+from stop_at import StopAt  # the run stops at --steps of the 12-step schedule every run shares
 from gpt_tp.train.checkpoint import ModelParallel
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.model import GPTConfig
@@ -109,8 +110,8 @@ def main():
     )
     trainer = L.Trainer(
         accelerator="cpu", devices=world, strategy=ModelParallel(data_parallel_size=args.dp, tensor_parallel_size=args.tp),
-        max_steps=args.steps, accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record(), ckpt],
+        max_steps=12, accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record(), ckpt, StopAt(args.steps)],
     )
     L.seed_everything(1234, verbose=False)
     config = GPTConfig(n_layer=2, n_head=4, n_embd=args.n_embd, block_size=64, dropout=args.dropout)

@@ -21,7 +21,7 @@ from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.entry import run
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.parallel import clip_grad_norm, parallelize
+from gpt_tp.parallel import clip_grad_norm, parallelize, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import MUON_WEIGHTS, get_lr, make_optimizer
 from parity import dp_mean, mesh_of
@@ -76,6 +76,7 @@ def main():
         loss.backward()
         res["losses"].append(dp_mean(loss, mesh))
         res["ref_losses"].append(loss_ref.item())
+        sync_grads(model)  # the step's gradient sync (GPTModule.backward's), then the global clip
         clip_grad_norm(model, 1.0)
         clip_grad_norm(ref, 1.0)
         mult = get_lr(step, MAX_LR, 1e-4, 2, args.steps) / MAX_LR

@@ -25,7 +25,7 @@ from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import get_lr, make_adamw
 from gpt_tp.eval.paritycheck import load_plan
-from gpt_tp.parallel import TP_PLAN, clip_grad_norm, parallelize
+from gpt_tp.parallel import TP_PLAN, clip_grad_norm, parallelize, sync_grads
 from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.plans import reduce_dtensor_partial_grads
 from benchmarks.synthetic import SyntheticTokens
@@ -130,7 +130,8 @@ def main():
         res["losses"].append(dp_mean(loss, mesh))
         res["ref_losses"].append(loss_ref.item())
         reduce_dtensor_partial_grads(model)  # torch_recipe's Partial LayerNorm gradients (none in other plans)
-        res["norms"].append(clip_grad_norm(model, 1.0).item())  # the step's gradient sync, then the clip
+        sync_grads(model)  # the step's gradient sync, then the clip
+        res["norms"].append(clip_grad_norm(model, 1.0).item())
         res["ref_norms"].append(clip_grad_norm(ref, 1.0).item())
         if step == 0:  # both clipped by (almost) the same factor: the relative differences are the gradients'
             res["grad_diff"] = {n: rel(full(p.grad), q.grad) for (n, p), q in zip(model.named_parameters(), ref.parameters())}
