@@ -8,7 +8,8 @@ every --val-every steps on 4 batches. AdamW sweeps model.max_lr over --adamw-lrs
 --muon-lrs with AdamW (on the embeddings, LayerNorms and biases) at --muon-adamw-lr. The runs alternate between
 the two optimizers so each sees the same machine load. A run's wall time at step s is the sum of its step times
 (B x T / the logged train/tokens_per_sec) up to s. Reported: each run's val losses; for each optimizer's best run
-(lowest last val loss) the val loss at each validation step, and the Muon / AdamW ratio of the median step time.
+(lowest last val loss) the val loss at each validation step; the Muon / AdamW ratio of the median step time within
+each pair of runs that ran one after the other (the same machine load).
 """
 
 import csv
@@ -81,8 +82,13 @@ def measure(args) -> dict:
                   flush=True)
     best = {opt: min((r for r in runs if r["optimizer"] == opt), key=lambda r: r["val"][max(r["val"])])
             for opt in sweeps}
-    ratio = best["muon"]["median_step_s"] / best["adamw"]["median_step_s"]
-    return {"runs": runs, "best": best, "step_time_ratio_muon_over_adamw": ratio}
+    return {"runs": runs, "best": best, "step_time_ratios_muon_over_adamw": step_time_ratios(runs)}
+
+
+def step_time_ratios(runs: list[dict]) -> list[float]:
+    """Muon's median step time over AdamW's, for each pair of runs made one after the other."""
+    pairs = [sorted(pair, key=lambda r: r["optimizer"]) for pair in zip(runs[0::2], runs[1::2])]
+    return [m["median_step_s"] / a["median_step_s"] for a, m in pairs]
 
 
 def markdown(res: dict) -> str:
@@ -94,9 +100,9 @@ def markdown(res: dict) -> str:
             f"{r['val'][s]:.3f}" for s in sorted(r["val"])) + f" | {r['median_step_s']:.3f} |")
     a, m = res["best"]["adamw"], res["best"]["muon"]
     lines.append("")
-    lines.append(f"best Muon / best AdamW: step time {res['step_time_ratio_muon_over_adamw']:.3f}; val loss at the "
-                 f"last step {m['val'][max(m['val'])]:.3f} / {a['val'][max(a['val'])]:.3f}; wall time to the last step "
-                 f"{m['wall_s'][max(m['val'])]:.0f} s / {a['wall_s'][max(a['val'])]:.0f} s")
+    ratios = ", ".join(f"{x:.2f}" for x in res["step_time_ratios_muon_over_adamw"])
+    lines.append(f"val loss at the last step, best Muon / best AdamW: {m['val'][max(m['val'])]:.3f} / "
+                 f"{a['val'][max(a['val'])]:.3f}; step time Muon / AdamW, pair by pair: {ratios}")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.sizing import sizes
 from gpt_tp.train.module import GPTModule
-from gpt_tp.train.optim import MUON_WEIGHTS, make_optimizer
+from gpt_tp.train.optim import is_muon_weight, make_optimizer
 from synthetic_data import SyntheticDataModule
 from test_checkpoint import check_exact_resume, check_resume_at, straight_runs
 from test_module import trainer
@@ -34,7 +34,7 @@ def test_one_device_is_torch_muon_and_adamw_bit_for_bit():
     opt = make_optimizer(model, "muon", lr=3e-3, fused=True)
     assert [(len(g["params"]), g["muon"], g["lr"]) for g in opt.param_groups] == [(2, False, 3e-3), (18, False, 3e-3),
                                                                                    (8, True, 0.02)]
-    matrices = [p for n, p in ref.named_parameters() if MUON_WEIGHTS.fullmatch(n)]
+    matrices = [p for n, p in ref.named_parameters() if is_muon_weight(n)]
     rest = [p for p in ref.parameters() if all(p is not q for q in matrices)]
     ref_opts = [torch.optim.Muon(matrices, lr=0.02, weight_decay=0.1),
                 torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},

@@ -2,7 +2,6 @@
 OptimizerSettings builds the run's optimizer and sets each step's hyper-parameters on it."""
 
 import math
-import re
 from dataclasses import dataclass
 
 import torch
@@ -10,10 +9,9 @@ import torch.nn as nn
 
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.muon import Muon
+from gpt_tp.sizing.sizes import MUON_WEIGHTS
 
 OPTIMIZERS = ("adamw", "muon")
-# the weights Muon takes: the 2-D matrices inside the blocks (c_attn is one [3C, C] matrix, as on one device)
-MUON_WEIGHTS = re.compile(r"transformer\.h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 
 def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: int = 715, max_steps: int = 19073) -> float:
@@ -61,6 +59,12 @@ def make_adamw(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tu
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
 
 
+def is_muon_weight(name: str) -> bool:
+    """A block's 2-D weight Muon takes (transformer.h.<i>.<one of MUON_WEIGHTS>; c_attn is one [3C, C] matrix)."""
+    parts = name.split(".", 3)
+    return parts[:2] == ["transformer", "h"] and parts[-1] in MUON_WEIGHTS
+
+
 def check_muon(optimizer: str, muon_lr: float) -> None:
     if optimizer not in OPTIMIZERS:
         raise UserError(f"model.optimizer={optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
@@ -72,12 +76,12 @@ def make_optimizer(model: nn.Module, optimizer: str = "adamw", lr: float = 6e-4,
                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
                    muon_lr: float = 0.02, ns_dtype: torch.dtype = torch.bfloat16) -> torch.optim.Optimizer:
     """The run's one optimizer. "adamw": make_adamw. "muon": gpt_tp.parallel.muon.Muon, torch.optim.Muon's update
-    at lr=muon_lr on the block matrices (MUON_WEIGHTS), AdamW at lr with make_adamw's groups and settings on the rest;
+    at lr=muon_lr on the block matrices (is_muon_weight), AdamW at lr with make_adamw's groups and settings on the rest;
     AdamW's groups come first (param_groups[0] is AdamW's), each Muon group has "muon": True."""
     check_muon(optimizer, muon_lr)
     if optimizer == "adamw":
         return make_adamw(model, lr, weight_decay, betas, eps, fused)
-    matrices = {id(p) for n, p in model.named_parameters() if MUON_WEIGHTS.fullmatch(n) and p.dim() == 2}
+    matrices = {id(p) for n, p in model.named_parameters() if is_muon_weight(n) and p.dim() == 2}
     if not matrices:
         raise UserError("model.optimizer=muon: this model has no 2-D block weights (transformer.h.N.attn.c_attn, "
                         "attn.c_proj, mlp.c_fc, mlp.c_proj) for Muon; use model.optimizer=adamw")
@@ -100,7 +104,7 @@ class OptimizerSettings:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     fused: bool | None = None  # fused AdamW; None: where the device has it
-    optimizer: str = "adamw"  # "adamw", or "muon" on the block matrices (MUON_WEIGHTS) with AdamW on the rest
+    optimizer: str = "adamw"  # "adamw", or "muon" on the block matrices (is_muon_weight) with AdamW on the rest
     muon_lr: float = 0.02  # Muon's peak, on the same warmup + cosine multiplier as max_lr
     muon_fp32: bool = False  # Newton-Schulz in float32 rather than torch.optim.Muon's bfloat16 (for tests)
 

@@ -23,7 +23,7 @@ from gpt_tp.entry import run
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, parallelize, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
-from gpt_tp.train.optim import MUON_WEIGHTS, get_lr, make_optimizer
+from gpt_tp.train.optim import get_lr, is_muon_weight, make_optimizer
 from parity import dp_mean, mesh_of
 
 MAX_LR, MUON_LR = 3e-3, 0.02
@@ -57,7 +57,7 @@ def main():
     model = parallelize(copy.deepcopy(ref), mesh)
     opt = make_optimizer(model, "muon", lr=MAX_LR, fused=True, muon_lr=MUON_LR,
                          ns_dtype=torch.float32 if args.fp32 else torch.bfloat16)
-    matrices = [p for n, p in ref.named_parameters() if MUON_WEIGHTS.fullmatch(n)]
+    matrices = [p for n, p in ref.named_parameters() if is_muon_weight(n)]
     rest = [p for p in ref.parameters() if all(p is not q for q in matrices)]
     ref_opts = [torch.optim.Muon(matrices, lr=MUON_LR, weight_decay=0.1, adjust_lr_fn="original"),
                 torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
