@@ -68,8 +68,9 @@ for path in sys.argv[1:]:
             mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
             ns = r.get("newton_schulz_share")
             ns = "" if ns is None else f"   Newton-Schulz {100 * ns:.1f}% of the step"
+            mem = max(r["peak_memory_bytes"]) / 2**30
             print(f"{r['name']:<48} {r['tokens_per_s']:>12,.0f} tok/s   MFU {mfu:>6}   step "
-                  f"{1e3 * r['step_time_s']['median']:.1f} ms   peak mem {max(r['peak_memory_bytes']) / 2**30:.1f} GiB{ns}")
+                  f"{1e3 * r['step_time_s']['median']:.1f} ms   peak mem {mem:.1f} GiB{ns}")
 sys.exit(1 if failed else 0)
 PY
 exit $rc
