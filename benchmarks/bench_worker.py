@@ -63,7 +63,6 @@ def measure(spec: dict) -> None:
     torch.manual_seed(spec["seed"])
     step = build(config, mesh, device, spec["compile"], spec["precision"], load_plan(spec["plan"], config),
                  spec.get("optimizer", "adamw"))
-    model, opt = step.model, step.optimizer
     if spec.get("async_tp"):
         enable_async_tp(mesh["tensor_parallel"])
     dp_rank = mesh["data_parallel"].get_local_rank()

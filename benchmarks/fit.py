@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from benchmarks.plans import reduce_dtensor_partial_grads, torch_recipe
 from gpt_tp.entry import import_attribute, run
 from gpt_tp.errors import UserError
-from gpt_tp.train.cli import main as cli_main
+from gpt_tp.cli.main import main as cli_main
 from gpt_tp.train.module import GPTModule
 
 

@@ -125,7 +125,7 @@ def pytest_collection_modifyitems(config, items):
 def ckpt(tmp_path_factory):
     """A 1-step checkpoint of configs/cpu.yaml's model on one process (the real `cli.py fit`), and its export to a
     Hugging Face folder. Tests that change either work on a copy."""
-    from gpt_tp.train.export import main as export_main
+    from gpt_tp.checkpoint.export import main as export_main
 
     tmp = tmp_path_factory.mktemp("demo_checkpoint")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

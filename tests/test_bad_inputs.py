@@ -95,9 +95,9 @@ FLAGS = {
     "n-head-not-dividing": (["--model.model.n_head", "3"], "model.n_embd=64 must be divisible by model.n_head=3"),
     "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
     "ac-mode": (["--model.activation_checkpointing", "some"], "model.activation_checkpointing='some': use one of none, full, selective"),
-    "malloc-removed": (["--model.malloc", "split"], "model.malloc is no longer a model option: list gpt_tp.train.malloc.HeapSplit"),
+    "malloc-removed": (["--model.malloc", "split"], "model.malloc is no longer a model option: list gpt_tp.cluster.malloc.HeapSplit"),
     "tp-plan-removed": (["--model.tp_plan", "torch"], "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN"),
-    "heap-split-policy": (["--trainer.callbacks", "gpt_tp.train.malloc.HeapSplit", "--trainer.callbacks.policy", "glibc"],
+    "heap-split-policy": (["--trainer.callbacks", "gpt_tp.cluster.malloc.HeapSplit", "--trainer.callbacks.policy", "glibc"],
                           "HeapSplit(policy='glibc'): choose one of split, mmap"),
     "full-ac-compiled-at-tp2": (["--trainer.devices", "2", "--trainer.strategy.init_args.tensor_parallel_size", "2",
                                  "--model.compile", "true", "--model.activation_checkpointing", "full"],
@@ -122,7 +122,7 @@ def test_nested_flag_on_the_callback_list_is_one_short_line(user_run):
     """--trainer.callbacks.dirpath on cpu.yaml's list sets the last entry (HeapSplit): jsonargparse's Union error
     (600+ characters, one error per subtype) becomes its first error and what the flag did."""
     line = user_run(cli_main("fit", "--config", CPU, "--trainer.callbacks.dirpath", "elsewhere"))
-    assert line == ("error: trainer.callbacks: Problem with given class_path 'gpt_tp.train.malloc.HeapSplit': Option 'dirpath' "
+    assert line == ("error: trainer.callbacks: Problem with given class_path 'gpt_tp.cluster.malloc.HeapSplit': Option 'dirpath' "
                     "is not accepted (--trainer.callbacks.dirpath sets dirpath on the last entry of trainer.callbacks; set it "
                     "in that entry of your config file instead) (see python cli.py fit --help)")
 
@@ -171,7 +171,7 @@ def test_checkpoint_folders_given_for_the_wrong_flag(user_run, ckpt):
 
 def test_truncated_checkpoint_folder(user_run, ckpt, tmp_path):
     saved, _ = ckpt
-    from gpt_tp.train.export import main as export_main
+    from gpt_tp.checkpoint.export import main as export_main
 
     broken = tmp_path / "broken.ckpt"
     shutil.copytree(saved, broken)
@@ -260,7 +260,7 @@ def test_long_prompt_slides_its_window(ckpt, tmp_path, enc):
 def test_predict_keeps_an_existing_output_and_drops_a_bom(user_run, ckpt, tmp_path):
     """--output naming an existing file is refused before launch (file unchanged) unless --overwrite_output; a UTF-8
     byte-order mark in --prompts_file is not part of the first prompt."""
-    from gpt_tp.train.predict import Prompts
+    from gpt_tp.infer.predict import Prompts
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes("ROMEO:\nTo be\n".encode("utf-8-sig"))
@@ -347,10 +347,10 @@ def test_a_callback_refusing_on_every_rank_prints_once():
 
 # ---- each command's own flags: one error line naming the flag, exit 2 ----------------------------------------------
 @pytest.mark.parametrize("command,args,message", [
-    ("gpt_tp.train.export", ["ckpt", "--out", "x", "--format", "zip"],
-     "argument --format: invalid choice: 'zip' (choose from 'torch', 'hf', 'both') (see python -m gpt_tp.train.export --help)"),
-    ("gpt_tp.train.slurm", ["latest", "checkpoints", "--newest"],
-     "unrecognized arguments: --newest (see python -m gpt_tp.train.slurm --help)"),
+    ("gpt_tp.checkpoint.export", ["ckpt", "--out", "x", "--format", "zip"],
+     "argument --format: invalid choice: 'zip' (choose from 'torch', 'hf', 'both') (see python -m gpt_tp.checkpoint.export --help)"),
+    ("gpt_tp.cluster.slurm", ["latest", "checkpoints", "--newest"],
+     "unrecognized arguments: --newest (see python -m gpt_tp.cluster.slurm --help)"),
 ], ids=["export", "slurm"])
 def test_bad_command_line(user_run, command, args, message):
     from importlib import import_module
@@ -369,7 +369,7 @@ def test_gpu_config_on_a_cpu_machine(user_run):
 
 
 def test_export_into_an_unmakeable_folder(user_run, ckpt, tmp_path):
-    from gpt_tp.train.export import main as export_main
+    from gpt_tp.checkpoint.export import main as export_main
 
     (tmp_path / "plain").write_text("mine")
     assert user_run(lambda: export_main([str(ckpt[0]), "--out", str(tmp_path / "plain" / "x")])) == (
@@ -380,7 +380,7 @@ def test_export_into_an_unmakeable_folder(user_run, ckpt, tmp_path):
 def test_slurm_latest_names_a_missing_folder(tmp_path, capsys):
     """`latest` prints nothing on stdout when there is no checkpoint (the sbatch scripts then start from step 0),
     and says why on stderr, so a mistyped folder is not a silent fresh start."""
-    from gpt_tp.train.slurm import main as slurm_main
+    from gpt_tp.cluster.slurm import main as slurm_main
 
     assert slurm_main(["latest", str(tmp_path / "chekpoints")]) == 0
     out = capsys.readouterr()

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from conftest import ROOT, WORKERS, read_json, run_python, run_torchrun
-from gpt_tp.train.checkpoint import CheckpointError, check_checkpoint, load_consolidated, recover_interrupted_saves
+from gpt_tp.checkpoint import CheckpointError, check_checkpoint, load_consolidated, recover_interrupted_saves
 from gpt_tp.errors import UserError
-from gpt_tp.train.export import main as export_main
+from gpt_tp.checkpoint.export import main as export_main
 
 
 def fit(tmp, name, nproc=2, *args):

@@ -24,7 +24,7 @@ def cli(*args, timeout=600):
 def test_print_config():
     proc = cli("fit", "--config", "configs/cpu.yaml", "--print_config")
     assert proc.returncode == 0, proc.stderr
-    assert "tensor_parallel_size: 2" in proc.stdout and "class_path: gpt_tp.train.checkpoint.ModelParallel" in proc.stdout
+    assert "tensor_parallel_size: 2" in proc.stdout and "class_path: gpt_tp.checkpoint.ModelParallel" in proc.stdout
     proc = cli("fit", "--config", "configs/tp2.yaml", "--print_config")
     assert proc.returncode == 0, proc.stderr
     assert "total_batch_size: 524288" in proc.stdout and "accumulate_grad_batches: 32" in proc.stdout
@@ -238,7 +238,7 @@ def test_unwritable_log_folder_is_one_line_before_launch(tmp_path):
 def test_progress_bar_is_ours_with_or_without_rich(monkeypatch):
     import lightning.pytorch.trainer.connectors.callback_connector as connector
 
-    from gpt_tp.train.cli import GPTCLI
+    from gpt_tp.cli.main import GPTCLI
     from gpt_tp.train.progress import StepProgressBar
 
     args = ["--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.devices", "1", "--trainer.strategy", "auto"]

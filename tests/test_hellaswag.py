@@ -184,7 +184,7 @@ def test_cli_hf_dir_and_ckpt_match_in_process(tmp_path, tiny, enc, monkeypatch):
 def test_weights_and_device_mistakes_come_first(user_run, ckpt, tmp_path, monkeypatch):
     """Offline, a wrong --ckpt_path or --hf-dir is named, not the download; --device cuda without CUDA is one line;
     an exported model.pt loads as --ckpt_path and scores as the same weights' Hugging Face folder."""
-    from gpt_tp.train.export import main as export_main
+    from gpt_tp.checkpoint.export import main as export_main
 
     def offline(url, timeout=60.0):
         raise OSError("Network is unreachable")

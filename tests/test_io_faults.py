@@ -153,7 +153,7 @@ def test_kill_while_last_ckpt_moves(tmp_path, uninterrupted):
     configs') makes the new link beside the old one and renames it over it: last.ckpt still names step 3, and
     `--ckpt_path last` resumes from step 3 bit-identically."""
     ckpt = tmp_path / "ckpt"
-    checkpoints = "gpt_tp.train.checkpoint.AtomicModelCheckpoint"
+    checkpoints = "gpt_tp.checkpoint.AtomicModelCheckpoint"
     killed = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.KillAtRelink", "--trainer.callbacks.step", "6",
                  checkpoints=checkpoints, start_new_session=True)
     assert killed.returncode == -9, killed.stderr[-3000:]
@@ -169,7 +169,7 @@ def test_missing_last_ckpt_is_linked_again(tmp_path, capsys):
     """What Lightning's own ModelCheckpoint leaves after a kill between deleting last.ckpt and linking it again:
     complete checkpoints and no last.ckpt. cli.py's relink_last (run before `--ckpt_path last` resolves) links it
     to the newest complete one and says so; an unfinished save (no meta.pt) is passed over."""
-    from gpt_tp.train.cli import relink_last
+    from gpt_tp.cli.main import relink_last
 
     for name, complete in (("step0000003.ckpt", True), ("step0000006.ckpt", True), ("step0000009.ckpt", False)):
         (tmp_path / name).mkdir()
@@ -272,7 +272,7 @@ def test_hellaswag_download_on_a_full_disk(user_run, tmpfs, monkeypatch):
 
 
 def test_export_on_a_full_disk_leaves_nothing(user_run, tmpfs, ckpt):
-    from gpt_tp.train.export import main as export_main
+    from gpt_tp.checkpoint.export import main as export_main
 
     fs = tmpfs("8m")  # the checkpoint's weights alone are 13 MB
     line = user_run(lambda: export_main([str(ckpt[0]), "--out", str(fs / "export")]))

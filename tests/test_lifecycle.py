@@ -20,14 +20,14 @@ import cli  # imported here, not under capsys: Lightning's log handlers keep the
 from conftest import ROOT, one_error_line
 from test_bad_inputs import CPU, ONE_DEVICE, cli_main, snapshot
 
-from gpt_tp.train import lifecycle
+from gpt_tp.cli import lifecycle
 
 
 def checkpointing(dirpath: Path, *, every: int = 10) -> str:
     """A config file (JSON is YAML) replacing configs/cpu.yaml's callbacks: its ModelCheckpoint into dirpath only."""
     path = dirpath.parent / f"{dirpath.name}.yaml"
     path.write_text(f"""{{"trainer": {{"logger": false, "enable_progress_bar": false, "callbacks": [
-        {{"class_path": "gpt_tp.train.checkpoint.AtomicModelCheckpoint", "init_args": {{"dirpath": "{dirpath}",
+        {{"class_path": "gpt_tp.checkpoint.AtomicModelCheckpoint", "init_args": {{"dirpath": "{dirpath}",
           "filename": "step{{step:07d}}", "auto_insert_metric_name": false, "every_n_train_steps": {every},
           "save_top_k": 2, "monitor": "step", "mode": "max", "save_last": "link"}}}}]}},
         "data": {{"val_batches": 0}}}}""")
@@ -164,7 +164,7 @@ def test_fine_tune_checkpoint_needs_no_init_from(ckpt, tmp_path):
     rc, out = finished(fit("--config", config, "--ckpt_path", "last", "--trainer.max_steps", "4"))
     assert rc == 0, out[-3000:]
     assert last_line(out).startswith(f"gpt_tp fit: step 4; checkpoints in {ck} (last.ckpt -> step0000004.ckpt)")
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.train.export", str(ck / "last.ckpt"), "--out",
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.checkpoint.export", str(ck / "last.ckpt"), "--out",
                            str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and (tmp_path / "out" / "model.safetensors").is_file(), proc.stderr[-3000:]
 
@@ -216,7 +216,7 @@ def test_fresh_run_into_a_used_folder_and_a_complete_run(user_run, ckpt, tmp_pat
     used = tmp_path / "used"
     shutil.copytree(saved.parent, used, symlinks=True)
     before = snapshot(used)
-    flags = (*ONE_DEVICE[:2], *ONE_DEVICE[4:], "--trainer.callbacks", "gpt_tp.train.checkpoint.AtomicModelCheckpoint",
+    flags = (*ONE_DEVICE[:2], *ONE_DEVICE[4:], "--trainer.callbacks", "gpt_tp.checkpoint.AtomicModelCheckpoint",
              "--trainer.callbacks.dirpath", str(used))
     line = user_run(cli_main("fit", "--config", CPU, *flags))
     assert line == (f"error: ModelCheckpoint dirpath {used} holds another run's checkpoints (last.ckpt): continue that "

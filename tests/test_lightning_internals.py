@@ -1,4 +1,4 @@
-"""The Lightning internals gpt_tp.train.lightning_internals relies on still work as it expects: a Lightning upgrade that
+"""The Lightning internals gpt_tp.checkpoint.lightning_internals relies on still work as it expects: a Lightning upgrade that
 changes one fails here, by name, before it breaks a resume."""
 
 import os
@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import lightning
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from gpt_tp.train.lightning_internals import CHECKED, META, mark_saved
+from gpt_tp.checkpoint.lightning_internals import CHECKED, META, mark_saved
 
 
 def test_checked_against_this_lightning():
     assert lightning.__version__.startswith(CHECKED), (
-        f"lightning {lightning.__version__} is not among {CHECKED}: check gpt_tp/train/lightning_internals.py against it")
+        f"lightning {lightning.__version__} is not among {CHECKED}: check gpt_tp/checkpoint/lightning_internals.py against it")
 
 
 def test_meta_is_lightnings_metadata_file_name():
@@ -24,13 +24,13 @@ def test_meta_is_lightnings_metadata_file_name():
 
 
 def test_model_parallel_takes_lightnings_arguments_by_name():
-    """gpt_tp.train.checkpoint.ModelParallel passes its arguments to ModelParallelStrategy by keyword: each one is
+    """gpt_tp.checkpoint.ModelParallel passes its arguments to ModelParallelStrategy by keyword: each one is
     still a parameter there."""
     import inspect
 
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from gpt_tp.train.checkpoint import ModelParallel
+    from gpt_tp.checkpoint import ModelParallel
 
     ours = list(inspect.signature(ModelParallel.__init__).parameters)[1:]
     assert set(ours) <= set(inspect.signature(ModelParallelStrategy.__init__).parameters)
@@ -59,7 +59,7 @@ def test_last_link_is_moved_by_link_checkpoint():
 def test_atomic_last_link(tmp_path):
     """gpt_tp's _link_checkpoint: a new link renamed over the old one (or over a last.ckpt folder of its own, moved
     aside first), a killed run's `.new` leftover replaced; last.ckpt names a checkpoint at every step."""
-    from gpt_tp.train.checkpoint import AtomicModelCheckpoint as Atomic
+    from gpt_tp.checkpoint import AtomicModelCheckpoint as Atomic
 
     trainer = SimpleNamespace(is_global_zero=True, strategy=SimpleNamespace(barrier=lambda: None))
     for step in ("step3.ckpt", "step6.ckpt", "step9.ckpt"):
@@ -82,7 +82,7 @@ def test_show_step_sets_the_step_trainer_and_loggers_report(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
     from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 
-    from gpt_tp.train.lightning_internals import show_step
+    from gpt_tp.checkpoint.lightning_internals import show_step
 
     trainer = Trainer(logger=CSVLogger(tmp_path), enable_progress_bar=False, enable_model_summary=False)
     trainer.strategy.connect(LightningModule())
@@ -102,8 +102,8 @@ def test_save_step_and_replace_same_names(tmp_path):
     from lightning.pytorch import Trainer
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from gpt_tp.train.checkpoint import FinalStep
-    from gpt_tp.train.checkpoint import AtomicModelCheckpoint as Atomic
+    from gpt_tp.checkpoint import FinalStep
+    from gpt_tp.checkpoint import AtomicModelCheckpoint as Atomic
 
     def fit(steps: int) -> Atomic:
         cb = Atomic(dirpath=tmp_path, filename="step{step}", auto_insert_metric_name=False, every_n_train_steps=2,

@@ -14,7 +14,7 @@ from conftest import ROOT, one_error_line, read_json, run_torchrun
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import LayoutError, sizes, valid_tp_sizes
 from gpt_tp.sizing import memory, planner
-from gpt_tp.train import plan as plan_command
+from gpt_tp.cli import planner as plan_command
 
 GIB = 1024**3
 
@@ -191,7 +191,7 @@ def test_config_comment_is_the_planner_output(name):
 @pytest.mark.slow
 def test_command_line():
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "gpt_tp.train.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "gpt_tp.cli.planner", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
     r = run("--help")
     assert r.returncode == 0 and "--devices-per-node" in r.stdout
@@ -213,7 +213,7 @@ def test_command_line():
             "would fit (planner: --nodes 3)")
     assert note in r.stdout and one_error_line(r) == (
         f"error: no data_parallel_size x tensor_parallel_size layout of 2 devices works for this run: {note} "
-        "(python -m gpt_tp.train.plan with the same arguments shows the table)")
+        "(python -m gpt_tp.cli.planner with the same arguments shows the table)")
     assert "lower data.batch_size" not in r.stdout
     r3 = run("--model", "gpt2-xl", "--devices-per-node", "2", "--nodes", "3", "--memory-gib", "8", "--batch-size", "1", "--ac", "full")
     assert r3.returncode == 0 and "choice: data_parallel_size=6, tensor_parallel_size=1" in r3.stdout
@@ -225,13 +225,13 @@ def test_command_line():
 @pytest.mark.slow
 def test_command_line_mistakes_are_one_line_errors(capsys):
     """Each user mistake: exit 2 and one line (gpt_tp.entry.run); the command's defaults follow the model."""
-    r = subprocess.run([sys.executable, "-m", "gpt_tp.train.plan", "--devices-per-node", "2", "--memory-gib", "0"],
+    r = subprocess.run([sys.executable, "-m", "gpt_tp.cli.planner", "--devices-per-node", "2", "--memory-gib", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: device memory 0.0 GiB must be > 0 (planner --memory-gib)"]
     for args, msg in [(["--batch-size", "x"], "argument --batch-size: invalid int value: 'x'"),
                       (["--nope"], "unrecognized arguments: --nope (see python cli.py fit --help)")]:
-        r = subprocess.run([sys.executable, "-m", "gpt_tp.train.plan", "--devices-per-node", "2", *args], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "gpt_tp.cli.planner", "--devices-per-node", "2", *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
         assert msg in one_error_line(r)
     for args, msg in [
@@ -305,7 +305,7 @@ def test_the_library_module_names_the_command():
     r = subprocess.run([sys.executable, "-m", "gpt_tp.sizing.planner"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert one_error_line(r) == ("error: gpt_tp.sizing.planner is the planner's library; its command is python -m "
-                                 "gpt_tp.train.plan (e.g. --config configs/tp2.yaml, or --model gpt2-xl "
+                                 "gpt_tp.cli.planner (e.g. --config configs/tp2.yaml, or --model gpt2-xl "
                                  "--devices-per-node 8; --help)")
 
 
@@ -329,7 +329,7 @@ def test_planner_and_fit_auto_are_one_rule(user_run, capsys):
         "error: no data_parallel_size x tensor_parallel_size layout of 24 devices works for this run: "
         "model.total_batch_size=524288 tokens with data.batch_size=32 x data.seq_len=1024 x "
         "trainer.accumulate_grad_batches=2 needs data-parallel size 8, but the layouts that fit are DP=12 x TP=2: set "
-        "trainer.accumulate_grad_batches or model.total_batch_size for one of them (python -m gpt_tp.train.plan with "
+        "trainer.accumulate_grad_batches or model.total_batch_size for one of them (python -m gpt_tp.cli.planner with "
         "the same arguments shows the table)")
 
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT
 from local_slurm import LocalSlurm, free_port, skip_reason, wait_for
 
-from gpt_tp.train.slurm import latest_checkpoint
+from gpt_tp.cluster.slurm import latest_checkpoint
 
 pytestmark = pytest.mark.slow  # a real Slurm: minutes
 
@@ -126,7 +126,7 @@ def test_sigterm_saves_at_a_step_and_ends(slurm, tmp_path, how):
     rank saves at the same step boundary and exits 143 before the kill: the checkpoint is complete and holds the
     step's weights, nothing is requeued, no task is killed. The time-limit job is trained a while, then its limit
     cut to 1 minute; its early warning signal is SIGURG (ignored), so only the limit's SIGTERM acts."""
-    from gpt_tp.train.checkpoint import load_consolidated
+    from gpt_tp.checkpoint import load_consolidated
 
     job = _submit(slurm, tmp_path, env={"MAX_STEPS": "400"}, sbatch=("--signal=URG@1",) if how == "time limit" else ())
     log_path = tmp_path / f"slurm-gpt_tp_cpu-{job}.out"

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 from local_slurm import free_port, skip_reason, wait_for
 
-from gpt_tp.train.slurm import SLURM_ENV_FLAGS, Preemption, PreemptionError, latest_checkpoint
+from gpt_tp.cluster.slurm import SLURM_ENV_FLAGS, Preemption, PreemptionError, latest_checkpoint
 
 
 def _launch_ranks(tmp_path: Path, *args: str, port: int | None = None) -> list[tuple[subprocess.Popen, Path]]:
@@ -27,8 +27,8 @@ def _launch_ranks(tmp_path: Path, *args: str, port: int | None = None) -> list[t
         log = tmp_path / f"rank{rank}.log"
         cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(ROOT / "configs" / "cpu.yaml"),
                "--trainer.max_steps", "400", "--trainer.enable_progress_bar", "false",
-               "--trainer.callbacks+=gpt_tp.train.slurm.Preemption", f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}",
-               "--trainer.callbacks.requeue=false", "--trainer.callbacks+=gpt_tp.train.slurm.FailFast", *SLURM_ENV_FLAGS.split(), *args]
+               "--trainer.callbacks+=gpt_tp.cluster.slurm.Preemption", f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}",
+               "--trainer.callbacks.requeue=false", "--trainer.callbacks+=gpt_tp.cluster.slurm.FailFast", *SLURM_ENV_FLAGS.split(), *args]
         procs.append((subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT), log))
     return procs
 
@@ -134,7 +134,7 @@ def test_latest_checkpoint_skips_incomplete(tmp_path):
     (tmp_path / "d.ckpt.partial").mkdir()
     assert latest_checkpoint(str(tmp_path), str(tmp_path / "missing")) == str(b)
     assert latest_checkpoint(str(tmp_path / "missing")) is None
-    out = subprocess.run([sys.executable, "-m", "gpt_tp.train.slurm", "latest", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "gpt_tp.cluster.slurm", "latest", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == str(b)
 
 

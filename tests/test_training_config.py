@@ -11,7 +11,7 @@ import yaml
 from conftest import ROOT
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
-from gpt_tp.train.config import read_training_config
+from gpt_tp.cli.config import read_training_config
 
 
 @pytest.mark.slow
@@ -82,7 +82,7 @@ def test_a_bad_config_is_a_user_error_naming_the_flag(args, message):
 def test_trainer_max_steps_is_the_schedule_length(monkeypatch):
     """One number: cli.py links trainer.max_steps into model.max_steps, so a shortened run ends its cosine at min_lr."""
     monkeypatch.chdir(ROOT)
-    from gpt_tp.train.config import _ParseOnly
+    from gpt_tp.cli.config import _ParseOnly
 
     cfg = _ParseOnly(["--config", "configs/cpu.yaml", "--trainer.max_steps", "30"]).config
     assert cfg.model.max_steps == cfg.trainer.max_steps == 30
@@ -93,7 +93,7 @@ def test_lightning_short_logger_names_are_lightnings(monkeypatch, short):
     """`--trainer.logger=CSVLogger` is Lightning's class: gpt_tp's own loggers have names of their own (Held...), as
     has its checkpoint callback (`--trainer.callbacks+=ModelCheckpoint` is Lightning's)."""
     monkeypatch.chdir(ROOT)
-    from gpt_tp.train.config import _ParseOnly
+    from gpt_tp.cli.config import _ParseOnly
 
     cfg = _ParseOnly(["--config", "configs/cpu.yaml", f"--trainer.logger={short}",
                        "--trainer.logger.save_dir=logs"]).config
@@ -102,5 +102,5 @@ def test_lightning_short_logger_names_are_lightnings(monkeypatch, short):
     assert default[0]["class_path"] == "gpt_tp.train.logs.HeldCSVLogger"
     callbacks = _ParseOnly(["--config", "configs/cpu.yaml", "--trainer.callbacks+=ModelCheckpoint",
                             "--trainer.callbacks.dirpath=ckpt"]).config.trainer.callbacks
-    assert [c.class_path for c in callbacks][::4] == ["gpt_tp.train.checkpoint.AtomicModelCheckpoint",
+    assert [c.class_path for c in callbacks][::4] == ["gpt_tp.checkpoint.AtomicModelCheckpoint",
                                                       "lightning.pytorch.callbacks.ModelCheckpoint"]

@@ -14,8 +14,8 @@ import torch
 
 from conftest import ROOT, WORKERS
 
-from gpt_tp.train.export import ExportError
-from gpt_tp.train.export import main as export_main
+from gpt_tp.checkpoint.export import ExportError
+from gpt_tp.checkpoint.export import main as export_main
 from gpt_tp.eval.hellaswag import main as hellaswag_main
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.optim import get_lr
@@ -29,7 +29,7 @@ def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return proc
 
 
-# Lightning's and torch's lines that say nothing about a gpt_tp run (gpt_tp.train.cli.quiet_lightning and friends)
+# Lightning's and torch's lines that say nothing about a gpt_tp run (gpt_tp.cli.main.quiet_lightning and friends)
 NOISE = ("litlogger", "litmodels", "LeafSpec", "Total FLOPs", "exists and is not empty", "`Trainer.fit` stopped", "torch.distributed is disabled",
          "Trainer already configured")
 
@@ -79,7 +79,7 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
 
     out = tmp_path / "export"
-    exported = run("-m", "gpt_tp.train.export", str(ckpt / "last.ckpt"), "--out", str(out))
+    exported = run("-m", "gpt_tp.checkpoint.export", str(ckpt / "last.ckpt"), "--out", str(out))
     # what the user sees: none of Lightning's or torch's lines that say nothing about this run, and each command's
     # last line names what it wrote
     for proc in (first_run, second_run, exported):
@@ -119,9 +119,9 @@ def test_killed_run_keeps_the_rows_it_logged(tmp_path):
 
 @pytest.mark.slow
 def test_export_mistakes_are_one_line(tmp_path):
-    """`python -m gpt_tp.train.export` on a missing checkpoint: one line, exit code 2; a non-empty --out is refused, untouched."""
+    """`python -m gpt_tp.checkpoint.export` on a missing checkpoint: one line, exit code 2; a non-empty --out is refused, untouched."""
     ckpt = tmp_path / "nothing.ckpt"
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.train.export", str(ckpt), "--out", str(tmp_path / "x")], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.checkpoint.export", str(ckpt), "--out", str(tmp_path / "x")], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: checkpoint folder {ckpt} does not exist"), proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # no traceback

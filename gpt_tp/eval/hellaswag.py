@@ -15,7 +15,7 @@ from gpt_tp.eval.hellaswag_score import evaluate
 from gpt_tp.eval.sampling import StepCallback
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.parallel import parallelize
-from gpt_tp.train.ranks import block_size_of, parallel_layout
+from gpt_tp.ranks import block_size_of, parallel_layout
 
 
 class HellaSwagCallback(StepCallback):
@@ -86,7 +86,7 @@ def load_model(args):
     elif args.ckpt_path:
         p = Path(args.ckpt_path)
         if p.is_dir():  # a distributed checkpoint (ModelParallelStrategy): consolidated in this one process
-            from gpt_tp.train.checkpoint import CheckpointError, load_consolidated
+            from gpt_tp.checkpoint import CheckpointError, load_consolidated
 
             try:
                 config, sd = load_consolidated(p)
@@ -102,7 +102,7 @@ def load_model(args):
             if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
                 raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule or an exported "
                                      "model.pt")
-            if "config" in ckpt:  # python -m gpt_tp.train.export's model.pt: the GPTConfig fields and the GPT's weights
+            if "config" in ckpt:  # python -m gpt_tp.checkpoint.export's model.pt: the GPTConfig fields and the GPT's weights
                 config, sd = GPTConfig(**ckpt["config"]), ckpt["state_dict"]
             else:
                 config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))

@@ -14,7 +14,7 @@ from gpt_tp.data.shards import check_token_ids
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.eval.hellaswag_data import HellaSwagError, render_example
 from gpt_tp.parallel.vocab import mask_padded_vocab, vocab_shard_offset
-from gpt_tp.train.ranks import model_vocab
+from gpt_tp.ranks import model_vocab
 
 
 def fit_rows(rows: list[list[int]], masks: list[list[int]], max_len: int) -> tuple[list[list[int]], list[list[int]], bool]:

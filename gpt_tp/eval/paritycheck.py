@@ -104,7 +104,7 @@ def settings(args, world: int) -> dict:
     line replaces the config's layout as a whole: a size not given is then derived (dp 1, tp = processes / dp)."""
     s = {"config": None, "dp": 1, "tp": None, "batch_size": 2, "seq_len": 64}
     if args.config:  # as `python cli.py fit --config FILE ...` reads them; an "auto" layout size is derived below
-        from gpt_tp.train.config import read_training_config
+        from gpt_tp.cli.config import read_training_config
         try:
             c = read_training_config([a for f in args.config for a in ("--config", f)])
         except UserError as e:

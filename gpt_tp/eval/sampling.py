@@ -1,5 +1,5 @@
 """Text samples during training, as build-nanogpt prints them: top-k 50 continuations of a prompt
-(generation: gpt_tp.train.generate)."""
+(generation: gpt_tp.infer.generate)."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import Callback
 from gpt_tp.collective import one_does
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.errors import UserError
-from gpt_tp.train.generate import PROMPT, sample_texts
+from gpt_tp.infer.generate import PROMPT, sample_texts
 
 
 class StepCallback(Callback):

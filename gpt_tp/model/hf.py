@@ -107,7 +107,7 @@ def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str
                         "(config.json + model.safetensors)")
     if not cfg_file.exists() and (p / ".metadata").is_file():
         raise UserError(f"{p} is a gpt_tp checkpoint, not a Hugging Face folder: give it as --ckpt_path, or export it "
-                        f"first (python -m gpt_tp.train.export {p} --out DIR)")
+                        f"first (python -m gpt_tp.checkpoint.export {p} --out DIR)")
     for f in (cfg_file, weights):
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors")

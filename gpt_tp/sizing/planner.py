@@ -1,4 +1,4 @@
-"""Layout planner (python -m gpt_tp.train.plan; resolve_layout for cli.py's `auto` sizes): each DP x TP layout's memory
+"""Layout planner (python -m gpt_tp.cli.planner; resolve_layout for cli.py's `auto` sizes): each DP x TP layout's memory
 per device, and the pick: TP divides the devices per node and the smallest TP that fits wins, since TP communicates
 four times per layer on the critical path while FSDP2 overlaps its collectives (docs/scale.md, "The planner")."""
 
@@ -199,11 +199,11 @@ def resolve_layout(config: GPTConfig, world_size: int, devices_per_node: int, nu
 def refusal(p: Plan) -> str:
     """Why a plan has no choice, in one line: what `cli.py fit` with `auto` sizes and the planner command both say."""
     return (f"no data_parallel_size x tensor_parallel_size layout of {p.world_size} devices works for this run: "
-            f"{p.notes[-1]} (python -m gpt_tp.train.plan with the same arguments shows the table)")
+            f"{p.notes[-1]} (python -m gpt_tp.cli.planner with the same arguments shows the table)")
 
 
 def main() -> None:
-    raise UserError("gpt_tp.sizing.planner is the planner's library; its command is python -m gpt_tp.train.plan "
+    raise UserError("gpt_tp.sizing.planner is the planner's library; its command is python -m gpt_tp.cli.planner "
                     "(e.g. --config configs/tp2.yaml, or --model gpt2-xl --devices-per-node 8; --help)")
 
 

@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gpt_tp.data.shards import GPT2_VOCAB, TokenStream, find_shards
 from gpt_tp.errors import DataError
-from gpt_tp.train.predict import PromptBatches, Prompts
-from gpt_tp.train.ranks import data_parallel_rank_size, model_vocab
+from gpt_tp.infer.predict import PromptBatches, Prompts
+from gpt_tp.ranks import data_parallel_rank_size, model_vocab
 
 
 class TokenBatches(IterableDataset):

@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger, TensorBoardLogger as LightningTensorBoardLogger
 
 from gpt_tp.collective import one_does
-from gpt_tp.train.lightning_internals import show_step
+from gpt_tp.checkpoint.lightning_internals import show_step
 
 
 class HeldWrites:

@@ -14,8 +14,8 @@ from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import OptimizerSettings, check_muon, check_optimizer, fused_with_scaler
 from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
-from gpt_tp.train.ranks import parallel_layout
-from gpt_tp.train.predict import continue_prompt
+from gpt_tp.ranks import parallel_layout
+from gpt_tp.infer.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
 from gpt_tp.train.run import Run, resolve_run
 from gpt_tp.train.step import TrainStep

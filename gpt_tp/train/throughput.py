@@ -7,7 +7,7 @@ import time
 from lightning.pytorch.callbacks import Callback
 
 from gpt_tp.hardware import detect_peak_flops, mfu
-from gpt_tp.train.ranks import data_parallel_rank_size
+from gpt_tp.ranks import data_parallel_rank_size
 
 
 class StepThroughput(Callback):

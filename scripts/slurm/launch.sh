@@ -1,6 +1,6 @@
 #!/bin/bash
 # Started by the sbatch scripts in this folder, inside the allocation: one srun task per device running cli.py fit,
-# resumed from the newest complete checkpoint, with the preemption and fail-fast callbacks (gpt_tp/train/slurm.py).
+# resumed from the newest complete checkpoint, with the preemption and fail-fast callbacks (gpt_tp/cluster/slurm.py).
 #   launch.sh CONFIG [extra cli.py arguments]
 # Environment (all optional):
 #   GPT_TP_CKPT_DIR       where preemption checkpoints go and resuming looks (default checkpoints/slurm-$SLURM_JOB_ID;
@@ -30,7 +30,7 @@ NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 # below Linux's ephemeral ports (32768 and up), so no outgoing connection holds it.
 export MASTER_ADDR=${GPT_TP_MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)}
 export MASTER_PORT=${GPT_TP_MASTER_PORT:-$((15000 + SLURM_JOB_ID % 16000))}
-CKPT=$("$PY" -m gpt_tp.train.slurm latest "$CKPT_DIR" ${GPT_TP_RESUME_DIRS:-})
+CKPT=$("$PY" -m gpt_tp.cluster.slurm latest "$CKPT_DIR" ${GPT_TP_RESUME_DIRS:-})
 echo "[gpt_tp] job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $NNODES node(s) x $NTASKS_PER_NODE tasks, config $CONFIG," \
      "checkpoints $CKPT_DIR, resume ${CKPT:-none}, rendezvous $MASTER_ADDR:$MASTER_PORT"
 
@@ -38,12 +38,12 @@ echo "[gpt_tp] job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $NNODES node
 # --cpus-per-task: since Slurm 22.05 srun no longer takes it from sbatch (its release notes); a step would get 1 per task.
 # exec: srun is the batch step's process, so on scancel / the time limit it forwards SIGTERM to the tasks and waits
 # for their checkpoint instead of a shell dying under it.
-# SLURMEnvironment(auto_requeue=false): Lightning's own SIGUSR1 save-and-requeue stays off (gpt_tp.train.slurm.Preemption
+# SLURMEnvironment(auto_requeue=false): Lightning's own SIGUSR1 save-and-requeue stays off (gpt_tp.cluster.slurm.Preemption
 # saves and requeues; it refuses to run beside Lightning's).
 exec srun --kill-on-bad-exit=1 --wait=120 --ntasks-per-node="$NTASKS_PER_NODE" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
   "$PY" "$REPO/cli.py" fit --config "$CONFIG" \
   --trainer.num_nodes "$NNODES" --trainer.devices "$NTASKS_PER_NODE" \
   --trainer.plugins lightning.pytorch.plugins.environments.SLURMEnvironment --trainer.plugins.auto_requeue false \
-  --trainer.callbacks+=gpt_tp.train.slurm.Preemption --trainer.callbacks.dirpath "$CKPT_DIR" \
-  --trainer.callbacks+=gpt_tp.train.slurm.FailFast --trainer.callbacks.stall_timeout_s "${GPT_TP_STALL_TIMEOUT:-900}" \
+  --trainer.callbacks+=gpt_tp.cluster.slurm.Preemption --trainer.callbacks.dirpath "$CKPT_DIR" \
+  --trainer.callbacks+=gpt_tp.cluster.slurm.FailFast --trainer.callbacks.stall_timeout_s "${GPT_TP_STALL_TIMEOUT:-900}" \
   ${CKPT:+--ckpt_path "$CKPT"} "$@"

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gpt_tp.entry import run
 from stop_at import StopAt  # the run stops at --steps of the 12-step schedule every run shares
-from gpt_tp.train.checkpoint import ModelParallel
+from gpt_tp.checkpoint import ModelParallel
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.model import GPTConfig
 from gpt_tp.train.module import GPTModule
@@ -64,7 +64,7 @@ def die_on_aside(n: int) -> None:
 
 def fail_fsync(stamp: str) -> None:
     """Rank 0's fsync of the first checkpoint fails (a full or broken disk); the time it fails goes to `stamp`."""
-    import gpt_tp.train.checkpoint as ckpt
+    import gpt_tp.checkpoint.store as ckpt
 
     def broken(path):
         with open(stamp, "w") as f:

@@ -4,7 +4,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from benchmarks.synthetic import SyntheticTokens
-from gpt_tp.train.ranks import data_parallel_rank_size
+from gpt_tp.ranks import data_parallel_rank_size
 
 
 class SyntheticDataModule(L.LightningDataModule):

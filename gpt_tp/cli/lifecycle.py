@@ -13,7 +13,7 @@ import yaml
 from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
 from gpt_tp.errors import UserError
-from gpt_tp.train.checkpoint import META
+from gpt_tp.checkpoint.lightning_internals import META
 
 # what torchrun exports to its workers; a shell that kept them makes a plain `cli.py fit` wait for peers
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",

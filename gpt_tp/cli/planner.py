@@ -12,7 +12,7 @@ from gpt_tp.sizing.planner import refusal
 
 def training_settings(args: list[str]) -> dict:
     """Model, batch and device settings of `python cli.py fit *args`, read by the trainer's own parser."""
-    from gpt_tp.train.config import read_training_config  # imports Lightning: only when a training config is given
+    from gpt_tp.cli.config import read_training_config  # imports Lightning: only when a training config is given
     t = read_training_config(args)
     return {"config": t.model, "devices_per_node": t.devices, "num_nodes": t.num_nodes, "batch_size": t.batch_size,
             "seq_len": t.seq_len, "precision": t.precision, "ac": t.activation_checkpointing,
@@ -24,7 +24,7 @@ def training_settings(args: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> Plan:
     ap = ArgumentParser(
-        prog="python -m gpt_tp.train.plan",
+        prog="python -m gpt_tp.cli.planner",
         description="List the DP x TP layouts of a GPT-2 on a cluster, with estimated memory per device, and pick "
         "the one with the smallest tensor-parallel size that fits.\n\nAny other arguments are those of `python cli.py "
         "fit` (--config FILE, repeatable, and overrides such as --data.batch_size 8 or --model.model.n_layer 4): the "

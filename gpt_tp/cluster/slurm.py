@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -17,8 +16,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
-from gpt_tp.train.checkpoint import META, checkpoints_line  # META: a distributed checkpoint's last file
-from gpt_tp.train.lightning_internals import save_step
+from gpt_tp.checkpoint.last import checkpoints_line, latest_checkpoint
+from gpt_tp.checkpoint.lightning_internals import save_step
 
 PREFIX = "gpt_tp"
 EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM": the run did not finish
@@ -44,7 +43,7 @@ class Preemption(Callback):
     which hangs when not every rank got the signal.
 
     Args:
-        dirpath: folder for `preempt-step=N.ckpt`; give it to `python -m gpt_tp.train.slurm latest` when resuming.
+        dirpath: folder for `preempt-step=N.ckpt`; give it to `python -m gpt_tp.cluster.slurm latest` when resuming.
             None: the trainer's ModelCheckpoint callbacks save the step, and last.ckpt names it.
         signal_name: the signal Slurm sends before the end (`#SBATCH --signal=USR1@90`); not SIGTERM. None: SIGTERM
             only.
@@ -81,7 +80,7 @@ class Preemption(Callback):
             return
         env = getattr(trainer.strategy, "cluster_environment", None)
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:
-            raise PreemptionError("gpt_tp.train.slurm.Preemption saves and requeues the job itself, but Lightning's "
+            raise PreemptionError("gpt_tp.cluster.slurm.Preemption saves and requeues the job itself, but Lightning's "
                                   "SLURMEnvironment has auto_requeue on (its default inside a Slurm job): pass "
                                   f"{SLURM_ENV_FLAGS} (scripts/slurm/launch.sh does)")
         self._install(self.signum)
@@ -229,16 +228,8 @@ class FailFast(Callback):
                       "see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
 
 
-def latest_checkpoint(*dirs: str) -> str | None:
-    """The most recently completed `*.ckpt` directly in any of `dirs`: a file once not empty, a distributed-checkpoint
-    folder once its meta.pt (written last) is there."""
-    done = {p: p / META if p.is_dir() else p for d in dirs if Path(d).is_dir() for p in Path(d).glob("*.ckpt")}
-    found = {p: f.stat().st_mtime for p, f in done.items() if f.is_file() and (f != p or f.stat().st_size > 0)}
-    return str(max(found, key=found.get)) if found else None
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser("python -m gpt_tp.train.slurm", "Cluster helpers for gpt_tp.")
+    ap = ArgumentParser("python -m gpt_tp.cluster.slurm", "Cluster helpers for gpt_tp.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     lat = sub.add_parser("latest", help="print the newest complete checkpoint in the folders (nothing if none)")
     lat.add_argument("dirs", nargs="+")

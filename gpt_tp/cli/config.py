@@ -18,7 +18,7 @@ from gpt_tp.model import GPTConfig
 from gpt_tp.model.hf import read_hf_config
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.train.module import GPTModule
-from gpt_tp.train.predict import PROMPT_FLAGS, Prompts, PromptWriter
+from gpt_tp.infer.predict import PROMPT_FLAGS, Prompts, PromptWriter
 
 
 def default_loggers(save_dir: str = "logs") -> list:
@@ -42,7 +42,7 @@ class TrainingParser(LightningArgumentParser):
 
 # settings that are no longer model options, and where they went
 REMOVED = {
-    "model.malloc": "model.malloc is no longer a model option: list gpt_tp.train.malloc.HeapSplit in trainer.callbacks "
+    "model.malloc": "model.malloc is no longer a model option: list gpt_tp.cluster.malloc.HeapSplit in trainer.callbacks "
                     "(configs/cpu.yaml does)",
     "model.tp_plan": "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN; the reference plans run "
                      "through python -m benchmarks.fit --plan",
@@ -155,7 +155,7 @@ class TrainingCLI(LightningCLI):
 
 
 def model_parallel(strategy) -> bool:
-    """The trainer.strategy value's class_path is a ModelParallelStrategy (gpt_tp.train.checkpoint.ModelParallel
+    """The trainer.strategy value's class_path is a ModelParallelStrategy (gpt_tp.checkpoint.ModelParallel
     included); a registry name ("auto", "ddp") is not."""
     if isinstance(strategy, str):
         return False
@@ -230,7 +230,7 @@ class TrainingConfig:
     world_size: int | None  # devices x num_nodes; None where devices is
     accelerator: str  # trainer.accelerator: "cpu", "gpu", "cuda" or "auto"
     strategy: str  # trainer.strategy: its class_path, or the name given ("auto", "ddp")
-    model_parallel: bool  # the strategy is ModelParallelStrategy (gpt_tp.train.checkpoint.ModelParallel included)
+    model_parallel: bool  # the strategy is ModelParallelStrategy (gpt_tp.checkpoint.ModelParallel included)
     precision: str  # trainer.precision, e.g. "32-true" (Lightning's default) or "bf16-mixed"
     accumulate_grad_batches: int  # trainer.accumulate_grad_batches: micro-batches per optimizer step
     max_steps: int  # trainer.max_steps: optimizer steps (-1: no limit)

@@ -20,7 +20,7 @@ def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:
     """Count `step` as saved by `callback` (the step a run resumes from)."""
     if not hasattr(callback, "_last_global_step_saved"):
         raise RuntimeError("lightning's ModelCheckpoint has no _last_global_step_saved any more: update "
-                           "gpt_tp/train/lightning_internals.py for this Lightning version")
+                           "gpt_tp/checkpoint/lightning_internals.py for this Lightning version")
     callback._last_global_step_saved = step
 
 
@@ -38,7 +38,7 @@ def replace_same_names(callback: LightningModelCheckpoint) -> None:
     `last.ckpt` then always names this run's newest checkpoint."""
     if not hasattr(callback, "_enable_version_counter"):
         raise RuntimeError("lightning's ModelCheckpoint has no _enable_version_counter any more: update "
-                           "gpt_tp/train/lightning_internals.py for this Lightning version")
+                           "gpt_tp/checkpoint/lightning_internals.py for this Lightning version")
     callback._enable_version_counter = False
 
 

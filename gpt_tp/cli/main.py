@@ -24,18 +24,18 @@ from gpt_tp.hardware import GIB, detect_device_memory_gib
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import LayoutError, resolve_layout
 from gpt_tp.sizing.sizes import checkpoint_bytes
-from gpt_tp.train.checkpoint import (FinalStep, check_checkpoint, checkpoints_line, human_bytes,
-                                     recover_interrupted_saves)
-from gpt_tp.train.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
-from gpt_tp.train.lifecycle import (callbacks_replaced_by, check_launch, check_not_complete, check_unused,
+from gpt_tp.checkpoint.last import FinalStep, checkpoints_line, relink_last
+from gpt_tp.checkpoint.store import check_checkpoint, human_bytes, recover_interrupted_saves
+from gpt_tp.cli.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
+from gpt_tp.cli.lifecycle import (callbacks_replaced_by, check_launch, check_not_complete, check_unused,
                                     remove_checkpoints, resume_checkpoint, saved_state)
 from gpt_tp.train.logs import CheckpointStep, LogWriteCheck, RunLineage, quiet_writer_threads
 from gpt_tp.train.optim import OptimizerSettings, get_lr
-from gpt_tp.train.predict import PromptWriter
+from gpt_tp.infer.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
 from gpt_tp.train.run import Run, layout_flags, resolve_run
-from gpt_tp.train.simulate import format_simulation, simulate
-from gpt_tp.train.slurm import Preemption, latest_checkpoint
+from gpt_tp.cli.simulate import format_simulation, simulate
+from gpt_tp.cluster.slurm import Preemption
 
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")  # what a Hugging Face folder's config.json decides
 CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
@@ -64,21 +64,6 @@ def make_writable(folder: str, what: str, flag: str, fix: str) -> None:
                         "folder") from e
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"{flag}: the {what} {folder} is not writable; set {fix} to a writable folder")
-
-
-def relink_last(folders: set[str]) -> bool:
-    """A run killed between Lightning's unlink and relink of last.ckpt leaves no last.ckpt, and `--ckpt_path last`
-    would start from step 0: link it to the newest complete checkpoint again, and say so. False: none to link."""
-    newest = latest_checkpoint(*sorted(folders))
-    if newest is None:
-        return False
-    folder, name = os.path.split(newest)
-    try:
-        os.symlink(name, os.path.join(folder, "last.ckpt"))  # relative, as Lightning links it
-    except FileExistsError:  # another rank's CLI did it first
-        return True
-    print(f"gpt_tp: {folder} had no last.ckpt (a run killed while moving it): linked it to {name}", file=sys.stderr)
-    return True
 
 
 class GPTCLI(TrainingCLI):
@@ -112,7 +97,7 @@ class GPTCLI(TrainingCLI):
                 total_batch_size=cfg.model.total_batch_size if self.subcommand == "fit" else None,
                 optimizer=cfg.model.optimizer)
             init.data_parallel_size, init.tensor_parallel_size = dp, tp
-            print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.train.plan shows the table)", file=sys.stderr)
+            print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)", file=sys.stderr)
         if self.subcommand == "fit" and cfg.get("simulate"):
             self._simulate(cfg)
 
@@ -258,7 +243,7 @@ class GPTCLI(TrainingCLI):
             raise UserError(f"trainer.callbacks has no ModelCheckpoint: {replaced} lists trainer.callbacks, which "
                             "replaces the whole list (jsonargparse's rule), so this run would keep no checkpoint to "
                             f"resume; in {replaced} write `callbacks+:` to add to the list, or add "
-                            "--trainer.callbacks+=gpt_tp.train.checkpoint.AtomicModelCheckpoint; or set "
+                            "--trainer.callbacks+=gpt_tp.checkpoint.AtomicModelCheckpoint; or set "
                             "trainer.enable_checkpointing false")
         self._check_layout()
         if resumed := resume_checkpoint(cfg):

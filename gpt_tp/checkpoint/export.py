@@ -16,7 +16,7 @@ import torch
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
 from gpt_tp.model import hf_config_dict, to_hf_state_dict
-from gpt_tp.train.checkpoint import load_consolidated
+from gpt_tp.checkpoint.consolidate import load_consolidated
 
 
 class ExportError(UserError):
@@ -58,7 +58,7 @@ def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser("python -m gpt_tp.train.export", __doc__)
+    ap = ArgumentParser("python -m gpt_tp.checkpoint.export", __doc__)
     ap.add_argument("checkpoint", help="a distributed checkpoint folder (e.g. checkpoints/tp2/last.ckpt)")
     ap.add_argument("--out", required=True, help="new output folder")
     ap.add_argument("--format", choices=("torch", "hf", "both"), default="both")

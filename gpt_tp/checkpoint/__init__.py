@@ -1,0 +1,9 @@
+"""The checkpoint room: saving, loading and checking distributed checkpoints, last.ckpt and the newest complete one,
+export, and the one adapter of Lightning internals (docs/structure.md). The configs name ModelParallel and
+AtomicModelCheckpoint here."""
+
+from gpt_tp.checkpoint.consolidate import load_consolidated  # noqa: F401
+from gpt_tp.checkpoint.last import FinalStep, latest_checkpoint  # noqa: F401
+from gpt_tp.checkpoint.lightning_internals import AtomicModelCheckpoint  # noqa: F401
+from gpt_tp.checkpoint.store import CheckpointError, check_checkpoint, recover_interrupted_saves  # noqa: F401
+from gpt_tp.checkpoint.strategy import ModelParallel  # noqa: F401

@@ -1,0 +1,145 @@
+"""Distributed checkpoint folders: the errors a checkpoint can give, check_checkpoint, and a save published whole or
+not at all (publish), recovered after a kill (recover_interrupted_saves). See docs/train.md, "Checkpoints"."""
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from gpt_tp.checkpoint.lightning_internals import META
+from gpt_tp.errors import UserError
+
+PARTIAL = ".partial"
+OLD = ".old"  # a checkpoint being replaced under its name
+
+SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", f"[Errno {errno.ENOSPC}]", f"[Errno {errno.EDQUOT}]")
+
+
+def is_space_error(e: BaseException | None) -> bool:
+    """A full disk or quota anywhere in the chain (DCP wraps each rank's OSError, so its text counts too)."""
+    while e is not None:
+        if getattr(e, "errno", None) in SPACE_ERRNOS or any(t in str(e) for t in SPACE_TEXTS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def root_cause(e: BaseException) -> str:
+    """The storage error under `e` in one line: the first `[Errno N] ...` in its chain or text, else its first line."""
+    for x in (e, e.__cause__, e.__context__):
+        if isinstance(x, OSError):
+            return f"{type(x).__name__}: {x}"
+        if x is not None and (found := re.search(r"\[Errno \d+\] [^\n]*", str(x))):
+            return found[0]
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def human_bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used; the message names the path or parameters and what to do."""
+
+
+class CheckpointSpaceError(CheckpointError):
+    """A checkpoint save ran out of space (ENOSPC or EDQUOT) on some rank: every rank stops with it, exit code 2."""
+
+
+def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Raise CheckpointError unless `path` is a complete distributed checkpoint whose tensors (keys of
+    expected_shapes, e.g. 'model.transformer.wte.weight') have the expected global shapes."""
+    p = Path(path)
+    if not p.exists():
+        aside = p.with_name(p.name + OLD)
+        if aside.is_dir():
+            raise CheckpointError(f"checkpoint folder {p} does not exist: a save that replaced it was interrupted and "
+                                  f"{aside} holds it; load {aside}, or resume training from {p} (which moves it back "
+                                  "first)")
+        raise CheckpointError(f"checkpoint folder {p} does not exist (for a run: --ckpt_path takes a checkpoint folder or 'last')")
+    if p.name.endswith(PARTIAL):
+        raise CheckpointError(f"{p} is an unfinished checkpoint (its save was interrupted); resume from a checkpoint without '{PARTIAL}'")
+    if not p.is_dir():
+        raise CheckpointError(f"{p} is a file, not a distributed checkpoint folder (.metadata + *.distcp + {META})")
+    inside = sorted(d.name for d in p.iterdir() if (d / ".metadata").is_file()) if not (p / ".metadata").exists() else []
+    if inside:
+        pick = "last.ckpt" if "last.ckpt" in inside else inside[-1]
+        raise CheckpointError(f"{p} is a folder of checkpoints ({len(inside)}), not one: give {p / pick}, or 'last'")
+    if missing := [f for f in (".metadata", META) if not (p / f).is_file()]:
+        raise CheckpointError(f"{p} is not a complete distributed checkpoint: {', '.join(missing)} missing")
+    try:
+        metadata = FileSystemReader(str(p)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any unreadable metadata is the same user error
+        raise CheckpointError(f"{p}/.metadata is unreadable ({type(e).__name__}: {e}); the checkpoint is corrupt") from e
+    files = {getattr(s, "relative_path", None) for s in (metadata.storage_data or {}).values()} - {None}
+    if missing := sorted(f for f in files if not (p / f).is_file()):
+        raise CheckpointError(f"{p} is missing shard files {', '.join(missing)}; copy the whole checkpoint folder")
+    if expected_shapes is None:
+        return
+    saved = {k.removeprefix("state_dict."): tuple(v.size) for k, v in metadata.state_dict_metadata.items()
+             if k.startswith("state_dict.") and isinstance(v, TensorStorageMetadata)}
+    problems = [f"{k}: checkpoint {saved[k]} vs model {s}" for k, s in expected_shapes.items() if k in saved and saved[k] != s]
+    problems += [f"{k}: in the model, not in the checkpoint" for k in expected_shapes if k not in saved]
+    problems += [f"{k}: in the checkpoint, not in the model" for k in saved if k not in expected_shapes]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(f"checkpoint {p} does not fit this model (another model size?); set model.model to the "
+                              f"size it was trained with: {problems[0]}{more}")
+
+
+def check_same_optimizer(path: Path, optimizer: str) -> None:
+    """A checkpoint resumes only with the optimizer that wrote its state (AdamW's moments are not Muon's buffers)."""
+    saved = (torch.load(path / META, weights_only=True).get("hyper_parameters") or {}).get("optimizer", "adamw")
+    if saved != optimizer:
+        raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
+                              f"model.optimizer={optimizer}: resume with --model.optimizer {saved}, or start a new run")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def recover_interrupted_saves(folder: str | os.PathLike, clean: bool = False) -> list[Path]:
+    """Undo what a save killed mid-way left in `folder`: a `<name>.old` without its `<name>` goes back to `<name>`;
+    with clean, other `.old` and all `.partial` folders go. Returns those put back; safe to run concurrently."""
+    restored = []
+    for old in sorted(Path(folder).glob(f"*{OLD}")):
+        name = old.with_name(old.name.removesuffix(OLD))
+        if not name.exists() and not name.is_symlink():
+            with contextlib.suppress(FileNotFoundError):  # another process put it back first
+                os.rename(old, name)
+                restored.append(name)
+        elif clean:
+            shutil.rmtree(old, ignore_errors=True)
+    if clean:
+        for stale in Path(folder).glob(f"*{PARTIAL}"):
+            shutil.rmtree(stale, ignore_errors=True)
+        for stale in Path(folder).glob("*.ckpt.new"):  # a link a kill left before renaming it over last.ckpt
+            stale.unlink(missing_ok=True)
+    return restored
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make the finished `tmp` the checkpoint `final`, never leaving `final` without one that recover_interrupted_saves
+    cannot bring back."""
+    _fsync(tmp / META)
+    _fsync(tmp)
+    old = final.with_name(final.name + OLD)
+    if final.is_symlink() or final.is_file():
+        final.unlink()
+    elif final.exists():
+        os.rename(final, old)  # a crash from here to the next rename: recover_interrupted_saves puts `old` back
+    os.rename(tmp, final)  # atomic: the checkpoint appears complete or not at all
+    _fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,123 @@
+"""ModelParallel: Lightning's ModelParallelStrategy whose distributed checkpoints are saved crash-safe and together,
+loaded checked and into any layout, and resumed with ModelCheckpoint's state as saved (docs/train.md, "Checkpoints")."""
+
+import os
+import shutil
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.distributed.checkpoint import CheckpointException, load as dcp_load
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.constants import default_pg_timeout
+from torch.distributed.tensor import DTensor
+
+from gpt_tp.checkpoint.lightning_internals import META, mark_saved
+from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint,
+                                     check_same_optimizer, human_bytes, is_space_error, publish,
+                                     recover_interrupted_saves, root_cause)
+from gpt_tp.collective import one_does
+from gpt_tp.sizing.sizes import checkpoint_bytes
+
+
+def _continue_checkpointing(callbacks: list, checkpoint: dict, path: Path) -> None:
+    """A resumed run's ModelCheckpoint callbacks carry on the saved run's: the loaded step counts as saved; a saved
+    state with an empty last_model_path gets `<dirpath>/last.ckpt` (its unversioned last name) in the same folder; and
+    a checkpoint resumed from a copy of its folder (`path` in the callback's dirpath, the state naming another) has
+    its state's paths moved to the copy, so the copy keeps its newest K and its own last.ckpt."""
+    states = checkpoint.get("callbacks") or {}
+    for cb in (c for c in callbacks if isinstance(c, LightningModelCheckpoint)):
+        if "global_step" in checkpoint:
+            mark_saved(cb, checkpoint["global_step"])  # not restored by Lightning (gpt_tp.checkpoint.lightning_internals)
+        state = states.get(cb.state_key)
+        if not (isinstance(state, dict) and cb.dirpath):
+            continue
+        old = state.get("dirpath")
+        if old and old != cb.dirpath and os.path.realpath(path.parent) == os.path.realpath(cb.dirpath):
+            def moved(p: str) -> str:
+                return os.path.join(cb.dirpath, os.path.basename(p)) if p and os.path.dirname(p) == old else p
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                state[key] = moved(state.get(key) or "")
+            state["best_k_models"] = {moved(k): v for k, v in (state.get("best_k_models") or {}).items()
+                                      if os.path.lexists(moved(k))}
+            state["dirpath"] = cb.dirpath
+        if (cb.save_last and "{" not in cb.CHECKPOINT_NAME_LAST and not state.get("last_model_path")
+                and state.get("dirpath") == cb.dirpath):
+            state["last_model_path"] = cb.format_checkpoint_name({}, cb.CHECKPOINT_NAME_LAST)
+
+
+class ModelParallel(ModelParallelStrategy):
+    """ModelParallelStrategy whose saves appear only once complete and fail on all ranks together, whose loads check
+    the folder first (on one device, TP=1 x DP=1, as plain tensors), and which resumes ModelCheckpoint as saved."""
+
+    def __init__(self, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
+                 save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
+                 timeout: timedelta | None = default_pg_timeout) -> None:
+        super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size,
+                         save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend, timeout=timeout)
+        self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
+
+    def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:
+        """Run `action` on every rank (one_does, a barrier): a failure on any rank raises one CheckpointError on all."""
+
+        def act() -> None:
+            try:
+                action()
+            except (Exception, CheckpointException) as e:  # DCP's is a BaseException; any failed write is the same
+                raise CheckpointError(f"{what} failed on rank {self.global_rank}: {root_cause(e)}; fix the storage "
+                                      "(space, permissions) and resume from the last checkpoint") from e
+
+        one_does(act, doer=True)
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
+        if not self.distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        final = Path(self.broadcast(str(filepath)))
+        tmp = final.with_name(final.name + PARTIAL)
+        zero = self.is_global_zero
+        if zero and not final.parent.is_dir():  # removed during the run: made again, said once
+            rank_zero_warn(f"checkpoint folder {final.parent} was removed during the run: making it again (the "
+                           "checkpoints it held are gone)")
+        self._on_every_rank(f"preparing {final.parent}", lambda: zero and recover_interrupted_saves(final.parent, clean=True))
+        try:
+            self._on_every_rank(f"writing checkpoint {tmp}", lambda: super(ModelParallel, self).save_checkpoint(checkpoint, tmp, storage_options))
+            self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and publish(tmp, final))
+        except Exception as e:  # every rank is here with the failure (shared): the partial goes at once, then one line
+            self._on_every_rank(f"removing {tmp}", lambda: zero and shutil.rmtree(tmp, ignore_errors=True))
+            # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer
+            # turns a short write into "unexpected pos" with no errno)
+            need, free = checkpoint_bytes(self.lightning_module.config), shutil.disk_usage(final.parent).free
+            if not (is_space_error(e) or free < need):
+                raise
+            raise CheckpointSpaceError(
+                f"no space left to save {final.name} in {final.parent} ({human_bytes(free)} free; "
+                f"a checkpoint needs about {human_bytes(need)}): free space, lower save_top_k, or choose another dirpath; the "
+                f"checkpoints already there are intact (resume with --ckpt_path last)") from None
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
+        path = Path(self.broadcast(str(checkpoint_path)))
+        self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
+        state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
+        check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
+        check_same_optimizer(path, self.lightning_module.hparams.get("optimizer", "adamw"))
+        sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
+        checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
+        _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint, path)
+        return checkpoint
+
+    def _load_plain(self, path: Path) -> dict:
+        """One device, plain tensors: DCP assembles the full tensors from whatever layout saved them."""
+        module_state = {"state_dict": get_model_state_dict(self.model)}
+        dcp_load(module_state, checkpoint_id=path)
+        self.model.load_state_dict(module_state["state_dict"], strict=self.lightning_module.strict_loading)
+        for i, optimizer in enumerate(self.optimizers):
+            optim_state = {f"optimizer_{i}": get_optimizer_state_dict(self.model, optimizer)}
+            dcp_load(optim_state, checkpoint_id=path)
+            set_optimizer_state_dict(self.model, optimizer, optim_state[f"optimizer_{i}"], options=StateDictOptions(cpu_offload=True))
+        return torch.load(path / META, weights_only=True)
