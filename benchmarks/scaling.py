@@ -73,7 +73,7 @@ def fit_config(args, tp: int, alloc: str, run_dir: Path) -> dict:
             "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger",
                         "init_args": {"save_dir": str(run_dir), "name": "fit", "version": 0}}],
         },
-        "model": {"model": args.model, "total_batch_size": None, "compile": args.compile, "max_steps": args.steps,
+        "model": {"model": args.model, "total_batch_size": None, "compile": args.compile,
                   "warmup_steps": 2},
         "data": {"data_dir": args.data_dir, "batch_size": args.batch_size, "seq_len": args.seq_len, "val_batches": 0},
     }
