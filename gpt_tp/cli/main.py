@@ -177,7 +177,7 @@ class GPTCLI(TrainingCLI):
         if devices > 1 and isinstance(self.trainer.accelerator, CPUAccelerator) and "OMP_NUM_THREADS" not in os.environ:
             # N processes on one CPU each default to every core: oversubscribed, mostly waiting. torchrun does the same.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // devices))
-        check_launch(self.trainer.strategy.cluster_environment, devices * nodes, devices, nodes)
+        check_launch(getattr(self.trainer.strategy, "cluster_environment", None), devices * nodes, devices, nodes)
         self.run = self._resolve(self.model.config, devices, nodes, isinstance(self.trainer.accelerator, CUDAAccelerator))
         self.model.use_run(self.run)
         ckpt = cfg.get("ckpt_path")
