@@ -268,7 +268,8 @@ def test_training_arguments_change_the_plan_as_they_change_the_trainers_config(t
     (--print_config), and they differ from the first file's."""
     extra = tmp_path / "extra.yaml"
     extra.write_text("data:\n  batch_size: 4\n  seq_len: 512\nmodel:\n  activation_checkpointing: selective\n")
-    training = ["--config", "configs/tp2.yaml", "--config", str(extra), "--model.model.n_layer", "4", "--data.batch_size", "2"]
+    training = ["--config", "configs/tp2.yaml", "--config", str(extra), "--model.model.n_layer", "4", "--data.batch_size", "2",
+                "--model.total_batch_size", "null"]  # any total: the plan's choice is the memory's
     printed = subprocess.run([sys.executable, "cli.py", "fit", *training, "--print_config"], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
     assert printed.returncode == 0, printed.stderr[-3000:]

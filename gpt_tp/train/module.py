@@ -127,7 +127,7 @@ class GPTModule(L.LightningModule):
     def configure_optimizers(self):
         """The training step's optimizer. No lr scheduler: each step sets its own lr (and AdamW's other settings)
         from these hparams (TrainStep.begin), on a fresh or a resumed optimizer alike."""
-        self.step_fn = TrainStep(self.model, self.optimizer_settings())
+        self.step_fn = TrainStep(self.model, self.optimizer_settings(), loss_fn=self.compute_loss)
         return self.step_fn.optimizer
 
     def configure_callbacks(self) -> list:

@@ -19,11 +19,12 @@ class TrainStep:
 
     Args:
         sync: the gradient sync after the last backward; gpt_tp.parallel.sync_grads for gpt_tp's plan.
+        loss_fn: (logits, targets) -> loss; the vocab-parallel cross-entropy (GPTModule passes its compute_loss hook).
     """
 
     def __init__(self, model: nn.Module, settings: OptimizerSettings,
-                 sync: Callable[[nn.Module], object] = sync_grads):
-        self.model, self.settings, self._sync = model, settings, sync
+                 sync: Callable[[nn.Module], object] = sync_grads, loss_fn: Callable = cross_entropy):
+        self.model, self.settings, self._sync, self._loss_fn = model, settings, sync, loss_fn
         self.optimizer = settings.build(model)
 
     def begin(self, step: int) -> None:
@@ -31,7 +32,7 @@ class TrainStep:
         self.settings.apply(self.optimizer, step)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(self.model(x), y)  # the logits go as soon as the loss is taken
+        return self._loss_fn(self.model(x), y)  # the logits go as soon as the loss is taken
 
     def sync(self) -> None:
         """After the last micro-batch's backward: from here every gradient is the model's true one."""
