@@ -11,7 +11,8 @@ import yaml
 from conftest import ROOT
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
-from gpt_tp.cli.config import read_training_config
+from gpt_tp.cli.config import model_parallel, read_training_config
+from gpt_tp.cli.planner import training_settings
 
 
 @pytest.mark.slow
@@ -33,26 +34,31 @@ def test_two_configs_and_an_override_read_as_cli_fit_prints_them(tmp_path, monke
     assert c.model == GPTConfig(**model) == GPTConfig(n_layer=3, n_head=8, n_embd=128, block_size=256)
     assert model["vocab_size"] == 50304  # cpu.yaml's field, kept under extra.yaml's
     trainer, data = printed["trainer"], printed["data"]
-    assert (c.batch_size, c.seq_len, c.data_dir, c.val_batches) == (
+    d, t = c.fit.data, c.fit.trainer
+    assert (d.batch_size, d.seq_len, d.data_dir, d.val_batches) == (
         data["batch_size"], data["seq_len"], data["data_dir"], data["val_batches"]) == (4, 64, "data/sample", 4)
-    assert (c.devices, c.num_nodes, c.precision, c.accumulate_grad_batches, c.max_steps) == (
+    assert (c.devices, t.num_nodes, t.precision, t.accumulate_grad_batches, t.max_steps) == (
         trainer["devices"], trainer["num_nodes"], trainer["precision"], trainer["accumulate_grad_batches"],
         trainer["max_steps"]) == (4, 1, "bf16-mixed", 3, 120)
     init = trainer["strategy"]["init_args"]
     assert (init["data_parallel_size"], init["tensor_parallel_size"]) == ("auto", 2)
-    assert (c.data_parallel_size, c.tensor_parallel_size, c.world_size, c.model_parallel) == (2, 2, 4, True)
-    assert c.activation_checkpointing == printed["model"]["activation_checkpointing"] == "full"
-    assert (c.total_batch_size, c.compile) == (printed["model"]["total_batch_size"], printed["model"]["compile"]) == (1024, False)
+    assert (c.dp, c.tp, c.world_size, model_parallel(t.strategy)) == (2, 2, 4, True)
+    m = c.fit.model
+    assert m.activation_checkpointing == printed["model"]["activation_checkpointing"] == "full"
+    assert (m.total_batch_size, m.compile) == (printed["model"]["total_batch_size"], printed["model"]["compile"]) == (1024, False)
 
 
 def test_class_defaults_apply():
     c = read_training_config([])
     assert c.model == GPTConfig.from_name("gpt2")
-    assert (c.batch_size, c.seq_len, c.data_dir, c.val_batches) == (16, 1024, "data/sample", 20)  # GPTDataModule's
-    assert (c.precision, c.accumulate_grad_batches, c.num_nodes, c.activation_checkpointing) == ("32-true", 1, 1, "none")
-    assert (c.strategy, c.model_parallel, c.tensor_parallel_size, c.devices, c.world_size) == ("auto", False, 1, None, None)
+    d, t = c.fit.data, c.fit.trainer
+    assert (d.batch_size, d.seq_len, d.data_dir, d.val_batches) == (16, 1024, "data/sample", 20)  # GPTDataModule's
+    assert (t.precision, t.accumulate_grad_batches, t.num_nodes, c.fit.model.activation_checkpointing) == (
+        None, 1, 1, "none")
+    assert training_settings([])["precision"] == "32-true"  # Lightning's default (None), as the planner plans it
+    assert (t.strategy, c.tp, c.dp, c.devices, c.world_size) == ("auto", 1, "auto", None, None)
     c = read_training_config(["--trainer.strategy", "ddp", "--trainer.devices", "3", "--trainer.num_nodes", "2"])
-    assert (c.tensor_parallel_size, c.data_parallel_size, c.world_size) == (1, 6, 6)
+    assert (c.tp, c.dp, c.world_size) == (1, 6, 6)
 
 
 def test_init_from_reads_the_folders_config(tmp_path):
@@ -62,7 +68,7 @@ def test_init_from_reads_the_folders_config(tmp_path):
                                     '"vocab_size": 50257}')
     c = read_training_config(["--model.init_from", str(hf)])
     assert c.model == GPTConfig(block_size=64, n_layer=3, n_head=2, n_embd=32, vocab_size=50304, vocab_used=50257)
-    assert c.init_from == str(hf)
+    assert c.fit.model.init_from == str(hf)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -216,32 +216,12 @@ def device_count(devices) -> int | None:
 class TrainingConfig:
     """What `python cli.py fit` with the same arguments trains (every --config file, the overrides, the defaults)."""
 
+    fit: Namespace  # the parsed and checked namespace: fit.model, fit.data, fit.trainer as cli.py fit has them
     model: GPTConfig  # the model GPTModule builds: model.model (a size or the fields), or model.init_from's config
-    batch_size: int  # data.batch_size: micro-batch rows per data-parallel rank
-    seq_len: int  # data.seq_len: tokens per row
-    data_dir: str  # data.data_dir: the token shards' folder
-    val_batches: int  # data.val_batches: batches per validation run (0: no validation)
-    # trainer.strategy.init_args' sizes under ModelParallelStrategy, TP 1 x DP the world size under any other; "auto"
-    # where the planner or the hardware decides (an "auto" DP with a numeric TP: the world size over it)
-    tensor_parallel_size: int | str
-    data_parallel_size: int | str
-    devices: int | None  # trainer.devices: devices per node; None where the hardware decides at launch ("auto", -1)
-    num_nodes: int  # trainer.num_nodes
-    world_size: int | None  # devices x num_nodes; None where devices is
-    accelerator: str  # trainer.accelerator: "cpu", "gpu", "cuda" or "auto"
-    strategy: str  # trainer.strategy: its class_path, or the name given ("auto", "ddp")
-    model_parallel: bool  # the strategy is ModelParallelStrategy (gpt_tp.checkpoint.ModelParallel included)
-    precision: str  # trainer.precision, e.g. "32-true" (Lightning's default) or "bf16-mixed"
-    accumulate_grad_batches: int  # trainer.accumulate_grad_batches: micro-batches per optimizer step
-    max_steps: int  # trainer.max_steps: optimizer steps (-1: no limit)
-    total_batch_size: int | None  # model.total_batch_size: tokens per optimizer step the run asks for (None: unchecked)
-    activation_checkpointing: str  # model.activation_checkpointing: "none", "full" or "selective"
-    optimizer: str  # model.optimizer: "adamw" or "muon"
-    compile: bool  # model.compile: torch.compile each block
-    async_tp: bool  # model.async_tp: asynchronous tensor-parallel collectives (CUDA)
-    meta_init: bool  # model.meta_init: build on the meta device, initialise the local shards only
-    init_from: str | None  # model.init_from: a Hugging Face GPT-2 folder the weights come from
-    seed: int | bool  # seed_everything
+    devices: int | None  # trainer.devices per node; None where the hardware decides at launch ("auto", -1)
+    world_size: int | None  # devices x trainer.num_nodes; None where devices is
+    dp: int | str  # parallel_sizes: "auto" where the planner or the hardware decides
+    tp: int | str
 
 
 class _ParseOnly(TrainingCLI):
@@ -252,7 +232,6 @@ class _ParseOnly(TrainingCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.config = parse(parser, args, sub="fit")
-        self.seed = self.config.get("seed_everything")
         self.config["seed_everything"] = False  # LightningCLI seeds unless it is false: a parse seeds nothing
 
     def instantiate_classes(self) -> None:
@@ -265,21 +244,9 @@ def read_training_config(args: list[str]) -> TrainingConfig:
     for flag, value in zip(args, args[1:]):
         if flag in ("--config", "-c") and not Path(value).is_file():
             raise UserError(f"--config {value}: no such file (give a training YAML such as configs/cpu.yaml)")
-    parsed = _ParseOnly(args)
-    cfg = parsed.config
+    cfg = _ParseOnly(args).config
     check_config(cfg)
-    strategy = cfg.trainer.strategy
-    per_node, nodes = device_count(cfg.trainer.devices), int(cfg.trainer.num_nodes)
-    world = None if per_node is None else per_node * nodes
-    dp, tp = parallel_sizes(strategy, world)
-    return TrainingConfig(
-        model=built_config(cfg.model.model, cfg.model.init_from), batch_size=cfg.data.batch_size,
-        seq_len=cfg.data.seq_len, data_dir=cfg.data.data_dir, val_batches=cfg.data.val_batches,
-        tensor_parallel_size=tp, data_parallel_size=dp, devices=per_node, num_nodes=nodes, world_size=world,
-        accelerator=str(cfg.trainer.accelerator), strategy=getattr(strategy, "class_path", strategy),
-        model_parallel=model_parallel(strategy), accumulate_grad_batches=cfg.trainer.accumulate_grad_batches,
-        precision="32-true" if cfg.trainer.precision is None else str(cfg.trainer.precision),
-        max_steps=cfg.trainer.max_steps, total_batch_size=cfg.model.total_batch_size,
-        activation_checkpointing=cfg.model.activation_checkpointing, optimizer=cfg.model.optimizer,
-        compile=cfg.model.compile,
-        async_tp=cfg.model.async_tp, meta_init=cfg.model.meta_init, init_from=cfg.model.init_from, seed=parsed.seed)
+    per_node = device_count(cfg.trainer.devices)
+    world = None if per_node is None else per_node * int(cfg.trainer.num_nodes)
+    dp, tp = parallel_sizes(cfg.trainer.strategy, world)
+    return TrainingConfig(cfg, built_config(cfg.model.model, cfg.model.init_from), per_node, world, dp, tp)
