@@ -16,7 +16,9 @@ from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from gpt_tp.errors import UserError
 
@@ -60,8 +62,6 @@ def torchrun_world() -> int:
 def pick_device(device: str = "auto"):
     """A --device flag, "auto" (CUDA when present), "cuda" or "cpu", as this process's torch.device (on CUDA: its
     LOCAL_RANK's GPU); "cuda" without CUDA is a UserError."""
-    import torch
-
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: torch finds no CUDA device on this machine; use --device cpu, or auto (CUDA "
                         "when present)")
@@ -72,8 +72,6 @@ def pick_device(device: str = "auto"):
 def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
     """The process group (NCCL on CUDA, else gloo) of a command torchrun started, and its (data_parallel,
     tensor_parallel) DeviceMesh: (mesh, torch.device). device: "auto" (CUDA when present), "cuda" or "cpu"."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
     world = torchrun_world()
     if dp * tp != world:
         raise UserError(f"data-parallel {dp} x tensor-parallel {tp} = {dp * tp} processes, but torchrun started "

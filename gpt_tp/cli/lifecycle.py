@@ -2,6 +2,7 @@
 it built), the checkpoint folder a fresh run writes into, the launch environment it would wait in, the config file that
 replaced trainer.callbacks. docs/train.md, "Stopping and resuming"."""
 
+import contextlib
 import os
 import shutil
 import socket
@@ -92,14 +93,11 @@ def check_launch(env, world: int, devices: int, nodes: int) -> None:
         return  # rank 0 without torchrun's store serves the rendezvous itself: nothing to ask
     addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0"))
     deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
-    while True:
-        try:
+    while time.monotonic() <= deadline:
+        with contextlib.suppress(OSError):
             socket.create_connection((addr, port), timeout=2).close()
             return
-        except OSError:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        time.sleep(0.5)
     names = " ".join(k for k in TORCHRUN_VARS if k in os.environ)
     raise UserError(f"nothing answers the rendezvous at {addr}:{port} after {RENDEZVOUS_TIMEOUT_S:g} s: this shell "
                     f"holds torchrun's variables ({names}), left by an earlier job? `unset {names}` and run again, or "

@@ -1,6 +1,7 @@
 """gpt_tp's command line (cli.py, see README): GPTCLI runs TrainingCLI with the checks that need no process group
 done first, in the launching process, so a mistake prints once; `auto` layouts are planned before launch."""
 
+import contextlib
 import dataclasses
 import glob
 import logging
@@ -78,14 +79,16 @@ class GPTCLI(TrainingCLI):
         saved = saved_state(resumed).get("hyper_parameters") or {} if resumed else {}
         if cfg.model.init_from is None and saved.get("init_from") is not None and isinstance(saved.get("model"), dict):
             cfg.model.model = Namespace(**saved["model"])  # a fine-tune: the model it built, not init_from's again
-        elif cfg.model.init_from is not None and (built := self._init_from_model(cfg)) is not None:
-            asked = GPTConfig.resolve(cfg.model.model)  # init_from's config.json decides the shape: recorded as built
-            unused = [f"{k}={getattr(asked, k)}" for k in SHAPE_FIELDS if getattr(asked, k) != getattr(built, k)]
-            if unused and not isinstance(cfg.model.model, str):
-                rank_zero_warn(f"model.init_from={cfg.model.init_from} builds its config.json's model ("
-                               f"{', '.join(f'{k}={getattr(built, k)}' for k in SHAPE_FIELDS)}); model.model's "
-                               f"{', '.join(unused)} are not used, and the run records the model built")
-            cfg.model.model = Namespace(**dataclasses.asdict(built))
+        elif cfg.model.init_from is not None:
+            with contextlib.suppress(UserError):  # a folder GPTModule refuses: its loader names what is wrong with it
+                built = built_config(cfg.model.model, cfg.model.init_from)  # its config.json decides the shape
+                asked = GPTConfig.resolve(cfg.model.model)  # the run records the model built
+                unused = [f"{k}={getattr(asked, k)}" for k in SHAPE_FIELDS if getattr(asked, k) != getattr(built, k)]
+                if unused and not isinstance(cfg.model.model, str):
+                    rank_zero_warn(f"model.init_from={cfg.model.init_from} builds its config.json's model ("
+                                   f"{', '.join(f'{k}={getattr(built, k)}' for k in SHAPE_FIELDS)}); model.model's "
+                                   f"{', '.join(unused)} are not used, and the run records the model built")
+                cfg.model.model = Namespace(**dataclasses.asdict(built))
         init = getattr(cfg.trainer.strategy, "init_args", None)
         if init is not None and "auto" in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
             devices, nodes = self._devices(cfg, "plan an 'auto' layout")
@@ -100,15 +103,6 @@ class GPTCLI(TrainingCLI):
             print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)", file=sys.stderr)
         if self.subcommand == "fit" and cfg.get("simulate"):
             self._simulate(cfg)
-
-    @staticmethod
-    def _init_from_model(cfg) -> GPTConfig | None:
-        """The model model.init_from builds, from its config.json; None for a folder GPTModule will refuse (its
-        loader names what is wrong with it)."""
-        try:
-            return built_config(cfg.model.model, cfg.model.init_from)
-        except UserError:
-            return None
 
     @staticmethod
     def _devices(cfg, to: str) -> tuple[int, int]:
@@ -290,10 +284,9 @@ class GPTCLI(TrainingCLI):
         return f"logs in {dirs[0]}" if dirs else "no logger"
 
     def after_fit(self) -> None:
-        if not self.trainer.is_global_zero:
-            return
-        saved = checkpoints_line(self.trainer) or "no checkpoint saved"
-        print(f"gpt_tp fit: step {self.trainer.global_step}; {saved}; {self._logs()}", flush=True)
+        if self.trainer.is_global_zero:
+            saved = checkpoints_line(self.trainer) or "no checkpoint saved"
+            print(f"gpt_tp fit: step {self.trainer.global_step}; {saved}; {self._logs()}", flush=True)
 
     def after_validate(self) -> None:
         if self.trainer.is_global_zero:

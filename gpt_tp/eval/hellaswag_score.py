@@ -12,7 +12,7 @@ from torchmetrics import Metric
 
 from gpt_tp.data.shards import check_token_ids
 from gpt_tp.data.tokenizer import get_encoding
-from gpt_tp.eval.hellaswag_data import HellaSwagError, render_example
+from gpt_tp.eval.hellaswag_data import render_example
 from gpt_tp.parallel.vocab import mask_padded_vocab, vocab_shard_offset
 from gpt_tp.ranks import model_vocab
 
@@ -54,11 +54,6 @@ def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
     return sum_loss, sum_loss / (target != -100).sum(dim=1).clamp_min(1)
 
 
-def predict(sum_loss: torch.Tensor, mean_loss: torch.Tensor) -> tuple[int, int]:
-    """(pred, pred_norm): the ending with the lowest summed loss (acc) and the lowest mean loss (acc_norm)."""
-    return int(sum_loss.argmin()), int(mean_loss.argmin())
-
-
 class HellaSwagCounts(Metric):
     """Examples scored, how many of them acc and acc_norm got right, and how many were truncated to block_size:
     sums that compute() syncs over ``process_group`` (the data-parallel group) when ``sync_on_compute``."""
@@ -85,16 +80,13 @@ class HellaSwagCounts(Metric):
 @torch.no_grad()
 def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 4, tp: int = 1, dp_rank: int = 0,
              dp_size: int = 1, dp_group=None, device: torch.device | str = "cpu", forward_context=nullcontext,
-             pad_to: int = 1, details: bool = False, enc=None, vocab_limit: int | None = -1) -> dict:
+             pad_to: int = 1, details: bool = False, enc=None) -> dict:
     """Score `examples` with model(idx (B, T)) -> logits (B, T, V), plain or a vocab-sharded DTensor. Call it on every
     rank of the job (every forward is collective). This DP rank scores examples dp_rank, dp_rank + dp_size, ...;
     counts are summed over dp_group (None: the default group). Rows are padded to a multiple of lcm(tp, pad_to);
-    logits of ids >= vocab_limit are masked (-1: the tokenizer's size, 50257; None: keep all). Returns the global
-    {"acc", "acc_norm", "correct", "correct_norm", "total", "truncated"}, plus this rank's "examples" if details."""
-    if batch_size < 1:
-        raise HellaSwagError(f"batch_size={batch_size} must be >= 1")
+    logits of ids the tokenizer lacks (a padded vocabulary) are masked. Returns the global {"acc", "acc_norm",
+    "correct", "correct_norm", "total", "truncated"}, plus this rank's "examples" if details."""
     enc = enc or get_encoding()
-    vocab_limit = enc.n_vocab if vocab_limit == -1 else vocab_limit
     vocab_size = model_vocab(model) or enc.n_vocab
     multiple = math.lcm(tp, pad_to)
     max_len = block_size - block_size % tp  # sequence parallelism: T % tp == 0
@@ -117,12 +109,12 @@ def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 
         tokens, mask = (t.to(device) for t in pad_batch(rows, masks, multiple, max_len))
         with forward_context():
             logits = model(tokens)
-        sum_loss, mean_loss = (x.view(-1, 4).cpu() for x in ending_losses(logits, tokens, mask, vocab_limit))  # (ex, 4)
-        preds = [predict(sum_loss[j], mean_loss[j]) for j in range(n)]
-        pred, pred_norm = (torch.tensor([p[k] for p in preds], dtype=torch.long) for k in (0, 1))  # (n,) each
+        sum_loss, mean_loss = (x.view(-1, 4).cpu() for x in ending_losses(logits, tokens, mask, enc.n_vocab))  # (ex, 4)
+        # (n,) each: acc's pick is the ending with the lowest summed loss, acc_norm's the lowest mean loss
+        pred, pred_norm = sum_loss[:n].argmin(dim=1), mean_loss[:n].argmin(dim=1)
         counts.update(pred, pred_norm, torch.tensor(labels[:n], dtype=torch.long), torch.tensor(cuts[:n], dtype=torch.long))
         if details:
-            out += [{"index": i, "label": labels[j], "pred": preds[j][0], "pred_norm": preds[j][1],
+            out += [{"index": i, "label": labels[j], "pred": int(pred[j]), "pred_norm": int(pred_norm[j]),
                      "sum_loss": sum_loss[j].tolist(), "mean_loss": mean_loss[j].tolist()} for j, i in enumerate(idx[:n])]
     res = counts.compute()
     if res["total"] != len(examples):

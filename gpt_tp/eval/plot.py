@@ -41,10 +41,6 @@ def find_csv(path: str | Path) -> Path:
     raise PlotError(f"{p} not found: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
 
 
-def _first_step(metrics: dict[str, list[tuple[int, float]]]) -> int:
-    return min(points[0][0] for points in metrics.values())
-
-
 def _lineage(folder: Path) -> dict | None:
     """A version's lineage.json (gpt_tp.train.logs.RunLineage): {"run", "ancestors"}; None where there is none."""
     try:
@@ -72,7 +68,7 @@ def join(parts: list[dict[str, list[tuple[int, float]]]]) -> dict[str, list[tupl
     at or after its own first logged step."""
     out: dict[str, list[tuple[int, float]]] = {}
     for metrics in parts:
-        start = _first_step(metrics)
+        start = min(points[0][0] for points in metrics.values())
         out = {k: [(s, v) for s, v in points if s < start] for k, points in out.items()}
         for k, points in metrics.items():
             out.setdefault(k, []).extend(points)
