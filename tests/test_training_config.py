@@ -42,7 +42,7 @@ def test_two_configs_and_an_override_read_as_cli_fit_prints_them(tmp_path, monke
         trainer["max_steps"]) == (4, 1, "bf16-mixed", 3, 120)
     init = trainer["strategy"]["init_args"]
     assert (init["data_parallel_size"], init["tensor_parallel_size"]) == ("auto", 2)
-    assert (c.dp, c.tp, c.world_size, model_parallel(t.strategy)) == (2, 2, 4, True)
+    assert (c.dp, c.tp, model_parallel(t.strategy)) == (2, 2, True)  # DP: the 4 devices over TP
     m = c.fit.model
     assert m.activation_checkpointing == printed["model"]["activation_checkpointing"] == "full"
     assert (m.total_batch_size, m.compile) == (printed["model"]["total_batch_size"], printed["model"]["compile"]) == (1024, False)
@@ -56,9 +56,9 @@ def test_class_defaults_apply():
     assert (t.precision, t.accumulate_grad_batches, t.num_nodes, c.fit.model.activation_checkpointing) == (
         None, 1, 1, "none")
     assert training_settings([])["precision"] == "32-true"  # Lightning's default (None), as the planner plans it
-    assert (t.strategy, c.tp, c.dp, c.devices, c.world_size) == ("auto", 1, "auto", None, None)
+    assert (t.strategy, c.tp, c.dp, c.devices) == ("auto", 1, "auto", None)
     c = read_training_config(["--trainer.strategy", "ddp", "--trainer.devices", "3", "--trainer.num_nodes", "2"])
-    assert (c.tp, c.dp, c.world_size) == (1, 6, 6)
+    assert (c.tp, c.dp) == (1, 6)  # DP: the world, 3 devices x 2 nodes
 
 
 def test_init_from_reads_the_folders_config(tmp_path):

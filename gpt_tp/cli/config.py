@@ -94,7 +94,8 @@ def check_removed_keys(argv: list[str]) -> None:
 def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | None = None):
     """parser.parse_args (args None: the command line); a bad flag or value is a UserError naming it and the help
     of `python cli.py <sub>` (sub: the subcommand in args, or the one these arguments are for)."""
-    check_removed_keys(sys.argv[1:] if args is None else args)
+    argv = sys.argv[1:] if args is None else args
+    check_removed_keys(argv)
     try:
         return parser.parse_args(args)
     except ArgumentError as e:
@@ -102,7 +103,6 @@ def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | No
         removed = next((hint for key, hint in REMOVED.items() if key in message), None)
         if removed:
             raise UserError(removed) from None
-        argv = sys.argv[1:] if args is None else args
         sub = sub or next((a for a in argv if a in TrainingCLI.subcommands()), None)
         raise UserError(f"{message} (see python cli.py {sub + ' ' if sub else ''}--help)") from None
 
@@ -219,8 +219,7 @@ class TrainingConfig:
     fit: Namespace  # the parsed and checked namespace: fit.model, fit.data, fit.trainer as cli.py fit has them
     model: GPTConfig  # the model GPTModule builds: model.model (a size or the fields), or model.init_from's config
     devices: int | None  # trainer.devices per node; None where the hardware decides at launch ("auto", -1)
-    world_size: int | None  # devices x trainer.num_nodes; None where devices is
-    dp: int | str  # parallel_sizes: "auto" where the planner or the hardware decides
+    dp: int | str  # parallel_sizes on devices x trainer.num_nodes: "auto" where the planner or the hardware decides
     tp: int | str
 
 
@@ -249,4 +248,4 @@ def read_training_config(args: list[str]) -> TrainingConfig:
     per_node = device_count(cfg.trainer.devices)
     world = None if per_node is None else per_node * int(cfg.trainer.num_nodes)
     dp, tp = parallel_sizes(cfg.trainer.strategy, world)
-    return TrainingConfig(cfg, built_config(cfg.model.model, cfg.model.init_from), per_node, world, dp, tp)
+    return TrainingConfig(cfg, built_config(cfg.model.model, cfg.model.init_from), per_node, dp, tp)

@@ -21,6 +21,7 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
                  "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "TORCHELASTIC_RUN_ID",
                  "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
                  "TORCHELASTIC_ERROR_FILE")
+CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 RENDEZVOUS_TIMEOUT_S = 30.0  # torchrun's store is up before its workers start; Lightning's rank 0 within seconds
 
 
@@ -29,7 +30,7 @@ def resume_checkpoint(cfg) -> str | None:
     of the config's ModelCheckpoint dirpaths; None when there is none (yet) or Lightning resolves the alias."""
     ckpt = cfg.get("ckpt_path")
     if ckpt != "last":
-        return None if ckpt in (None, "best", "hpc", "registry") else ckpt
+        return None if ckpt is None or ckpt in CKPT_ALIASES else ckpt
     callbacks = cfg.trainer.callbacks or []
     for cb in callbacks if isinstance(callbacks, list) else [callbacks]:
         is_checkpoint = cb.get("class_path", "").endswith("Checkpoint")

@@ -28,7 +28,7 @@ from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.checkpoint.last import FinalStep, checkpoints_line, relink_last
 from gpt_tp.checkpoint.store import check_checkpoint, human_bytes, recover_interrupted_saves
 from gpt_tp.cli.config import TrainingCLI, built_config, check_config, device_count, parallel_sizes
-from gpt_tp.cli.lifecycle import (callbacks_replaced_by, check_launch, check_not_complete, check_unused,
+from gpt_tp.cli.lifecycle import (CKPT_ALIASES, callbacks_replaced_by, check_launch, check_not_complete, check_unused,
                                     remove_checkpoints, resume_checkpoint, saved_state)
 from gpt_tp.train.logs import CheckpointStep, LogWriteCheck, RunLineage, quiet_writer_threads
 from gpt_tp.train.optim import OptimizerSettings, get_lr
@@ -39,7 +39,6 @@ from gpt_tp.cli.simulate import format_simulation, simulate
 from gpt_tp.cluster.slurm import Preemption
 
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")  # what a Hugging Face folder's config.json decides
-CKPT_ALIASES = ("last", "best", "hpc", "registry")  # --ckpt_path values Lightning resolves itself
 # Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
 QUIET_INFO = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
               "Trainer already configured with model summary callbacks")  # the last: GPTSummary, added below
@@ -118,9 +117,8 @@ class GPTCLI(TrainingCLI):
         run = self._resolve(built_config(cfg.model.model, cfg.model.init_from), devices, nodes, cuda=False)
         if not 0 <= cfg.simulate_rank < run.world:
             raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{run.world - 1}")
-        m = cfg.model
-        settings = OptimizerSettings(m.max_lr, m.min_lr, m.warmup_steps, cfg.trainer.max_steps, m.weight_decay,
-                                     m.betas, m.eps, m.fused, m.optimizer, m.muon_lr, m.muon_fp32)  # as GPTModule's
+        fields = dataclasses.fields(OptimizerSettings)  # GPTModule's hparams of the same names (max_steps: linked)
+        settings = OptimizerSettings(**{f.name: getattr(cfg.model, f.name) for f in fields})
         sim = simulate(run, cfg.simulate_rank, settings)
         memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
         print(format_simulation(sim, memory), flush=True)

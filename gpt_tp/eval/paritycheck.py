@@ -110,9 +110,8 @@ def settings(args, world: int) -> dict:
         except UserError as e:
             files = " ".join(args.config)
             raise ParityInputError(str(e) if str(e).startswith("--config") else f"--config {files}: {e}") from None
-        sizes = [None if v == "auto" else v for v in (c.dp, c.tp)]
-        s.update({"config": c.model, "dp": sizes[0], "tp": sizes[1], "batch_size": c.fit.data.batch_size,
-                  "seq_len": c.fit.data.seq_len})
+        dp, tp = (None if v == "auto" else v for v in (c.dp, c.tp))
+        s.update(config=c.model, dp=dp, tp=tp, batch_size=c.fit.data.batch_size, seq_len=c.fit.data.seq_len)
     if args.dp is not None or args.tp is not None:
         s["dp"], s["tp"] = (1 if args.dp is None else args.dp), args.tp
     s.update({k: getattr(args, k) for k in ("batch_size", "seq_len") if getattr(args, k) is not None})

@@ -1,6 +1,7 @@
 """Plot a run's CSV log like build-nanogpt's play.ipynb: train and val loss, HellaSwag acc_norm over steps, with
 GPT-2 / GPT-3 124M reference lines (docs/eval.md, "Plots"). Needs matplotlib."""
 
+import contextlib
 import csv
 import json
 import math
@@ -32,13 +33,12 @@ def find_csv(path: str | Path) -> Path:
     p = Path(path)
     if p.is_file():
         return p
-    if p.is_dir():
-        if (p / "metrics.csv").is_file():
-            return p / "metrics.csv"
-        if found := sorted(p.rglob("metrics.csv"), key=lambda f: f.stat().st_mtime):
-            return ([f for f in found if _trained(f)] or found)[-1]
-        raise PlotError(f"no metrics.csv under {p}: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
-    raise PlotError(f"{p} not found: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
+    if (p / "metrics.csv").is_file():
+        return p / "metrics.csv"
+    if p.is_dir() and (found := sorted(p.rglob("metrics.csv"), key=lambda f: f.stat().st_mtime)):
+        return ([f for f in found if _trained(f)] or found)[-1]
+    what = f"no metrics.csv under {p}" if p.is_dir() else f"{p} not found"
+    raise PlotError(f"{what}: pass a CSVLogger run dir (e.g. logs/gpt_tp/version_0) or its metrics.csv")
 
 
 def _lineage(folder: Path) -> dict | None:
@@ -156,10 +156,8 @@ def main(argv=None) -> Path:
     *ancestors, target = run_csvs(find_csv(args.run))
     parts = {}
     for c in ancestors:
-        try:
+        with contextlib.suppress(PlotError):  # an ancestor that logged nothing (requeued before its first step)
             parts[c] = read_metrics(c)
-        except PlotError:  # an ancestor that logged nothing (requeued before its first step)
-            pass
     parts[target] = read_metrics(target)
     csvs = list(parts)
     title = str(target) if len(csvs) == 1 else f"{target.parent.parent}: " + " + ".join(c.parent.name for c in csvs)

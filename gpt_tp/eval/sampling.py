@@ -13,14 +13,13 @@ from gpt_tp.infer.generate import PROMPT, sample_texts
 
 class StepCallback(Callback):
     """Runs every `every_n_steps` optimizer steps and, with `at_end`, at the end of fit, once a step: `run` calls
-    `compute` with the module in eval mode and keeps (step, result) in `history`."""
+    `compute` with the module in eval mode."""
 
     def __init__(self, every_n_steps: int, at_end: bool = True):
         if every_n_steps < 0:
             raise UserError(f"{type(self).__name__} every_n_steps={every_n_steps} must be >= 0 "
                             "(0: only at the end of fit)")
         self.every_n_steps, self.at_end = every_n_steps, at_end
-        self.history: list[tuple[int, object]] = []  # (step, result) of every run on this rank
         self._last_step = -1
 
     def compute(self, trainer, pl_module):
@@ -33,7 +32,6 @@ class StepCallback(Callback):
             result = self.compute(trainer, pl_module)
         finally:
             pl_module.train(was_training)
-        self.history.append((trainer.global_step, result))
         self._last_step = trainer.global_step
         return result
 

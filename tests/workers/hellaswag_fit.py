@@ -31,6 +31,19 @@ from synthetic_data import SyntheticDataModule
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hellaswag_small.jsonl"
 
 
+def recorded(cb):
+    """cb, keeping (step, result) of each of its runs on this rank in cb.history."""
+    cb.history, run_once = [], cb.run
+
+    def run_and_keep(trainer, pl_module):
+        result = run_once(trainer, pl_module)
+        cb.history.append((trainer.global_step, result))
+        return result
+
+    cb.run = run_and_keep
+    return cb
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=2)
@@ -43,8 +56,8 @@ def main():
     if args.broken:  # the CSV logger's version_0 folder, as below
         (Path(args.out + "_logs") / "run" / "version_0" / args.broken).mkdir(parents=True, exist_ok=True)
     source = dict(path=None, cache_dir=args.hellaswag_cache) if args.hellaswag_cache else dict(path=str(FIXTURE))
-    hs = HellaSwagCallback(every_n_steps=2, batch_size=4, **source)
-    ts = TextSampleCallback(every_n_steps=2, num_samples=2, max_length=16, seed=3)
+    hs = recorded(HellaSwagCallback(every_n_steps=2, batch_size=4, **source))
+    ts = recorded(TextSampleCallback(every_n_steps=2, num_samples=2, max_length=16, seed=3))
     trainer = L.Trainer(
         accelerator="cpu", devices=args.tp * args.dp, max_steps=args.steps, gradient_clip_val=1.0,
         strategy=ModelParallelStrategy(data_parallel_size=args.dp, tensor_parallel_size=args.tp), inference_mode=False,
