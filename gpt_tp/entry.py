@@ -40,8 +40,7 @@ def import_attribute(spec: str, flag: str, example: str):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """The command line of every gpt_tp command: a bad flag or value is a UserError, so `run` prints it as one
-    ``error:`` line naming the flag and exits 2 (argparse would print its usage block first)."""
+    """Every gpt_tp command's parser: a bad flag is a UserError, one ``error:`` line from `run`, not a usage block."""
 
     def __init__(self, prog: str, description: str | None = None, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
@@ -60,8 +59,7 @@ def torchrun_world() -> int:
 
 
 def pick_device(device: str = "auto"):
-    """A --device flag, "auto" (CUDA when present), "cuda" or "cpu", as this process's torch.device (on CUDA: its
-    LOCAL_RANK's GPU); "cuda" without CUDA is a UserError."""
+    """A --device value ("auto": CUDA when present) as this process's torch.device (CUDA: its LOCAL_RANK's GPU)."""
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: torch finds no CUDA device on this machine; use --device cpu, or auto (CUDA "
                         "when present)")
@@ -70,8 +68,7 @@ def pick_device(device: str = "auto"):
 
 
 def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
-    """The process group (NCCL on CUDA, else gloo) of a command torchrun started, and its (data_parallel,
-    tensor_parallel) DeviceMesh: (mesh, torch.device). device: "auto" (CUDA when present), "cuda" or "cpu"."""
+    """(the (data_parallel, tensor_parallel) DeviceMesh, torch.device) of a command torchrun started: NCCL or gloo."""
     world = torchrun_world()
     if dp * tp != world:
         raise UserError(f"data-parallel {dp} x tensor-parallel {tp} = {dp * tp} processes, but torchrun started "
@@ -85,8 +82,7 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
 
 
 def _claim_once(message: str) -> bool:
-    """True for the first process of this run (per node) to report ``message``: it creates the marker file named
-    from the rendezvous (torchrun's run id, or MASTER_ADDR:MASTER_PORT) and the message."""
+    """True for the first process of this run (per node) to report ``message``: it creates the marker file for both."""
     run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT")
     if run is None:
         return True

@@ -1,2 +1,1 @@
-"""The command-line room: cli.py's parser and checks before launch, --simulate and the planner command
-(docs/structure.md)."""
+"""The command-line room: cli.py's parser and checks, --simulate and the planner command (docs/structure.md)."""

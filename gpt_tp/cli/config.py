@@ -1,5 +1,4 @@
-"""TrainingCLI, gpt_tp's LightningCLI (fit, validate, predict; a bad flag or value is a UserError), and
-read_training_config: `cli.py fit`'s settings from the same parser, without a Trainer, a model or a process group."""
+"""TrainingCLI, gpt_tp's LightningCLI, and read_training_config: `cli.py fit`'s settings without running it."""
 
 import importlib
 import importlib.util
@@ -22,8 +21,7 @@ from gpt_tp.infer.predict import PROMPT_FLAGS, Prompts, PromptWriter
 
 
 def default_loggers(save_dir: str = "logs") -> list:
-    """CSV always (gpt_tp.train.logs.HeldCSVLogger: a failed write stops every rank alike); TensorBoard where
-    installed."""
+    """HeldCSVLogger always (a failed write stops every rank alike); HeldTensorBoardLogger where installed."""
     dirs = {"HeldCSVLogger": save_dir}
     if importlib.util.find_spec("tensorboard"):  # its own folder, so both number their versions alike
         dirs["HeldTensorBoardLogger"] = f"{save_dir}/tensorboard"
@@ -125,8 +123,7 @@ class TrainingCLI(LightningCLI):
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "test"}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """trainer.max_steps is the schedule's length too (model.max_steps); fit: --simulate, --overwrite_checkpoints;
-        predict: the prompts."""
+        """trainer.max_steps is model.max_steps too; fit's --simulate, --overwrite_checkpoints; predict's prompts."""
         parser.link_arguments("trainer.max_steps", "model.max_steps")
         sub = getattr(parser, "for_subcommand", None)
         if sub == "fit":
@@ -155,8 +152,7 @@ class TrainingCLI(LightningCLI):
 
 
 def model_parallel(strategy) -> bool:
-    """The trainer.strategy value's class_path is a ModelParallelStrategy (gpt_tp.checkpoint.ModelParallel
-    included); a registry name ("auto", "ddp") is not."""
+    """The trainer.strategy value is a ModelParallelStrategy (subclasses included); a registry name ("ddp") is not."""
     if isinstance(strategy, str):
         return False
     module, _, name = strategy.class_path.rpartition(".")
@@ -238,8 +234,7 @@ class _ParseOnly(TrainingCLI):
 
 
 def read_training_config(args: list[str]) -> TrainingConfig:
-    """The settings of `python cli.py fit *args` (e.g. ["--config", "configs/tp2.yaml"]) by the trainer's parser,
-    defaults, checks and model resolution. A bad flag, value or file is a UserError naming it."""
+    """The settings of `python cli.py fit *args` by its parser, defaults and checks; a mistake is a UserError."""
     for flag, value in zip(args, args[1:]):
         if flag in ("--config", "-c") and not Path(value).is_file():
             raise UserError(f"--config {value}: no such file (give a training YAML such as configs/cpu.yaml)")

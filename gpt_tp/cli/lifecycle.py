@@ -1,6 +1,5 @@
-"""A run's start, checked by cli.py before any process group exists: the checkpoint a resume reads (its step, the model
-it built), the checkpoint folder a fresh run writes into, the launch environment it would wait in, the config file that
-replaced trainer.callbacks. docs/train.md, "Stopping and resuming"."""
+"""A run's start, checked by cli.py before any process group exists: the checkpoint a resume reads, the folder a fresh
+run writes into, the launch environment, the config file that replaced trainer.callbacks (docs/train.md)."""
 
 import contextlib
 import os
@@ -57,8 +56,7 @@ def check_not_complete(flag: str, path: str, max_steps: int) -> None:
 
 
 def check_unused(folder: str) -> None:
-    """A fresh run (no --ckpt_path) writes into `folder`: refused while it holds another run's checkpoints, whose
-    last.ckpt would then name the wrong run (--overwrite_checkpoints: remove_checkpoints, once every check passed)."""
+    """A fresh run refuses a `folder` holding another run's checkpoints: its last.ckpt would name the wrong run."""
     if taken := sorted(p.name for p in Path(folder).glob("*.ckpt*")):
         names = ", ".join(taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
         raise UserError(f"ModelCheckpoint dirpath {folder} holds another run's checkpoints ({names}): continue that "
@@ -76,8 +74,7 @@ def remove_checkpoints(folder: str) -> None:
 
 
 def check_launch(env, world: int, devices: int, nodes: int) -> None:
-    """Launch environments that cannot work stop here, before anything waits: a Slurm allocation of another size, or
-    torchrun's variables left in a shell with no rendezvous behind them."""
+    """Refuse, before anything waits, a Slurm allocation of another size or torchrun's variables with no rendezvous."""
     if isinstance(env, SLURMEnvironment):
         tasks = int(os.environ.get("SLURM_NTASKS", world))
         if tasks != world:
@@ -106,8 +103,7 @@ def check_launch(env, world: int, devices: int, nodes: int) -> None:
 
 
 def callbacks_replaced_by(argv: list[str]) -> str | None:
-    """The --config file that set trainer.callbacks last (jsonargparse replaces the whole list); None when the
-    command line set it last, or nothing did."""
+    """The --config file that set (replaced) trainer.callbacks last; None if the command line or nothing did."""
     source = None
     for flag, value in zip(argv, [*argv[1:], None]):
         if flag in ("--config", "-c") and value and os.path.isfile(value):

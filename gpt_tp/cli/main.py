@@ -1,5 +1,4 @@
-"""gpt_tp's command line (cli.py, see README): GPTCLI runs TrainingCLI with the checks that need no process group
-done first, in the launching process, so a mistake prints once; `auto` layouts are planned before launch."""
+"""cli.py: GPTCLI, TrainingCLI with its checks (and `auto` layouts planned) in the launching process: errors once."""
 
 import contextlib
 import dataclasses
@@ -70,8 +69,7 @@ class GPTCLI(TrainingCLI):
     """TrainingCLI with gpt_tp's checks before launch."""
 
     def before_instantiate_classes(self) -> None:
-        """check_config; a fine-tune's checkpoint builds the model it holds; `auto` layouts planned (the smallest TP
-        that fits); `fit --simulate` instead of the run."""
+        """check_config; a fine-tune builds its checkpoint's model; `auto` layouts planned; `fit --simulate` runs."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
         resumed = resume_checkpoint(cfg) if self.subcommand else None
@@ -129,8 +127,7 @@ class GPTCLI(TrainingCLI):
         raise SystemExit(0)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        """Add StepProgressBar and GPTSummary unless the config brings its own or turns them off, Preemption (SIGTERM)
-        unless it lists one, LogWriteCheck and FinalStep."""
+        """The Trainer, gpt_tp's callbacks added to the config's (a progress bar and summary unless it has its own)."""
         trainer = self.config_init[self.subcommand]["trainer"] if self.subcommand else self.config_init["trainer"]
         callbacks = trainer.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
@@ -141,8 +138,7 @@ class GPTCLI(TrainingCLI):
                 callbacks = [*callbacks, default()]
         if not any(isinstance(c, Preemption) for c in callbacks):  # SIGTERM on every launch: save, stop together
             callbacks = [*callbacks, Preemption(dirpath=None, signal_name=None, requeue=False)]
-        # rank 0's failed metrics.csv write stops every rank alike; every run's final step saved; validate's rows name
-        # the checkpoint's step; the log folder names the runs its checkpoints continue (the plot's lineage)
+        # a failed log write stops every rank; the final step saved; validate's rows' step; the plot's lineage
         trainer["callbacks"] = [*callbacks, LogWriteCheck(), FinalStep(), CheckpointStep(), RunLineage()]
         try:
             return super().instantiate_trainer(**kwargs)
@@ -205,8 +201,7 @@ class GPTCLI(TrainingCLI):
             print(f"gpt_tp: no checkpoint in {', '.join(sorted(folders))}: starting from step 0", file=sys.stderr)
 
     def _resolve(self, config, devices: int, nodes: int, cuda: bool) -> Run:
-        """This process's one Run of the parsed arguments (the layout planned by now where it was 'auto'): the same
-        checks and lines for a launch and for --simulate."""
+        """This process's Run of the parsed arguments: the same checks and lines for a launch and for --simulate."""
         cfg = self.config[self.subcommand]
         fit = self.subcommand == "fit"
         dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))

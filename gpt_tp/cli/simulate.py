@@ -27,8 +27,7 @@ from gpt_tp.train.run import Run
 from gpt_tp.train.step import TrainStep
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries")
-# FSDPMemTracker's kinds, by gpt_tp's names; unsharded parameters and the collectives' buffers are temporaries
-# (MemTracker's where FSDP2 is not applied, at DP=1)
+# FSDPMemTracker's (MemTracker's at DP=1) kinds by gpt_tp's; unsharded parameters, collectives' buffers: temporaries
 TRACKER_KINDS = {
     "params": ("SHARDED_PARAM", "PARAM", "BUFFER"), "grads": ("SHARDED_GRAD", "UNSHARDED_GRAD", "GRAD"),
     "optimizer": ("OPT",), "activations": ("ACT", "INP"),
@@ -79,10 +78,9 @@ class Simulation:
 
 
 def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSettings()) -> Simulation:
-    """Rank `rank` of the run's dp x tp world takes two of gpt_tp's training steps (TrainStep, the run's optimizer
-    settings) on fake storage: the first's collectives are counted, the second's peak memory measured (AdamW's moments
-    exist by then). With accumulation that step takes two micro-batches, the second (like every later one) holding
-    the first's gradients (FSDP2 reduces each backward's). No torch.compile: the eager step's memory."""
+    """Rank `rank` of the run's world takes two TrainSteps on fake storage: the first's collectives are counted, the
+    second's peak memory measured (AdamW's moments exist by then). With accumulation that step takes two micro-batches,
+    the second (like every later one) holding the first's gradients (FSDP2 reduces each backward's)."""
     config, dp, tp, precision = run.model, run.dp, run.tp, run.precision
     batch_size, seq_len, activation_checkpointing = run.batch_size, run.seq_len, run.activation_checkpointing
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,5 +1,4 @@
-"""HellaSwag (val) accuracy during training (HellaSwagCallback) and of saved weights (the command, one process or
-torchrun for TP/DP; docs/eval.md)."""
+"""HellaSwag val accuracy during training (HellaSwagCallback) and of saved weights (the command; docs/eval.md)."""
 
 import json
 import os
@@ -78,8 +77,7 @@ class HellaSwagCallback(StepCallback):
 
 
 def load_model(args):
-    """A GPT from --hf-dir, --ckpt_path (GPTModule's distributed checkpoint folder, a .ckpt file or an exported
-    model.pt) or --model."""
+    """A GPT from --hf-dir, --ckpt_path (a checkpoint folder, a .ckpt file or an exported model.pt) or --model."""
     torch.manual_seed(args.seed)
     if args.hf_dir:
         config, sd = load_hf_dir(args.hf_dir)

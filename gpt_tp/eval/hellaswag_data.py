@@ -103,8 +103,7 @@ def resolve_path(path: str | os.PathLike | None = None, cache_dir: str | os.Path
 
 
 def render_example(example: dict, enc) -> tuple[list[list[int]], list[list[int]], int]:
-    """build-nanogpt's render_example, unpadded: 4 token rows (context + " " + ending), 4 mask rows (1 on the
-    ending tokens), and the label."""
+    """build-nanogpt's render_example, unpadded: 4 rows of context + " " + ending, their ending masks, the label."""
     ctx = enc.encode(example["ctx"])
     ends = [enc.encode(" " + end) for end in example["endings"]]  # GPT-2: the space belongs to the ending's first token
     return [ctx + e for e in ends], [[0] * len(ctx) + [1] * len(e) for e in ends], example["label"]

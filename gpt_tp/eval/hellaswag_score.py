@@ -18,8 +18,7 @@ from gpt_tp.ranks import model_vocab
 
 
 def fit_rows(rows: list[list[int]], masks: list[list[int]], max_len: int) -> tuple[list[list[int]], list[list[int]], bool]:
-    """Left-truncate rows to max_len (the model sees at most block_size positions): the rows, the masks and whether
-    anything was cut. An ending that alone does not fit loses its first tokens."""
+    """Rows and masks left-truncated to max_len (an ending too long loses its first tokens), and whether any was."""
     return [r[-max_len:] for r in rows], [m[-max_len:] for m in masks], any(len(r) > max_len for r in rows)
 
 
@@ -55,8 +54,7 @@ def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
 
 
 class HellaSwagCounts(Metric):
-    """Examples scored, how many of them acc and acc_norm got right, and how many were truncated to block_size:
-    sums that compute() syncs over ``process_group`` (the data-parallel group) when ``sync_on_compute``."""
+    """Examples scored, right by acc and acc_norm, and truncated: sums synced over the data-parallel process_group."""
 
     full_state_update = False
     NAMES = ("correct", "correct_norm", "total", "truncated")
@@ -83,9 +81,8 @@ def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 
              pad_to: int = 1, details: bool = False, enc=None) -> dict:
     """Score `examples` with model(idx (B, T)) -> logits (B, T, V), plain or a vocab-sharded DTensor. Call it on every
     rank of the job (every forward is collective). This DP rank scores examples dp_rank, dp_rank + dp_size, ...;
-    counts are summed over dp_group (None: the default group). Rows are padded to a multiple of lcm(tp, pad_to);
-    logits of ids the tokenizer lacks (a padded vocabulary) are masked. Returns the global {"acc", "acc_norm",
-    "correct", "correct_norm", "total", "truncated"}, plus this rank's "examples" if details."""
+    counts are summed over dp_group (None: the default group). Rows are padded to a multiple of lcm(tp, pad_to); ids
+    the tokenizer lacks are masked. Returns acc, acc_norm and HellaSwagCounts' global sums; "examples" if details."""
     enc = enc or get_encoding()
     vocab_size = model_vocab(model) or enc.n_vocab
     multiple = math.lcm(tp, pad_to)

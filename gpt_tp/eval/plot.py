@@ -1,5 +1,4 @@
-"""Plot a run's CSV log like build-nanogpt's play.ipynb: train and val loss, HellaSwag acc_norm over steps, with
-GPT-2 / GPT-3 124M reference lines (docs/eval.md, "Plots"). Needs matplotlib."""
+"""Plot a run's losses and HellaSwag acc_norm like build-nanogpt's play.ipynb (docs/eval.md). Needs matplotlib."""
 
 import contextlib
 import csv
@@ -64,8 +63,7 @@ def run_csvs(csv_path: str | Path) -> list[Path]:
 
 
 def join(parts: list[dict[str, list[tuple[int, float]]]]) -> dict[str, list[tuple[int, float]]]:
-    """One curve per series from the versions of a run, oldest first: each later version replaces every point
-    at or after its own first logged step."""
+    """One curve per series from a run's versions, oldest first: a later one replaces the points from its first step."""
     out: dict[str, list[tuple[int, float]]] = {}
     for metrics in parts:
         start = min(points[0][0] for points in metrics.values())

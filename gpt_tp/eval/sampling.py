@@ -1,5 +1,4 @@
-"""Text samples during training, as build-nanogpt prints them: top-k 50 continuations of a prompt
-(generation: gpt_tp.infer.generate)."""
+"""Text samples during training, as build-nanogpt prints them (generation: gpt_tp.infer.generate)."""
 
 from pathlib import Path
 
@@ -12,8 +11,7 @@ from gpt_tp.infer.generate import PROMPT, sample_texts
 
 
 class StepCallback(Callback):
-    """Runs every `every_n_steps` optimizer steps and, with `at_end`, at the end of fit, once a step: `run` calls
-    `compute` with the module in eval mode."""
+    """`run`: `compute` in eval mode, every `every_n_steps` optimizer steps and, with `at_end`, at the end of fit."""
 
     def __init__(self, every_n_steps: int, at_end: bool = True):
         if every_n_steps < 0:
