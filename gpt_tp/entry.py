@@ -1,6 +1,5 @@
 """How every gpt_tp command starts and ends: a user's mistake is one ``error:`` line, once per run, and exit code 2;
-a distributed process leaves through os._exit, without the interpreter's shutdown, where gloo's threads could
-abort it after it trained correctly (docs/scale.md, "How a distributed command exits")."""
+a distributed process leaves through os._exit (docs/scale.md, "How a distributed command exits")."""
 
 import argparse
 import contextlib

@@ -90,8 +90,7 @@ def check_removed_keys(argv: list[str]) -> None:
 
 
 def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | None = None):
-    """parser.parse_args (args None: the command line); a bad flag or value is a UserError naming it and the help
-    of `python cli.py <sub>` (sub: the subcommand in args, or the one these arguments are for)."""
+    """parser.parse_args (None: the command line); a mistake is a UserError naming it and `cli.py <sub> --help`."""
     argv = sys.argv[1:] if args is None else args
     check_removed_keys(argv)
     try:

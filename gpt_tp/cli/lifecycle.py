@@ -25,8 +25,7 @@ RENDEZVOUS_TIMEOUT_S = 30.0  # torchrun's store is up before its workers start; 
 
 
 def resume_checkpoint(cfg) -> str | None:
-    """The checkpoint folder `--ckpt_path` names in a parsed config (one subcommand's): 'last' read as the last.ckpt
-    of the config's ModelCheckpoint dirpaths; None when there is none (yet) or Lightning resolves the alias."""
+    """The folder a parsed config's --ckpt_path names ('last': a dirpath's last.ckpt); None: none (yet), or an alias."""
     ckpt = cfg.get("ckpt_path")
     if ckpt != "last":
         return None if ckpt is None or ckpt in CKPT_ALIASES else ckpt

@@ -14,15 +14,13 @@ def training_settings(args: list[str]) -> dict:
     """Model, batch and device settings of `python cli.py fit *args`, read by the trainer's own parser."""
     from gpt_tp.cli.config import read_training_config  # imports Lightning: only when a training config is given
     t = read_training_config(args)
-    fit = t.fit
-    precision = fit.trainer.precision
-    return {"config": t.model, "devices_per_node": t.devices, "num_nodes": int(fit.trainer.num_nodes),
-            "batch_size": fit.data.batch_size, "seq_len": fit.data.seq_len,
-            "precision": "32-true" if precision is None else str(precision), "ac": fit.model.activation_checkpointing,
+    trainer, model, precision = t.fit.trainer, t.fit.model, t.fit.trainer.precision
+    return {"config": t.model, "devices_per_node": t.devices, "num_nodes": int(trainer.num_nodes),
+            "batch_size": t.fit.data.batch_size, "seq_len": t.fit.data.seq_len,
+            "precision": "32-true" if precision is None else str(precision), "ac": model.activation_checkpointing,
             # a numeric TP fixes DP (the devices over TP), which the plan derives from its own devices, flags included
-            "dp": t.dp if t.tp == "auto" else "auto", "tp": t.tp,
-            "accum": fit.trainer.accumulate_grad_batches or 1, "total_batch_size": fit.model.total_batch_size,
-            "optimizer": fit.model.optimizer}
+            "dp": t.dp if t.tp == "auto" else "auto", "tp": t.tp, "accum": trainer.accumulate_grad_batches or 1,
+            "total_batch_size": model.total_batch_size, "optimizer": model.optimizer}
 
 
 def main(argv: list[str] | None = None) -> Plan:

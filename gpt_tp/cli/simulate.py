@@ -1,6 +1,5 @@
-"""`python cli.py fit --config X --simulate`: one rank of the config's whole world takes gpt_tp's training step (TP,
-activation checkpointing, FSDP2; no torch.compile) on a fake process group with fake tensors, and reports its peak
-memory by kind beside the planner's estimate and its collectives by process group (limits: docs/scale.md)."""
+"""`cli.py fit --simulate`: one rank of the whole world takes gpt_tp's eager training step on a fake process group with
+fake tensors; its peak memory beside the planner's, its collectives by process group (limits: docs/scale.md)."""
 
 import math
 import warnings

@@ -18,8 +18,7 @@ from gpt_tp.ranks import block_size_of, parallel_layout
 
 
 class HellaSwagCallback(StepCallback):
-    """HellaSwag acc_norm / acc every `every_n_steps` optimizer steps and at the end of fit, logged as
-    hellaswag/acc_norm and hellaswag/acc (and put in trainer.callback_metrics).
+    """Logs hellaswag/acc_norm and hellaswag/acc every `every_n_steps` optimizer steps and at the end of fit.
 
     Args:
         path: a local hellaswag_val.jsonl; None downloads the official file once into cache_dir.

@@ -27,8 +27,7 @@ def _trained(csv_path: Path) -> bool:
 
 
 def find_csv(path: str | Path) -> Path:
-    """metrics.csv itself, the one in a run dir, or the newest fit's below a folder of runs (e.g. logs/; a validate
-    run's log, which has no train/loss, only when there is nothing else)."""
+    """metrics.csv itself, a run dir's, or the newest fit's (else validate's) below a folder of runs such as logs/."""
     p = Path(path)
     if p.is_file():
         return p
@@ -49,8 +48,7 @@ def _lineage(folder: Path) -> dict | None:
 
 
 def run_csvs(csv_path: str | Path) -> list[Path]:
-    """The metrics.csv files of csv_path's run, oldest first: the versions beside it whose run is one of its ancestors
-    by checkpoint (lineage.json, written by cli.py), then csv_path; csv_path alone where it has no lineage.json."""
+    """csv_path's run, oldest first: the metrics.csv of the versions beside it its lineage.json names, then its own."""
     csv_path = Path(csv_path)
     own = _lineage(csv_path.parent)
     if own is None:

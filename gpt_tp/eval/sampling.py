@@ -44,8 +44,7 @@ class StepCallback(Callback):
 
 
 class TextSampleCallback(StepCallback):
-    """Every `every_n_steps` optimizer steps (and at the end of fit), `num_samples` top-k continuations of `prompt` up
-    to `max_length` tokens, seeded with `seed`; rank 0 prints them and writes them to the run's logs (docs/eval.md)."""
+    """`num_samples` seeded top-k continuations of `prompt`, as StepCallback runs; rank 0 prints and logs them."""
 
     def __init__(self, prompt: str = PROMPT, every_n_steps: int = 250, num_samples: int = 4, max_length: int = 32,
                  top_k: int = 50, seed: int = 42, at_end: bool = True):
