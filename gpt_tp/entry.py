@@ -129,8 +129,7 @@ def one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def run(main: Callable[[], object]) -> None:
-    """Run a command's ``main`` and exit: 0 on success (or main's int), 2 with one line for a user's mistake, 1
-    with the traceback for a bug. A distributed process then leaves through _leave (see the module doc)."""
+    """Run a command's ``main`` and exit: 0 (or main's int), 2 and one line for a user's mistake, 1 and a traceback."""
     warnings.formatwarning = one_line_warning
     try:
         result = main()

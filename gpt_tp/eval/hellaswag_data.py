@@ -91,8 +91,7 @@ def download(dest: str | os.PathLike, url: str = HELLASWAG_URL) -> Path:
 
 
 def resolve_path(path: str | os.PathLike | None = None, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR) -> Path:
-    """The file to read: `path` if given (it must exist; a relative one missing from the working directory is
-    taken from the repository root, like data.data_dir), else cache_dir/hellaswag_val.jsonl, downloaded once."""
+    """`path` (a relative one not here: from the repository root, like data.data_dir), else the cached download."""
     if path is not None:
         p = resolve_data_dir(path)
         if not p.is_file():
