@@ -12,7 +12,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.optim import OptimizerSettings, check_muon, check_optimizer, fused_with_scaler
+from gpt_tp.train.optim import OptimizerSettings
 from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
 from gpt_tp.ranks import parallel_layout
 from gpt_tp.infer.predict import continue_prompt
@@ -55,8 +55,8 @@ class GPTModule(L.LightningModule):
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
-        check_optimizer(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps, weight_decay, betas, eps)
-        check_muon(optimizer, muon_lr)
+        OptimizerSettings(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps, weight_decay, betas, eps,
+                          optimizer=optimizer, muon_lr=muon_lr)  # checked when made
         check_peak_flops(peak_flops)
         self.save_hyperparameters()
         self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
@@ -121,8 +121,12 @@ class GPTModule(L.LightningModule):
         if fp16 and h.optimizer == "muon":
             raise UserError("model.optimizer=muon does not train with trainer.precision=16-mixed (its gradient "
                             "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
+        if fp16 and h.fused:  # never fused under fp16: Lightning would clip a fused AdamW's scaled gradients
+            raise UserError("model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be "
+                            "clipped before the gradient scaler unscales them; set model.fused=null, or use "
+                            "trainer.precision=bf16-mixed")
         return OptimizerSettings(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps, h.weight_decay, tuple(h.betas), h.eps,
-                                 fused_with_scaler(h.fused, fp16), h.optimizer, h.muon_lr, h.muon_fp32)
+                                 False if fp16 else h.fused, h.optimizer, h.muon_lr, h.muon_fp32)
 
     def configure_optimizers(self):
         """The training step's optimizer. No lr scheduler: each step sets its own lr (and AdamW's other settings)
