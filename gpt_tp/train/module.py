@@ -13,7 +13,8 @@ from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import OptimizerSettings
-from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
+from gpt_tp.parallel import (TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize,
+                             parallelize)
 from gpt_tp.ranks import parallel_layout
 from gpt_tp.infer.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
@@ -159,14 +160,14 @@ class GPTModule(L.LightningModule):
         callback's on_after_backward or on_before_optimizer_step included) reads the model's true gradients."""
         loss.backward(*args, **kwargs)
         if self._last_micro_batch:
-            self.step_fn.sync()
+            self.step_fn.sync(self.model)
 
     def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return cross_entropy(logits, y)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Per optimizer step: the global grad norm, the DP-mean loss, their finite check (before the step, a save)."""
-        self._grad_norm = self.step_fn.norm()
+        self._grad_norm = grad_norm(self.model)
         loss = self._loss_sum / self.trainer.accumulate_grad_batches
         self._loss_sum = None
         _, _, dp, group = parallel_layout(self.trainer, self)
@@ -187,7 +188,7 @@ class GPTModule(L.LightningModule):
         """Clipping at trainer.gradient_clip_val, by the norm on_before_optimizer_step took."""
         if gradient_clip_algorithm not in (None, "norm"):
             raise UserError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
-        self.step_fn.clip(gradient_clip_val, self._grad_norm)
+        clip_grad_norm(self.model, gradient_clip_val, self._grad_norm)
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         return continue_prompt(self, batch)
