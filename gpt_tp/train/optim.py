@@ -65,9 +65,6 @@ class OptimizerSettings:
         if not self.muon_lr >= 0:
             raise UserError(f"model.muon_lr={self.muon_lr}: Muon's peak learning rate must be >= 0 (default 0.02)")
 
-    def lr(self, step: int) -> float:
-        return get_lr(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps)
-
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
         """The run's one optimizer, the one way it is made. "adamw": AdamW with weight decay on >= 2-D parameters only
         (matmul weights and embeddings; not biases or LayerNorms); fused=None uses the fused kernel where the
@@ -98,7 +95,7 @@ class OptimizerSettings:
         """Optimizer step `step` (0-based)'s lr, betas, eps and weight decay on every group (a Muon group: its lr,
         muon_lr on the same multiplier, and weight decay): these settings hold even where a resumed optimizer's groups
         came back with the saved run's."""
-        lr = self.lr(step)
+        lr = get_lr(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps)
         for group in optimizer.param_groups:
             if group.get("muon"):
                 group.update(lr=lr / self.max_lr * self.muon_lr, weight_decay=self.weight_decay)
