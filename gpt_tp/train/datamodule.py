@@ -23,8 +23,6 @@ class TokenBatches(IterableDataset):
     def __init__(self, paths, batch_size: int, seq_len: int, dp_rank: int = 0, dp_size: int = 1,
                  seed: int = 1337, start: int = 0, num_batches: int | None = None, split: str = "train",
                  vocab_size: int = GPT2_VOCAB):
-        if batch_size < 1 or seq_len < 1:
-            raise DataError(f"batch_size and seq_len must be positive, got batch_size={batch_size} seq_len={seq_len}")
         if not 0 <= dp_rank < dp_size:
             raise DataError(f"need 0 <= dp_rank < dp_size, got dp_rank={dp_rank} dp_size={dp_size}")
         self.stream = TokenStream(paths, vocab_size)

@@ -116,9 +116,10 @@ class GPTModule(L.LightningModule):
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         return scaler if scaler is not None and scaler.is_enabled() else None
 
-    def optimizer_settings(self) -> OptimizerSettings:
-        h = self.hparams
-        fp16 = self._grad_scaler() is not None
+    def configure_optimizers(self):
+        """The training step's optimizer. No lr scheduler: each step sets its own lr (and AdamW's other settings)
+        from these hparams (TrainStep.begin), on a fresh or a resumed optimizer alike."""
+        h, fp16 = self.hparams, self._grad_scaler() is not None
         if fp16 and h.optimizer == "muon":
             raise UserError("model.optimizer=muon does not train with trainer.precision=16-mixed (its gradient "
                             "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
@@ -126,13 +127,9 @@ class GPTModule(L.LightningModule):
             raise UserError("model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be "
                             "clipped before the gradient scaler unscales them; set model.fused=null, or use "
                             "trainer.precision=bf16-mixed")
-        return OptimizerSettings(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps, h.weight_decay, tuple(h.betas), h.eps,
-                                 False if fp16 else h.fused, h.optimizer, h.muon_lr, h.muon_fp32)
-
-    def configure_optimizers(self):
-        """The training step's optimizer. No lr scheduler: each step sets its own lr (and AdamW's other settings)
-        from these hparams (TrainStep.begin), on a fresh or a resumed optimizer alike."""
-        self.step_fn = TrainStep(self.model, self.optimizer_settings(), loss_fn=self.compute_loss)
+        settings = OptimizerSettings(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps, h.weight_decay, h.betas, h.eps,
+                                     False if fp16 else h.fused, h.optimizer, h.muon_lr, h.muon_fp32)
+        self.step_fn = TrainStep(self.model, settings, loss_fn=self.compute_loss)
         return self.step_fn.optimizer
 
     def configure_callbacks(self) -> list:

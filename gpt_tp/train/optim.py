@@ -66,11 +66,9 @@ class OptimizerSettings:
             raise UserError(f"model.muon_lr={self.muon_lr}: Muon's peak learning rate must be >= 0 (default 0.02)")
 
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
-        """The run's one optimizer, the one way it is made. "adamw": AdamW with weight decay on >= 2-D parameters only
-        (matmul weights and embeddings; not biases or LayerNorms); fused=None uses the fused kernel where the
-        parameters' device has one (plain or DTensor parameters, not mixed). "muon": gpt_tp.parallel.muon.Muon,
-        torch.optim.Muon's update at muon_lr on the block matrices (is_muon_weight), AdamW's groups and settings on the
-        rest; AdamW's groups come first (param_groups[0] is AdamW's), each Muon group has "muon": True."""
+        """The run's one optimizer: AdamW, weight decay on >= 2-D parameters only (matmul weights, embeddings); with
+        "muon", gpt_tp.parallel.muon.Muon: AdamW's groups first, then the block matrices' with "muon": True.
+        Plain or DTensor parameters, not mixed."""
         params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head appears once
         fused = self.fused
         if fused is None:

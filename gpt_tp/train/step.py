@@ -1,7 +1,5 @@
-"""gpt_tp's training step, the one GPTModule runs through Lightning's hooks, `--simulate` runs on fake tensors and the
-benchmarks run without Lightning: this step's hyper-parameters on the optimizer, per micro-batch the forward with
-the vocab-parallel loss and its backward, after the last backward the gradient sync, then the global norm, the clip
-and the optimizer step."""
+"""gpt_tp's training step: the one GPTModule runs through Lightning's hooks, `--simulate` on fake tensors and the
+benchmarks without Lightning (docs/train.md, "The training step")."""
 
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -15,13 +13,9 @@ from gpt_tp.train.optim import OptimizerSettings
 
 
 class TrainStep:
-    """The step's parts on one model and its optimizer (built by settings.build).
-
-    Args:
-        sync: the gradient sync after the last backward (from then on every gradient is the model's true one);
-            gpt_tp.parallel.sync_grads for gpt_tp's plan.
-        loss_fn: (logits, targets) -> loss; the vocab-parallel cross-entropy (GPTModule passes its compute_loss hook).
-    """
+    """The step's parts on one model and its optimizer (settings.build). sync: the gradient sync after the last
+    backward (from then on every gradient is the model's true one); loss_fn: (logits, targets) -> loss, the
+    vocab-parallel cross-entropy unless given (GPTModule passes its compute_loss hook)."""
 
     def __init__(self, model: nn.Module, settings: OptimizerSettings,
                  sync: Callable[[nn.Module], object] = sync_grads, loss_fn: Callable = cross_entropy):
