@@ -63,8 +63,8 @@ class TokenBatches(IterableDataset):
                 epoch, k0 = epoch + 1, k0 + n
                 stream, offset, n = self.epoch_layout(epoch)
             lo = offset + (k - k0) * self.span + self.dp_rank * self.rank_tokens
-            buf = torch.from_numpy(stream.read(lo, lo + self.rank_tokens + 1).astype(np.int64))
-            yield buf[:-1].view(self.batch_size, self.seq_len), buf[1:].view(self.batch_size, self.seq_len)  # (B, T) each
+            buf = torch.from_numpy(stream.read(lo, lo + self.rank_tokens + 1).astype(np.int64))  # B*T + 1 tokens
+            yield buf[:-1].view(self.batch_size, self.seq_len), buf[1:].view(self.batch_size, self.seq_len)  # (B, T)
 
 
 class _ResumableLoader(DataLoader):
