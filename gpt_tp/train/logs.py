@@ -43,8 +43,7 @@ class HeldWrites:
 
 
 class HeldCSVLogger(HeldWrites, LightningCSVLogger):
-    """Lightning's CSVLogger, its writes held (HeldWrites); a name of its own, so `--trainer.logger=CSVLogger` stays
-    Lightning's short name."""
+    """Lightning's CSVLogger, writes held; named apart so `--trainer.logger=CSVLogger` stays Lightning's short name."""
 
 
 class HeldTensorBoardLogger(HeldWrites, LightningTensorBoardLogger):

@@ -1,5 +1,4 @@
-"""Optimizers (build-nanogpt's AdamW, or Muon on the block matrices) and the learning-rate schedule:
-OptimizerSettings builds the run's optimizer and sets each step's hyper-parameters on it."""
+"""OptimizerSettings: the run's optimizer (build-nanogpt's AdamW, or Muon on the block matrices) and lr schedule."""
 
 import math
 from dataclasses import dataclass
