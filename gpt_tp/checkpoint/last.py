@@ -1,4 +1,4 @@
-"""The newest checkpoint: the final step saved (FinalStep), found (latest_checkpoint), last.ckpt put back (relink_last)."""
+"""The newest checkpoint: the final step saved (FinalStep), found (latest_checkpoint), relinked (relink_last)."""
 
 import os
 import sys
