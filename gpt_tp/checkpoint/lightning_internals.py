@@ -3,9 +3,8 @@ tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not r
 so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); it saves a step
 only from its own hooks (save_step: the final step, a stopped run's step) and names a second checkpoint of a name
 `<name>-v1.ckpt` (replace_same_names); and it moves last.ckpt by deleting and remaking the link (a kill between leaves
-none): ModelCheckpoint renames a new one over it.
-A distributed checkpoint's non-tensor file has Lightning's private name (META). `cli.py validate` restores no
-step: show_step makes its logged rows and lines name the checkpoint's step."""
+none): AtomicModelCheckpoint renames a new one over it. Also Lightning's private names of a distributed checkpoint's
+non-tensor file (META) and of the step `cli.py validate` logs at (show_step)."""
 
 import os
 import shutil

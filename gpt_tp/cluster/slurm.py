@@ -191,8 +191,7 @@ class FailFast(Callback):
                 os._exit(self.exit_code)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._rank = trainer.global_rank
-        self._beat = time.monotonic()
+        self._rank, self._beat = trainer.global_rank, time.monotonic()
         if self.stall_timeout_s is not None and self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="gpt_tp-failfast", daemon=True)

@@ -149,9 +149,8 @@ class GPTDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         if self.val_data is None and self.val_batches > 0:
             self.setup("validate")
-        if self.val_data is None:
-            return []
-        return DataLoader(self.val_data, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory)
+        return [] if self.val_data is None else DataLoader(self.val_data, batch_size=None, num_workers=self.num_workers,
+                                                           pin_memory=self.pin_memory)
 
     def predict_dataloader(self) -> PromptBatches:
         return PromptBatches(self.prompts)

@@ -69,22 +69,20 @@ class OptimizerSettings:
         "muon", gpt_tp.parallel.muon.Muon: AdamW's groups first, then the block matrices' with "muon": True.
         Plain or DTensor parameters, not mixed."""
         params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head appears once
-        fused = self.fused
-        if fused is None:
-            fused = all(p.device.type in ("cuda", "cpu", "xpu", "mps") for p in params)
-        matrices = set()
-        if self.optimizer == "muon":
-            matrices = {id(p) for n, p in model.named_parameters() if is_muon_weight(n) and p.dim() == 2}
-            if not matrices:
-                raise UserError("model.optimizer=muon: this model has no 2-D block weights (transformer.h.N.attn."
-                                "c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) for Muon; use model.optimizer=adamw")
+        has_kernel = all(p.device.type in ("cuda", "cpu", "xpu", "mps") for p in params)
+        fused = has_kernel if self.fused is None else self.fused
+        muon = self.optimizer == "muon"
+        matrices = {id(p) for n, p in model.named_parameters() if muon and is_muon_weight(n) and p.dim() == 2}
+        if muon and not matrices:
+            raise UserError("model.optimizer=muon: this model has no 2-D block weights (transformer.h.N.attn.c_attn, "
+                            "attn.c_proj, mlp.c_fc, mlp.c_proj) for Muon; use model.optimizer=adamw")
         params = [p for p in params if id(p) not in matrices]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": self.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         if not matrices:
             return torch.optim.AdamW(groups, lr=self.max_lr, betas=self.betas, eps=self.eps, fused=fused)
-        muon = [p for p in model.parameters() if id(p) in matrices]
-        groups.append({"params": muon, "lr": self.muon_lr, "weight_decay": self.weight_decay, "muon": True})
+        groups.append({"params": [p for p in model.parameters() if id(p) in matrices], "lr": self.muon_lr,
+                       "weight_decay": self.weight_decay, "muon": True})
         ns_dtype = torch.float32 if self.muon_fp32 else torch.bfloat16
         return Muon(groups, ns_dtype=ns_dtype, lr=self.max_lr, betas=self.betas, eps=self.eps, fused=fused)
 

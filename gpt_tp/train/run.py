@@ -1,6 +1,5 @@
-"""One run, resolved once: its layout, the model it builds, precision, activation checkpointing, compile, async TP and
-batch arithmetic, checked together in one place. cli.py resolves it in each process before anything is built
-(GPTCLI hands it to GPTModule.use_run); a GPTModule in a script resolves it from its Trainer at setup."""
+"""One run's layout, model, precision and batch, resolved and checked once: by cli.py in each process before anything
+is built (GPTModule.use_run), or by a script's GPTModule from its Trainer at setup."""
 
 from dataclasses import dataclass
 
