@@ -42,9 +42,8 @@ def replace_same_names(callback: LightningModelCheckpoint) -> None:
 
 
 def save_step(callback: LightningModelCheckpoint, trainer) -> str | None:
-    """Save the trainer's step now, as `callback` saves a periodic one (its top-k file, then last.ckpt; with save_last
-    true last.ckpt only), unless it has already; every rank calls it. Returns the newest checkpoint `callback` has
-    saved (None: none)."""
+    """Save the trainer's step now as `callback` saves a periodic one (top-k file, then last.ckpt), unless it has
+    already; every rank calls it. Returns the newest checkpoint `callback` has saved (None: none)."""
     if trainer.global_step > 0 and not callback._should_skip_saving_checkpoint(trainer):
         candidates = callback._monitor_candidates(trainer)
         if callback.save_last in (None, False, "link"):  # save_last true: last.ckpt, a copy of its own, is the save
