@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor
 from gpt_tp.errors import UserError
 
 POLICIES = ("split", "mmap")
-M_MMAP_THRESHOLD = -3  # mallopt's: buffers of this many bytes and more get their own mapping, unmapped when freed
+M_MMAP_THRESHOLD = -3  # mallopt's parameter: the size from which a buffer gets its own mapping, unmapped when freed
 STATE_THRESHOLD = 128 * 1024  # glibc's initial threshold: every tensor worth its own mapping gets one
 STEP_THRESHOLD = 64 * 1024 * 1024  # above glibc's 32 MiB ceiling: only the largest per-step buffers (logits) are mapped
 
