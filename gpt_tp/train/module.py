@@ -94,12 +94,10 @@ class GPTModule(L.LightningModule):
         if stage != "fit":
             return
         steps, own = self.trainer.max_steps, self.hparams.max_steps
-        if own is None and steps < 1:
-            raise UserError(f"trainer.max_steps={steps}: give the run's length in optimizer steps (>= 1); it is also "
-                            "the length of the learning-rate schedule")
         if own is not None and own != steps:
             raise UserError(f"model.max_steps={own} but trainer.max_steps={steps}: one number is the run's length and "
                             "its learning-rate schedule's; leave model.max_steps unset (None) or equal")
+        OptimizerSettings(max_steps=steps)  # refuses trainer.max_steps < 1 (model.max_steps >= 1 was checked at init)
         self.hparams.max_steps = steps  # recorded in hparams.yaml and checkpoints as trained
 
     def configure_model(self) -> None:
