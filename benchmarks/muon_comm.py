@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     dp, tp = args.dp, max(1, world // args.dp)
     mesh, device = torchrun_mesh(dp, tp, "cpu")
     torch.manual_seed(0)
-    model, sharded = build(config, mesh, device, optimizer="muon")
+    step = build(config, mesh, device, optimizer="muon")  # gpt_tp's training step: its model and optimizer
+    model, sharded = step.model, step.optimizer
     gathered = OptimizerSettings(fused=True, optimizer="muon").build(model)
     gathered.gather_all = True
     for p in model.parameters():
