@@ -24,7 +24,7 @@ from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.sizing import sizes
-from gpt_tp.train.optim import make_optimizer
+from gpt_tp.train.optim import OptimizerSettings
 
 
 def step_time(opt) -> float:
@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     dp, tp = args.dp, max(1, world // args.dp)
     mesh, device = torchrun_mesh(dp, tp, "cpu")
     torch.manual_seed(0)
-    model, sharded = build(config, mesh, device, optimizer="muon")
-    gathered = make_optimizer(model, "muon", fused=True)
+    step = build(config, mesh, device, optimizer="muon")  # gpt_tp's training step: its model and optimizer
+    model, sharded = step.model, step.optimizer
+    gathered = OptimizerSettings(fused=True, optimizer="muon").build(model)
     gathered.gather_all = True
     for p in model.parameters():
         local = torch.randn((p.to_local() if isinstance(p, DTensor) else p).shape)

@@ -20,6 +20,12 @@ REPO = Path(__file__).resolve().parent.parent
 # batches
 
 
+def batch_at(ds: TokenBatches, k: int):
+    """Global batch k (this rank's slice), as an iteration started there gives it."""
+    ds.start = k
+    return next(iter(ds))
+
+
 def test_batches_shape_dtype_shift_and_crossing(tmp_path):
     make_shards(tmp_path, [100, 37, 50, 41])
     train = np.concatenate([read_shard(p) for p in find_shards(tmp_path, "train")]).astype(np.int64)
@@ -46,7 +52,7 @@ def test_epochs_wrap_deterministically_by_seed(tmp_path):
     assert not all(torch.equal(u, v) for u, v in zip(a[per_epoch:], c[per_epoch:]))  # seed changes later epochs
     assert all(torch.equal(u, v) for u, v in zip(a[:per_epoch], c[:per_epoch]))  # epoch 0 is file order
     ds = TokenBatches(paths, 2, 8, seed=1)
-    assert all(torch.equal(ds.batch_at(k)[0], a[k]) for k in range(30))  # random access agrees
+    assert all(torch.equal(batch_at(ds, k)[0], a[k]) for k in range(30))  # starting at batch k agrees
     # a later epoch reads every shard: its tokens are a permutation-of-shards window of the data
     seen = torch.cat([x.flatten() for x in a[per_epoch : 2 * per_epoch]])
     assert len(set(seen.tolist())) == len(seen)
@@ -73,7 +79,7 @@ def test_identical_within_tp_group_disjoint_across_dp(tmp_path, dp_size):
         ys = [batches[r, 0][step][1] for r in range(dp_size)]
         vals = [set(x.flatten().tolist()) for x in xs]
         assert all(not (vals[i] & vals[j]) for i in range(dp_size) for j in range(i + 1, dp_size))
-        x1, y1 = single.batch_at(step)
+        x1, y1 = batch_at(single, step)
         assert torch.equal(torch.cat(xs), x1) and torch.equal(torch.cat(ys), y1)
     # without a trainer or overrides: rank 0 of 1; explicit dp_rank/dp_size override the trainer
     assert GPTDataModule(tmp_path).data_parallel() == (0, 1)
@@ -269,11 +275,11 @@ def test_large_shard_is_not_read_into_memory(tmp_path):
     dm.setup("fit")  # checks every token id of both shards
     assert len(dm.train_data.stream) == 2 * n
     ds = dm.train_data
-    x, y = ds.batch_at(24_414)  # tokens [199_999_488, 200_007_680): crosses from shard 1 into shard 2
+    x, y = batch_at(ds, 24_414)  # tokens [199_999_488, 200_007_680): crosses from shard 1 into shard 2
     end = n - 199_999_488
     assert x.flatten()[end - 5 : end].tolist() == [7] * 5 and int(x.flatten()[end]) == 0
     for k in (0, 12_000, 48_827):  # start, middle, last batch of the epoch
-        ds.batch_at(k)
+        batch_at(ds, k)
     it = iter(dm.train_dataloader())
     for _ in range(100):
         next(it)

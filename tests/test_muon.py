@@ -19,19 +19,19 @@ from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.sizing import sizes
 from gpt_tp.train.module import GPTModule
-from gpt_tp.train.optim import is_muon_weight, make_optimizer
+from gpt_tp.train.optim import OptimizerSettings, is_muon_weight
 from synthetic_data import SyntheticDataModule
 from test_checkpoint import check_exact_resume, check_resume_at, straight_runs
 from test_module import trainer
 
 
 def test_one_device_is_torch_muon_and_adamw_bit_for_bit():
-    """Unsharded, make_optimizer("muon") is torch.optim.Muon on the 8 block matrices (c_attn one [3C, C] matrix)
-    plus build-nanogpt's fused AdamW on the rest: the same parameters after 3 steps, to the bit."""
+    """Unsharded, OptimizerSettings(optimizer="muon").build is torch.optim.Muon on the 8 block matrices (c_attn one
+    [3C, C] matrix) plus build-nanogpt's fused AdamW on the rest: the same parameters after 3 steps, to the bit."""
     torch.manual_seed(0)
     ref = GPT(GPTConfig.from_name("tiny"))
     model = copy.deepcopy(ref)
-    opt = make_optimizer(model, "muon", lr=3e-3, fused=True)
+    opt = OptimizerSettings(3e-3, fused=True, optimizer="muon").build(model)
     assert [(len(g["params"]), g["muon"], g["lr"]) for g in opt.param_groups] == [(2, False, 3e-3), (18, False, 3e-3),
                                                                                    (8, True, 0.02)]
     matrices = [p for n, p in ref.named_parameters() if is_muon_weight(n)]
@@ -59,7 +59,9 @@ def test_step_closure_sees_every_group():
     gradients are that step's alone."""
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name("tiny"))
-    opt = make_optimizer(model, "muon", lr=0.0, muon_lr=0.0, weight_decay=0.0)
+    opt = OptimizerSettings(weight_decay=0.0, optimizer="muon", muon_lr=0.0).build(model)
+    for group in opt.param_groups:
+        group["lr"] = 0.0
     x = torch.randint(0, 1000, (2, 16))
 
     def closure():
@@ -152,7 +154,7 @@ def test_resume_that_switches_optimizer_is_refused(muon_straight, tmp_path):
 
 def test_muon_needs_block_matrices():
     with pytest.raises(UserError, match=r"model.optimizer=muon: this model has no 2-D block weights"):
-        make_optimizer(nn.Sequential(nn.Linear(4, 4)), "muon")
+        OptimizerSettings(optimizer="muon").build(nn.Sequential(nn.Linear(4, 4)))
 
 
 def test_fp16_refuses_muon():

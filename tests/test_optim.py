@@ -1,11 +1,11 @@
-"""get_lr as a pure function, and AdamW's parameter groups."""
+"""get_lr as a pure function, and AdamW's parameter groups (OptimizerSettings.build)."""
 
 import math
 
 import pytest
 
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.train.optim import get_lr, make_adamw
+from gpt_tp.train.optim import OptimizerSettings, get_lr
 
 
 def test_get_lr_build_nanogpt_values():
@@ -27,7 +27,7 @@ def test_get_lr_shape():
 
 def test_adamw_groups_and_fused():
     m = GPT(GPTConfig.from_name("tiny"))
-    opt = make_adamw(m, lr=1e-3)
+    opt = OptimizerSettings(1e-3).build(m)
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
@@ -36,7 +36,7 @@ def test_adamw_groups_and_fused():
     assert sum(p is m.transformer.wte.weight for p in decay["params"]) == 1
     assert opt.defaults["fused"] is True  # CPU has a fused AdamW kernel
     assert (opt.defaults["betas"], opt.defaults["eps"]) == ((0.9, 0.95), 1e-8)
-    assert make_adamw(m, lr=1e-3, fused=False).defaults["fused"] is False
+    assert OptimizerSettings(1e-3, fused=False).build(m).defaults["fused"] is False
 
 
 @pytest.mark.parametrize("warmup,max_steps", [(10, 10), (10, 5), (10, 0), (0, 0)])

@@ -1,6 +1,5 @@
-"""The checkpoint room: saving, loading and checking distributed checkpoints, last.ckpt and the newest complete one,
-export, and the one adapter of Lightning internals (docs/structure.md). The configs name ModelParallel and
-AtomicModelCheckpoint here."""
+"""The checkpoint room (docs/structure.md): distributed checkpoints saved, checked, loaded and exported. The configs
+name ModelParallel and AtomicModelCheckpoint here."""
 
 from gpt_tp.checkpoint.consolidate import load_consolidated  # noqa: F401
 from gpt_tp.checkpoint.last import FinalStep, latest_checkpoint  # noqa: F401

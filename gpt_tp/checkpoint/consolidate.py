@@ -13,8 +13,7 @@ from gpt_tp.model import GPT, GPTConfig
 
 
 def load_consolidated(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """Read a distributed checkpoint in one process, without a process group: (the model's GPTConfig, the full
-    single-device GPT state dict). Used by the export and HellaSwag commands."""
+    """(the model's GPTConfig, its full single-device GPT state dict) from a distributed checkpoint."""
     check_checkpoint(path)
     hparams = torch.load(Path(path) / META, weights_only=True).get("hyper_parameters") or {}
     if "model" not in hparams:

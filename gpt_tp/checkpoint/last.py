@@ -1,6 +1,4 @@
-"""The newest checkpoint: every run's final step saved (FinalStep), the closing line's account of what was saved,
-the newest complete checkpoint of a folder (latest_checkpoint, scripts/slurm/launch.sh's resume) and a last.ckpt put
-back after a kill (relink_last)."""
+"""The newest checkpoint: the final step saved (FinalStep), found (latest_checkpoint), relinked (relink_last)."""
 
 import os
 import sys

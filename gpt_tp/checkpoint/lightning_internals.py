@@ -3,9 +3,8 @@ tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not r
 so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); it saves a step
 only from its own hooks (save_step: the final step, a stopped run's step) and names a second checkpoint of a name
 `<name>-v1.ckpt` (replace_same_names); and it moves last.ckpt by deleting and remaking the link (a kill between leaves
-none): ModelCheckpoint renames a new one over it.
-A distributed checkpoint's non-tensor file has Lightning's private name (META). `cli.py validate` restores no
-step: show_step makes its logged rows and lines name the checkpoint's step."""
+none): AtomicModelCheckpoint renames a new one over it. Also Lightning's private names of a distributed checkpoint's
+non-tensor file (META) and of the step `cli.py validate` logs at (show_step)."""
 
 import os
 import shutil
@@ -43,9 +42,8 @@ def replace_same_names(callback: LightningModelCheckpoint) -> None:
 
 
 def save_step(callback: LightningModelCheckpoint, trainer) -> str | None:
-    """Save the trainer's step now, as `callback` saves a periodic one (its top-k file, then last.ckpt; with save_last
-    true last.ckpt only), unless it has already; every rank calls it. Returns the newest checkpoint `callback` has
-    saved (None: none)."""
+    """Save the trainer's step now as `callback` saves a periodic one (top-k file, then last.ckpt), unless it has
+    already; every rank calls it. Returns the newest checkpoint `callback` has saved (None: none)."""
     if trainer.global_step > 0 and not callback._should_skip_saving_checkpoint(trainer):
         candidates = callback._monitor_candidates(trainer)
         if callback.save_last in (None, False, "link"):  # save_last true: last.ckpt, a copy of its own, is the save

@@ -1,5 +1,4 @@
-"""Distributed checkpoint folders: the errors a checkpoint can give, check_checkpoint, and a save published whole or
-not at all (publish), recovered after a kill (recover_interrupted_saves). See docs/train.md, "Checkpoints"."""
+"""Distributed checkpoint folders: checked, published whole or not at all, recovered after a kill (docs/train.md)."""
 
 import contextlib
 import errno

@@ -1,5 +1,4 @@
-"""ModelParallel: Lightning's ModelParallelStrategy whose distributed checkpoints are saved crash-safe and together,
-loaded checked and into any layout, and resumed with ModelCheckpoint's state as saved (docs/train.md, "Checkpoints")."""
+"""ModelParallel, the configs' strategy: its checkpoints crash-safe, checked and reshardable (docs/train.md)."""
 
 import os
 import shutil

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 from gpt_tp.errors import UserError
 
 POLICIES = ("split", "mmap")
+M_MMAP_THRESHOLD = -3  # mallopt's parameter: the size from which a buffer gets its own mapping, unmapped when freed
 STATE_THRESHOLD = 128 * 1024  # glibc's initial threshold: every tensor worth its own mapping gets one
 STEP_THRESHOLD = 64 * 1024 * 1024  # above glibc's 32 MiB ceiling: only the largest per-step buffers (logits) are mapped
 
@@ -28,12 +29,6 @@ def _glibc_call(name: str, *args: int) -> int | None:
     """glibc's `name(*args)`; None off glibc or where it lacks the function."""
     fn = getattr(_glibc(), name, None)
     return None if fn is None else fn(*args)
-
-
-def set_mmap_threshold(nbytes: int) -> bool:
-    """mallopt(M_MMAP_THRESHOLD, nbytes): buffers of nbytes and more get their own mapping, unmapped when freed (and
-    glibc stops moving the threshold). Returns whether it was set."""
-    return bool(_glibc_call("mallopt", -3, nbytes))  # -3: M_MMAP_THRESHOLD
 
 
 def trim_heap() -> bool:
@@ -58,7 +53,7 @@ class HeapSplit(Callback):
         self._hook = None
         self._grads: list = []  # (parameter, its gradient) held from one optimizer step to the next backward
         if self.active:  # from here on: cli.py builds the trainer's callbacks before the model
-            set_mmap_threshold(STATE_THRESHOLD)
+            _glibc_call("mallopt", M_MMAP_THRESHOLD, STATE_THRESHOLD)  # glibc stops moving the threshold
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.active and self.policy == "split" and self._hook is None:
@@ -92,7 +87,7 @@ class HeapSplit(Callback):
     def _state_ready(self) -> None:
         if self._pending:
             self._pending = False
-            set_mmap_threshold(STEP_THRESHOLD)
+            _glibc_call("mallopt", M_MMAP_THRESHOLD, STEP_THRESHOLD)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step > 0:  # the first optimizer step has returned: the optimizer state exists

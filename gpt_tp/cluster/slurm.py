@@ -57,10 +57,8 @@ class Preemption(Callback):
             raise ValueError(f"signal_name={signal_name!r} is not a signal name; use e.g. SIGUSR1") from None
         if self.signum == signal.SIGTERM:
             raise ValueError("signal_name='SIGTERM': SIGTERM always saves and exits without requeue; use SIGUSR1 (#SBATCH --signal=USR1@90)")
-        self.dirpath = dirpath
-        self.requeue = requeue
-        self.requested = False  # signal_name arrived
-        self.terminated = False  # SIGTERM arrived
+        self.dirpath, self.requeue = dirpath, requeue
+        self.requested = self.terminated = False  # signal_name arrived, SIGTERM arrived
         self._previous: dict = {}  # signal -> the handler ours replaced
         self._last_step = None
         self._leave_after: str | None = None  # once saved: "sigterm", or the Slurm job to requeue
@@ -174,16 +172,10 @@ class FailFast(Callback):
                  report_every_n_steps: int | None = None):
         if stall_timeout_s is not None and stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s={stall_timeout_s} must be > 0 (or null to disable the watchdog)")
-        self.stall_timeout_s = stall_timeout_s
-        self.first_step_timeout_s = first_step_timeout_s
-        self.exit_code = exit_code
-        self.report_every_n_steps = report_every_n_steps
-        self._beat = time.monotonic()
-        self._started = False
-        self._stop = threading.Event()
-        self._thread = None
-        self._rank = 0
-        self._step = 0
+        self.stall_timeout_s, self.first_step_timeout_s = stall_timeout_s, first_step_timeout_s
+        self.exit_code, self.report_every_n_steps = exit_code, report_every_n_steps
+        self._beat, self._started, self._rank, self._step = time.monotonic(), False, 0, 0
+        self._stop, self._thread = threading.Event(), None
 
     def _heartbeat(self, trainer, *_) -> None:
         self._beat, self._started, self._step = time.monotonic(), True, trainer.global_step
@@ -199,8 +191,7 @@ class FailFast(Callback):
                 os._exit(self.exit_code)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._rank = trainer.global_rank
-        self._beat = time.monotonic()
+        self._rank, self._beat = trainer.global_rank, time.monotonic()
         if self.stall_timeout_s is not None and self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="gpt_tp-failfast", daemon=True)

@@ -23,8 +23,6 @@ class TokenBatches(IterableDataset):
     def __init__(self, paths, batch_size: int, seq_len: int, dp_rank: int = 0, dp_size: int = 1,
                  seed: int = 1337, start: int = 0, num_batches: int | None = None, split: str = "train",
                  vocab_size: int = GPT2_VOCAB):
-        if batch_size < 1 or seq_len < 1:
-            raise DataError(f"batch_size and seq_len must be positive, got batch_size={batch_size} seq_len={seq_len}")
         if not 0 <= dp_rank < dp_size:
             raise DataError(f"need 0 <= dp_rank < dp_size, got dp_rank={dp_rank} dp_size={dp_size}")
         self.stream = TokenStream(paths, vocab_size)
@@ -52,37 +50,21 @@ class TokenBatches(IterableDataset):
         offset = int(rng.integers(min(self.seq_len, len(self.stream) - self.span)))  # below len - span: one batch fits
         return stream, offset, (len(self.stream) - 1 - offset) // self.span
 
-    def batch_at(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Global batch ``k`` (this rank's slice) without iterating."""
-        epoch, k0 = self._locate(k)
-        stream, offset, _ = self.epoch_layout(epoch)
-        return self._make(stream, offset + (k - k0) * self.span)
-
-    def _locate(self, k: int) -> tuple[int, int]:
-        """(epoch, index of the epoch's first global batch) holding global batch ``k``."""
-        epoch, k0 = 0, 0
-        while self.num_batches is None and k >= k0 + (n := self.epoch_layout(epoch)[2]):
-            epoch, k0 = epoch + 1, k0 + n
-        return epoch, k0
-
-    def _make(self, stream: TokenStream, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        lo = pos + self.dp_rank * self.rank_tokens
-        buf = torch.from_numpy(stream.read(lo, lo + self.rank_tokens + 1).astype(np.int64))
-        return buf[:-1].view(self.batch_size, self.seq_len), buf[1:].view(self.batch_size, self.seq_len)
-
     def __iter__(self):
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         end = math.inf if self.num_batches is None else self.start + self.num_batches
         if self.num_batches is not None and self.start + self.num_batches > self.batches_per_epoch0:
             raise DataError(f"{self.split}: asked for batches up to {end} but the split holds {self.batches_per_epoch0}")
-        epoch, k0 = self._locate(self.start)
+        epoch, k0 = 0, 0  # the epoch holding global batch k, and its first global batch
         stream, offset, n = self.epoch_layout(epoch)
         for k in itertools.takewhile(lambda k: k < end, itertools.count(self.start + wid, nw)):
             while k >= k0 + n:  # next epoch
                 epoch, k0 = epoch + 1, k0 + n
                 stream, offset, n = self.epoch_layout(epoch)
-            yield self._make(stream, offset + (k - k0) * self.span)
+            lo = offset + (k - k0) * self.span + self.dp_rank * self.rank_tokens
+            buf = torch.from_numpy(stream.read(lo, lo + self.rank_tokens + 1).astype(np.int64))  # B*T + 1 tokens
+            yield buf[:-1].view(self.batch_size, self.seq_len), buf[1:].view(self.batch_size, self.seq_len)  # (B, T)
 
 
 class _ResumableLoader(DataLoader):
@@ -167,9 +149,8 @@ class GPTDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         if self.val_data is None and self.val_batches > 0:
             self.setup("validate")
-        if self.val_data is None:
-            return []
-        return DataLoader(self.val_data, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory)
+        return [] if self.val_data is None else DataLoader(self.val_data, batch_size=None, num_workers=self.num_workers,
+                                                           pin_memory=self.pin_memory)
 
     def predict_dataloader(self) -> PromptBatches:
         return PromptBatches(self.prompts)

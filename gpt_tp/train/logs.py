@@ -1,5 +1,4 @@
-"""Logging that fails every rank alike (docs/train.md, "What is logged"): a failed write on rank 0, which alone writes
-metrics.csv, is held by the loggers and raised on every rank by LogWriteCheck, not left to end rank 0 alone."""
+"""Logging that fails every rank alike (docs/train.md, "What is logged"); the run's lineage and checkpoint step."""
 
 import json
 import os
@@ -43,8 +42,7 @@ class HeldWrites:
 
 
 class HeldCSVLogger(HeldWrites, LightningCSVLogger):
-    """Lightning's CSVLogger, its writes held (HeldWrites); a name of its own, so `--trainer.logger=CSVLogger` stays
-    Lightning's short name."""
+    """Lightning's CSVLogger, writes held; named apart so `--trainer.logger=CSVLogger` stays Lightning's short name."""
 
 
 class HeldTensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
@@ -98,10 +96,9 @@ LINEAGE = "lineage.json"  # in each logger's log_dir: {"run": this run's id, "an
 
 
 class RunLineage(Callback):
-    """A run's identity through its checkpoints, for `python -m gpt_tp.eval.plot`: each run (one id, broadcast from
-    rank 0) saves the ids of the runs before it and its own in every checkpoint (this callback's state), and writes
-    them to its log folder as lineage.json. A run that resumes from a checkpoint, or validates one, has as ancestors
-    exactly the runs that trained that checkpoint, whatever folder it lies in."""
+    """A run's identity through its checkpoints, for `python -m gpt_tp.eval.plot`: each run (one id from rank 0) saves
+    its ancestors' ids and its own in every checkpoint and writes them to its log folder's lineage.json, so a run that
+    resumes from or validates a checkpoint has as ancestors exactly the runs that trained it, wherever it lies."""
 
     def __init__(self):
         self.run, self.ancestors = None, []

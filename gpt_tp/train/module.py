@@ -12,8 +12,9 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.optim import OptimizerSettings, check_muon, check_optimizer, fused_with_scaler
-from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
+from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.parallel import (TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize,
+                             parallelize)
 from gpt_tp.ranks import parallel_layout
 from gpt_tp.infer.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
@@ -55,8 +56,8 @@ class GPTModule(L.LightningModule):
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
-        check_optimizer(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps, weight_decay, betas, eps)
-        check_muon(optimizer, muon_lr)
+        OptimizerSettings(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps, weight_decay, betas, eps,
+                          optimizer=optimizer, muon_lr=muon_lr)  # checked when made
         check_peak_flops(peak_flops)
         self.save_hyperparameters()
         self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
@@ -93,12 +94,10 @@ class GPTModule(L.LightningModule):
         if stage != "fit":
             return
         steps, own = self.trainer.max_steps, self.hparams.max_steps
-        if own is None and steps < 1:
-            raise UserError(f"trainer.max_steps={steps}: give the run's length in optimizer steps (>= 1); it is also "
-                            "the length of the learning-rate schedule")
         if own is not None and own != steps:
             raise UserError(f"model.max_steps={own} but trainer.max_steps={steps}: one number is the run's length and "
                             "its learning-rate schedule's; leave model.max_steps unset (None) or equal")
+        OptimizerSettings(max_steps=steps)  # refuses trainer.max_steps < 1 (model.max_steps >= 1 was checked at init)
         self.hparams.max_steps = steps  # recorded in hparams.yaml and checkpoints as trained
 
     def configure_model(self) -> None:
@@ -115,19 +114,20 @@ class GPTModule(L.LightningModule):
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         return scaler if scaler is not None and scaler.is_enabled() else None
 
-    def optimizer_settings(self) -> OptimizerSettings:
-        h = self.hparams
-        fp16 = self._grad_scaler() is not None
-        if fp16 and h.optimizer == "muon":
-            raise UserError("model.optimizer=muon does not train with trainer.precision=16-mixed (its gradient "
-                            "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
-        return OptimizerSettings(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps, h.weight_decay, tuple(h.betas), h.eps,
-                                 fused_with_scaler(h.fused, fp16), h.optimizer, h.muon_lr, h.muon_fp32)
-
     def configure_optimizers(self):
         """The training step's optimizer. No lr scheduler: each step sets its own lr (and AdamW's other settings)
         from these hparams (TrainStep.begin), on a fresh or a resumed optimizer alike."""
-        self.step_fn = TrainStep(self.model, self.optimizer_settings(), loss_fn=self.compute_loss)
+        h, fp16 = self.hparams, self._grad_scaler() is not None
+        if fp16 and h.optimizer == "muon":
+            raise UserError("model.optimizer=muon does not train with trainer.precision=16-mixed (its gradient "
+                            "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
+        if fp16 and h.fused:  # never fused under fp16: Lightning would clip a fused AdamW's scaled gradients
+            raise UserError("model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be "
+                            "clipped before the gradient scaler unscales them; set model.fused=null, or use "
+                            "trainer.precision=bf16-mixed")
+        settings = OptimizerSettings(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps, h.weight_decay, h.betas, h.eps,
+                                     False if fp16 else h.fused, h.optimizer, h.muon_lr, h.muon_fp32)
+        self.step_fn = TrainStep(self.model, settings, loss_fn=self.compute_loss)
         return self.step_fn.optimizer
 
     def configure_callbacks(self) -> list:
@@ -155,14 +155,14 @@ class GPTModule(L.LightningModule):
         callback's on_after_backward or on_before_optimizer_step included) reads the model's true gradients."""
         loss.backward(*args, **kwargs)
         if self._last_micro_batch:
-            self.step_fn.sync()
+            self.step_fn.sync(self.model)
 
     def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return cross_entropy(logits, y)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Per optimizer step: the global grad norm, the DP-mean loss, their finite check (before the step, a save)."""
-        self._grad_norm = self.step_fn.norm()
+        self._grad_norm = grad_norm(self.model)
         loss = self._loss_sum / self.trainer.accumulate_grad_batches
         self._loss_sum = None
         _, _, dp, group = parallel_layout(self.trainer, self)
@@ -183,7 +183,7 @@ class GPTModule(L.LightningModule):
         """Clipping at trainer.gradient_clip_val, by the norm on_before_optimizer_step took."""
         if gradient_clip_algorithm not in (None, "norm"):
             raise UserError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
-        self.step_fn.clip(gradient_clip_val, self._grad_norm)
+        clip_grad_norm(self.model, gradient_clip_val, self._grad_norm)
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         return continue_prompt(self, batch)

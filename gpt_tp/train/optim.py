@@ -1,5 +1,4 @@
-"""Optimizers (build-nanogpt's AdamW, or Muon on the block matrices) and the learning-rate schedule:
-OptimizerSettings builds the run's optimizer and sets each step's hyper-parameters on it."""
+"""OptimizerSettings: the run's optimizer (build-nanogpt's AdamW, or Muon on the block matrices) and lr schedule."""
 
 import math
 from dataclasses import dataclass
@@ -26,70 +25,10 @@ def get_lr(step: int, max_lr: float = 6e-4, min_lr: float = 6e-5, warmup_steps: 
     return min_lr + coeff * (max_lr - min_lr)
 
 
-def check_optimizer(max_lr: float, min_lr: float, warmup_steps: int, max_steps: int, weight_decay: float = 0.1,
-                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> None:
-    """The schedule and AdamW values a run can train with; a bad one is refused in one line naming its flag."""
-    if not (max_lr > 0 and 0 <= min_lr <= max_lr and warmup_steps >= 0):
-        raise UserError(f"model.max_lr={max_lr}, model.min_lr={min_lr}, model.warmup_steps={warmup_steps}: "
-                        "need max_lr > 0, 0 <= min_lr <= max_lr and warmup_steps >= 0")
-    if max_steps < 1:
-        raise UserError(f"trainer.max_steps={max_steps}: give the run's length in optimizer steps (>= 1); it is also "
-                        "the length of the learning-rate schedule")
-    if not (weight_decay >= 0 and all(0 <= b < 1 for b in betas) and eps > 0):
-        raise UserError(f"model.weight_decay={weight_decay}, model.betas={list(betas)}, model.eps={eps}: AdamW needs "
-                        "weight_decay >= 0, each beta in [0, 1) and eps > 0")
-
-
-def fused_with_scaler(fused: bool | None, grad_scaler: bool) -> bool | None:
-    """model.fused under fp16 (grad_scaler): never fused, as Lightning would clip a fused AdamW's scaled gradients."""
-    if grad_scaler and fused:
-        raise UserError("model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be clipped "
-                        "before the gradient scaler unscales them; set model.fused=null, or use trainer.precision=bf16-mixed")
-    return False if grad_scaler else fused
-
-
-def make_adamw(model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
-               eps: float = 1e-8, fused: bool | None = None) -> torch.optim.AdamW:
-    """AdamW with weight decay on >= 2-D parameters only (matmul weights and embeddings; not biases or LayerNorms);
-    fused=None uses the fused kernel where the parameters' device has one. Plain or DTensor parameters, not mixed."""
-    params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head appears once
-    fused = all(p.device.type in ("cuda", "cpu", "xpu", "mps") for p in params) if fused is None else fused
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
-
-
 def is_muon_weight(name: str) -> bool:
     """A block's 2-D weight Muon takes (transformer.h.<i>.<one of MUON_WEIGHTS>; c_attn is one [3C, C] matrix)."""
     parts = name.split(".", 3)
     return parts[:2] == ["transformer", "h"] and parts[-1] in MUON_WEIGHTS
-
-
-def check_muon(optimizer: str, muon_lr: float) -> None:
-    if optimizer not in OPTIMIZERS:
-        raise UserError(f"model.optimizer={optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
-    if not muon_lr >= 0:
-        raise UserError(f"model.muon_lr={muon_lr}: Muon's peak learning rate must be >= 0 (default 0.02)")
-
-
-def make_optimizer(model: nn.Module, optimizer: str = "adamw", lr: float = 6e-4, weight_decay: float = 0.1,
-                   betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
-                   muon_lr: float = 0.02, ns_dtype: torch.dtype = torch.bfloat16) -> torch.optim.Optimizer:
-    """The run's one optimizer. "adamw": make_adamw. "muon": gpt_tp.parallel.muon.Muon, torch.optim.Muon's update
-    at lr=muon_lr on the block matrices (is_muon_weight), AdamW at lr with make_adamw's groups and settings on the rest;
-    AdamW's groups come first (param_groups[0] is AdamW's), each Muon group has "muon": True."""
-    check_muon(optimizer, muon_lr)
-    if optimizer == "adamw":
-        return make_adamw(model, lr, weight_decay, betas, eps, fused)
-    matrices = {id(p) for n, p in model.named_parameters() if is_muon_weight(n) and p.dim() == 2}
-    if not matrices:
-        raise UserError("model.optimizer=muon: this model has no 2-D block weights (transformer.h.N.attn.c_attn, "
-                        "attn.c_proj, mlp.c_fc, mlp.c_proj) for Muon; use model.optimizer=adamw")
-    adamw = make_adamw(model, lr, weight_decay, betas, eps, fused)
-    groups = [{**g, "params": [p for p in g["params"] if id(p) not in matrices]} for g in adamw.param_groups]
-    muon = [p for p in model.parameters() if id(p) in matrices]
-    groups.append({"params": muon, "lr": muon_lr, "weight_decay": weight_decay, "muon": True})
-    return Muon(groups, ns_dtype=ns_dtype, lr=lr, betas=betas, eps=eps, fused=adamw.defaults["fused"])
 
 
 @dataclass(frozen=True)
@@ -109,24 +48,49 @@ class OptimizerSettings:
     muon_fp32: bool = False  # Newton-Schulz in float32 rather than torch.optim.Muon's bfloat16 (for tests)
 
     def __post_init__(self):
+        """The schedule and optimizer values a run can train with; a bad one is refused in one line naming its flag."""
         object.__setattr__(self, "betas", tuple(self.betas))  # a checkpoint's hparams may hold a list
-        check_optimizer(self.max_lr, self.min_lr, self.warmup_steps, self.max_steps, self.weight_decay, self.betas,
-                        self.eps)
-        check_muon(self.optimizer, self.muon_lr)
-
-    def lr(self, step: int) -> float:
-        return get_lr(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps)
+        if not (self.max_lr > 0 and 0 <= self.min_lr <= self.max_lr and self.warmup_steps >= 0):
+            raise UserError(f"model.max_lr={self.max_lr}, model.min_lr={self.min_lr}, model.warmup_steps="
+                            f"{self.warmup_steps}: need max_lr > 0, 0 <= min_lr <= max_lr and warmup_steps >= 0")
+        if self.max_steps < 1:
+            raise UserError(f"trainer.max_steps={self.max_steps}: give the run's length in optimizer steps (>= 1); it "
+                            "is also the length of the learning-rate schedule")
+        if not (self.weight_decay >= 0 and all(0 <= b < 1 for b in self.betas) and self.eps > 0):
+            raise UserError(f"model.weight_decay={self.weight_decay}, model.betas={list(self.betas)}, model.eps="
+                            f"{self.eps}: AdamW needs weight_decay >= 0, each beta in [0, 1) and eps > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"model.optimizer={self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+        if not self.muon_lr >= 0:
+            raise UserError(f"model.muon_lr={self.muon_lr}: Muon's peak learning rate must be >= 0 (default 0.02)")
 
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
-        """The optimizer of gpt_tp's training step, the one way it is made."""
-        return make_optimizer(model, self.optimizer, self.max_lr, self.weight_decay, self.betas, self.eps, self.fused,
-                              self.muon_lr, torch.float32 if self.muon_fp32 else torch.bfloat16)
+        """The run's one optimizer: AdamW, weight decay on >= 2-D parameters only (matmul weights, embeddings); with
+        "muon", gpt_tp.parallel.muon.Muon: AdamW's groups first, then the block matrices' with "muon": True.
+        Plain or DTensor parameters, not mixed."""
+        params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head appears once
+        has_kernel = all(p.device.type in ("cuda", "cpu", "xpu", "mps") for p in params)
+        fused = has_kernel if self.fused is None else self.fused
+        muon = self.optimizer == "muon"
+        matrices = {id(p) for n, p in model.named_parameters() if muon and is_muon_weight(n) and p.dim() == 2}
+        if muon and not matrices:
+            raise UserError("model.optimizer=muon: this model has no 2-D block weights (transformer.h.N.attn.c_attn, "
+                            "attn.c_proj, mlp.c_fc, mlp.c_proj) for Muon; use model.optimizer=adamw")
+        params = [p for p in params if id(p) not in matrices]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": self.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        if not matrices:
+            return torch.optim.AdamW(groups, lr=self.max_lr, betas=self.betas, eps=self.eps, fused=fused)
+        groups.append({"params": [p for p in model.parameters() if id(p) in matrices], "lr": self.muon_lr,
+                       "weight_decay": self.weight_decay, "muon": True})
+        ns_dtype = torch.float32 if self.muon_fp32 else torch.bfloat16
+        return Muon(groups, ns_dtype=ns_dtype, lr=self.max_lr, betas=self.betas, eps=self.eps, fused=fused)
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         """Optimizer step `step` (0-based)'s lr, betas, eps and weight decay on every group (a Muon group: its lr,
         muon_lr on the same multiplier, and weight decay): these settings hold even where a resumed optimizer's groups
         came back with the saved run's."""
-        lr = self.lr(step)
+        lr = get_lr(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps)
         for group in optimizer.param_groups:
             if group.get("muon"):
                 group.update(lr=lr / self.max_lr * self.muon_lr, weight_decay=self.weight_decay)

@@ -1,6 +1,5 @@
-"""One run, resolved once: its layout, the model it builds, precision, activation checkpointing, compile, async TP and
-batch arithmetic, checked together in one place. cli.py resolves it in each process before anything is built
-(GPTCLI hands it to GPTModule.use_run); a GPTModule in a script resolves it from its Trainer at setup."""
+"""One run's layout, model, precision and batch, resolved and checked once: by cli.py in each process before anything
+is built (GPTModule.use_run), or by a script's GPTModule from its Trainer at setup."""
 
 from dataclasses import dataclass
 
@@ -38,8 +37,7 @@ def resolve_run(model: GPTConfig, dp: int, tp: int, precision: str = "32-true", 
                 flags: dict[str, str] | None = None) -> Run:
     """The Run of these settings, or one UserError naming the setting at fault. world_size: the processes launched
     (dp x tp must equal it); devices_per_node: a TP group must fit in one node; cuda: the run's accelerator is CUDA;
-    flags: how a quantity of LayoutError.quantities ("tp", "dp", "world_size", "devices", "seq_len", "n_head",
-    "n_embd", "vocab_size") is named to the user, as flag=value."""
+    flags: how each of LayoutError.quantities is named to the user, as flag=value (layout_flags)."""
     check_ac_mode(activation_checkpointing)
     try:
         check_run(model, tp, dp, seq_len, batch_size, accumulate, total_batch_size, world_size=world_size,

@@ -1,7 +1,5 @@
-"""gpt_tp's training step, the one GPTModule runs through Lightning's hooks, `--simulate` runs on fake tensors and the
-benchmarks run without Lightning: this step's hyper-parameters on the optimizer, per micro-batch the forward with
-the vocab-parallel loss and its backward, after the last backward the gradient sync, then the global norm, the clip
-and the optimizer step."""
+"""gpt_tp's training step: the one GPTModule runs through Lightning's hooks, `--simulate` on fake tensors and the
+benchmarks without Lightning (docs/train.md, "The training step")."""
 
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -9,22 +7,19 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from gpt_tp.parallel import clip_grad_norm, grad_norm, sync_grads
+from gpt_tp.parallel import clip_grad_norm, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import OptimizerSettings
 
 
 class TrainStep:
-    """The step's parts on one model and its optimizer (built by settings.build).
-
-    Args:
-        sync: the gradient sync after the last backward; gpt_tp.parallel.sync_grads for gpt_tp's plan.
-        loss_fn: (logits, targets) -> loss; the vocab-parallel cross-entropy (GPTModule passes its compute_loss hook).
-    """
+    """The step's parts on one model and its optimizer (settings.build). sync: the gradient sync after the last
+    backward (from then on every gradient is the model's true one); loss_fn: (logits, targets) -> loss, the
+    vocab-parallel cross-entropy unless given (GPTModule passes its compute_loss hook)."""
 
     def __init__(self, model: nn.Module, settings: OptimizerSettings,
                  sync: Callable[[nn.Module], object] = sync_grads, loss_fn: Callable = cross_entropy):
-        self.model, self.settings, self._sync, self._loss_fn = model, settings, sync, loss_fn
+        self.model, self.settings, self.sync, self._loss_fn = model, settings, sync, loss_fn
         self.optimizer = settings.build(model)
 
     def begin(self, step: int) -> None:
@@ -33,16 +28,6 @@ class TrainStep:
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._loss_fn(self.model(x), y)  # the logits go as soon as the loss is taken
-
-    def sync(self) -> None:
-        """After the last micro-batch's backward: from here every gradient is the model's true one."""
-        self._sync(self.model)
-
-    def norm(self) -> torch.Tensor:
-        return grad_norm(self.model)
-
-    def clip(self, max_norm: float | None, norm: torch.Tensor | None = None) -> torch.Tensor:
-        return clip_grad_norm(self.model, max_norm, norm)
 
     def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], step: int, max_norm: float | None = 1.0,
                  autocast=nullcontext, phase=lambda name: nullcontext()) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +44,8 @@ class TrainStep:
                 loss.backward()
             total = total + loss.detach()
         with phase("grad_sync_and_clip"):
-            self.sync()
-            norm = self.clip(max_norm)
+            self.sync(self.model)
+            norm = clip_grad_norm(self.model, max_norm)
         with phase("optimizer"):
             self.optimizer.step()
         return total, norm
