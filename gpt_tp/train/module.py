@@ -142,7 +142,8 @@ class GPTModule(L.LightningModule):
         if self.run.batch_size is None:  # a data module without batch_size and seq_len: its first batch tells them
             run = self.run
             self.run = resolve_run(run.model, run.dp, run.tp, run.precision, run.activation_checkpointing, run.compile,
-                                   run.async_tp, x.shape[1], x.shape[0], run.accumulate, run.total_batch_size, cuda=x.is_cuda)
+                                   run.async_tp, x.shape[1], x.shape[0], run.accumulate, run.total_batch_size,
+                                   cuda=x.is_cuda)
         # Lightning's accumulation rule (its batch_idx restored on resume): the last micro-batch syncs the gradients
         self._last_micro_batch = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
         self.step_fn.begin(self.global_step)
