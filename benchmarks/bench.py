@@ -13,7 +13,7 @@ One more step runs under a benchmarks.collectives.CollectiveRecorder, which reco
 size. Reported per run: tokens/s (global batch / median step time), step time min/median/max, MFU
 (GPTConfig.flops_per_token over the device's peak, gpt_tp.hardware), peak memory per rank (CUDA
 max_memory_allocated on GPU, max RSS on CPU) and the collectives per step by mesh dim and kind with bytes (the
-rows gpt_tp.sizing.sizes.step_collectives models for gpt_tp's plan). Written to <out>/bench.md, <out>/bench.json
+rows benchmarks.collectives.step_collectives models for gpt_tp's plan). Written to <out>/bench.md, <out>/bench.json
 and <out>/bench.png.
 
 Layouts are DPxTP: "1x2" is TP=2, "2x1" is DP=2 (FSDP2), "2x2" both. --batch-size is the micro-batch per

@@ -4,7 +4,7 @@
     python -m benchmarks.costmodel --bench bench_out/bench.json --link nvlink-h100   # measured bytes, other links
 
 It prices gpt_tp's own step (sequence-parallel TP, FSDP2) on a dp x tp layout: its collectives are
-gpt_tp.sizing.sizes.step_collectives, the list the benchmark and the audit measure byte for byte.
+benchmarks.collectives.step_collectives, the list the benchmark and the audit measure byte for byte.
 Step time = compute + exposed communication.
 - compute: flops_per_token(T) x tokens on this rank's TP group / (peak x MFU), divided by tp (each rank does
   1/tp of every matmul). MFU at TP=1 is calibrated from a measured single-device figure; `tp_efficiency` < 1
@@ -15,19 +15,19 @@ Step time = compute + exposed communication.
 - data-parallel collectives (FSDP2's all-gathers and reduce-scatters) overlap with compute; only what exceeds
   the overlappable compute is exposed.
 - a collective over a tensor of N bytes on p ranks sends (p-1)/p N per rank (ring all-gather / reduce-scatter),
-  twice that for an all-reduce (gpt_tp.sizing.sizes.wire_bytes); at a link's bus bandwidth (gpt_tp.hardware.LINKS)
+  twice that for an all-reduce (benchmarks.collectives.wire_bytes); at a link's bus bandwidth (gpt_tp.hardware.LINKS)
   plus a fixed latency per collective.
 - memory per GPU: the planner's memory model (gpt_tp.sizing.memory), with its overhead and fit rule.
 """
 
 import json
 
+from benchmarks.collectives import DP, TP, step_collectives
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB, LINKS, PEAK_FLOPS, Link
 from gpt_tp.model import GPTConfig
-from gpt_tp.sizing import fits, memory_per_device, sizes
-from gpt_tp.sizing.sizes import DP, TP
+from gpt_tp.sizing import fits, memory_per_device
 
 
 class CostModelError(UserError):
@@ -51,8 +51,8 @@ def comm_seconds(collectives: list[dict], link: Link, dim: str | None = None) ->
 def step_time(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp: int, link: Link, peak_flops: float,
               mfu: float, precision: str = "bf16-mixed", tp_efficiency: float = 1.0, dp_overlap: float = 1.0) -> dict:
     """Predicted step time and tokens/s of gpt_tp's step on a dp x tp layout, with the collectives it prices
-    (gpt_tp.sizing.sizes.step_collectives). batch_size is per data-parallel rank."""
-    colls = sizes.step_collectives(config, batch_size, seq_len, dp, tp, precision)
+    (benchmarks.collectives.step_collectives). batch_size is per data-parallel rank."""
+    colls = step_collectives(config, batch_size, seq_len, dp, tp, precision)
     tokens = batch_size * seq_len  # per TP group
     compute = config.flops_per_token(seq_len) * tokens / (peak_flops * mfu) / tp
     if tp > 1:
