@@ -38,7 +38,7 @@ from gpt_tp.entry import ArgumentParser
 from gpt_tp.entry import run as run_command
 from gpt_tp.errors import UserError
 from gpt_tp.eval.paritycheck import load_plan
-from gpt_tp.hardware import PEAK_FLOPS, resolve_peak_flops
+from gpt_tp.hardware import PEAK_FLOPS, detect_peak_flops
 from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.sizing import LayoutError, validate_layout
 from gpt_tp.sizing.sizes import PRECISIONS
@@ -49,6 +49,15 @@ GPT_TP_PLAN = "gpt_tp.parallel:TP_PLAN"
 
 class BenchError(UserError):
     """A bad flag; the message says what to change."""
+
+
+def resolve_peak_flops(peak_flops: float | None, gpu: str | None, device: torch.device) -> float | None:
+    """Peak FLOP/s per device for MFU: --peak-flops, else PEAK_FLOPS[--gpu], else detected (None on CPU)."""
+    if peak_flops is not None and not peak_flops > 0:
+        raise UserError(f"--peak-flops={peak_flops} must be > 0 (FLOP/s per device, e.g. 989e12 for an H100)")
+    if peak_flops is None and gpu is not None and gpu not in PEAK_FLOPS:
+        raise UserError(f"--gpu={gpu!r} is not known; choose one of {', '.join(PEAK_FLOPS)} or give --peak-flops")
+    return peak_flops or PEAK_FLOPS.get(gpu) or detect_peak_flops(device)
 
 
 def parse_layouts(text: str) -> list[tuple[int, int]]:

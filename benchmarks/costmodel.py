@@ -15,23 +15,46 @@ Step time = compute + exposed communication.
 - data-parallel collectives (FSDP2's all-gathers and reduce-scatters) overlap with compute; only what exceeds
   the overlappable compute is exposed.
 - a collective over a tensor of N bytes on p ranks sends (p-1)/p N per rank (ring all-gather / reduce-scatter),
-  twice that for an all-reduce (benchmarks.collectives.wire_bytes); at a link's bus bandwidth (gpt_tp.hardware.LINKS)
+  twice that for an all-reduce (benchmarks.collectives.wire_bytes); at a link's bus bandwidth (LINKS)
   plus a fixed latency per collective.
 - memory per GPU: the planner's memory model (gpt_tp.sizing.memory), with its overhead and fit rule.
 """
 
 import json
+from dataclasses import dataclass
 
 from benchmarks.collectives import DP, TP, step_collectives
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
-from gpt_tp.hardware import GIB, LINKS, PEAK_FLOPS, Link
+from gpt_tp.hardware import GIB, PEAK_FLOPS
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import fits, memory_per_device
 
 
 class CostModelError(UserError):
     """A bad flag or bench file; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """An interconnect: bus bandwidth per direction per GPU (nccl-tests' busbw) and a per-collective latency."""
+
+    name: str
+    bandwidth: float  # bytes/s
+    latency: float = 10e-6  # s per collective
+
+
+# Nominal per-direction bandwidth x 0.8, the fraction NCCL typically reaches (nccl-tests busbw).
+LINKS = {
+    "nvlink-h100": Link("NVLink 4, H100/H200 SXM (450 GB/s nominal)", 0.8 * 450e9),
+    "nvlink-a100": Link("NVLink 3, A100 SXM (300 GB/s nominal)", 0.8 * 300e9),
+    "nvlink-3090": Link("NVLink bridge, RTX 3090 (4 x 14 GB/s = 56 GB/s nominal)", 0.8 * 56.25e9),
+    "pcie5": Link("PCIe 5.0 x16 (64 GB/s nominal)", 0.8 * 64e9, 20e-6),
+    "pcie4": Link("PCIe 4.0 x16 (32 GB/s nominal)", 0.8 * 32e9, 20e-6),
+    "pcie3": Link("PCIe 3.0 x16 (16 GB/s nominal)", 0.8 * 16e9, 20e-6),
+    "ib-ndr": Link("InfiniBand NDR 400 Gb/s (50 GB/s nominal)", 0.8 * 50e9, 30e-6),
+    "ib-hdr": Link("InfiniBand HDR 200 Gb/s (25 GB/s nominal)", 0.8 * 25e9, 30e-6),
+}
 
 
 # Measured anchor: build-nanogpt's GPT-2 124M, B=16, T=1024, bf16, on NVLinked RTX 3090s. Its DP x2 is DDP (the

@@ -10,9 +10,9 @@ import pytest
 from conftest import ROOT, one_error_line
 
 from benchmarks.collectives import counts, step_collectives, wire_bytes
-from benchmarks.costmodel import (ANCHOR, CostModelError, anchor_check, comm_seconds, main, sizes_markdown, sizes_table,
-                                  step_time)
-from gpt_tp.hardware import LINKS, PEAK_FLOPS
+from benchmarks.costmodel import (ANCHOR, LINKS, CostModelError, anchor_check, comm_seconds, main, sizes_markdown,
+                                  sizes_table, step_time)
+from gpt_tp.hardware import PEAK_FLOPS
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import memory_per_device
 
