@@ -29,6 +29,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB, PEAK_FLOPS
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import fits, memory_per_device
+from gpt_tp.sizing.memory import USABLE_FRACTION
 
 
 class CostModelError(UserError):
@@ -126,7 +127,6 @@ SYSTEMS = [
     ("RTX 3090, NVLink bridge", "3090", "nvlink-3090", 0.8, 24),
     ("RTX 3090, PCIe 4", "3090", "pcie4", 0.8, 24),
 ]
-USABLE = 0.95  # of a device's memory, as the planner's fit rule
 
 
 def sizes_table(systems=SYSTEMS, batch_size: int = 16, seq_len: int = 1024) -> list[dict]:
@@ -146,7 +146,7 @@ def sizes_table(systems=SYSTEMS, batch_size: int = 16, seq_len: int = 1024) -> l
                 "tp2_tok_s": tp2["tokens_per_s"], "tp2_comm_share": tp2["tp_comm_s"] / tp2["step_s"],
                 "tp2_per_gpu_tok_s_vs_1gpu": tp2["tokens_per_s"] / 2 / one["tokens_per_s"],
                 "dp2_mem_gib": dp2_mem.total / GIB, "tp2_mem_gib": tp2_mem.total / GIB,
-                "dp2_fits": fits(dp2_mem, gib, USABLE), "tp2_fits": fits(tp2_mem, gib, USABLE), "usable_gib": USABLE * gib,
+                "dp2_fits": fits(dp2_mem, gib), "tp2_fits": fits(tp2_mem, gib), "usable_gib": USABLE_FRACTION * gib,
             })
     return rows
 
