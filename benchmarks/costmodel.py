@@ -180,7 +180,7 @@ def sizes_markdown(rows: list[dict]) -> str:
                    f"{fit(r['dp2_mem_gib'], r['dp2_fits'])} / {fit(r['tp2_mem_gib'], r['tp2_fits'])} |")
     out.append("\nB=16 per replica, T=1024, bf16-mixed, gpt_tp's step (DP: FSDP2; TP: sequence-parallel plan). MFU 0.8 on "
                "the 3090 (the anchor's 1-GPU figure), 0.5 on H100. Memory: the planner's estimate (python -m gpt_tp.cli.planner) with its "
-               f"overhead; 'N > M' marks a layout that needs N GiB, more than the M GiB it may use ({USABLE:.0%} of the GPU).")
+               f"overhead; 'N > M' marks a layout that needs N GiB, more than the M GiB it may use ({USABLE_FRACTION:.0%} of the GPU).")
     return "\n".join(out) + "\n"
 
 
