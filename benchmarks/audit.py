@@ -26,8 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from benchmarks import collectives
-from benchmarks.collectives import CollectiveRecorder, groups_of
+from benchmarks.collectives import CollectiveRecorder, collective, counts, groups_of, merge, step_collectives
 from benchmarks.step import build, train_step
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
@@ -52,10 +51,9 @@ def measure_collectives(step, x: torch.Tensor, y: torch.Tensor,
     records = [r for rec in recorders.values() for r in rec.records]
     phases = {name: Counter(kind for _, kind, _, _ in rec.records) for name, rec in recorders.items()}
     phases["total"] = sum(phases.values(), Counter())
-    rows = collectives.merge([collectives.collective(label, kind, size, 1, nbytes)
-                              for label, kind, size, nbytes in records])
+    rows = merge([collective(label, kind, size, 1, nbytes) for label, kind, size, nbytes in records])
     out = {k: dict(v) for k, v in phases.items()}
-    out["by_group"] = dict(sorted(collectives.counts(rows).items()))
+    out["by_group"] = dict(sorted(counts(rows).items()))
     return out, rows
 
 
@@ -116,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     step = build(config, mesh, device, optimizer=args.optimizer)
     x = torch.randint(0, min(config.vocab_size, 50257), (args.batch_size, args.seq_len))
     collectives, rows = measure_collectives(step, x, torch.roll(x, -1, 1), groups_of(mesh))
-    modeled_rows = collectives.step_collectives(config, args.batch_size, args.seq_len, dp, tp, optimizer=args.optimizer)
+    modeled_rows = step_collectives(config, args.batch_size, args.seq_len, dp, tp, optimizer=args.optimizer)
     report = {
         "model": args.model, "n_layer": config.n_layer, "dp": dp, "tp": tp, "optimizer": args.optimizer,
         "measured": {"collectives": collectives, "collective_rows": rows,
                      "state_bytes": measure_state_bytes(step.model, step.optimizer)},
-        "modeled": {"by_group": collectives.counts(modeled_rows), "collective_rows": modeled_rows,
+        "modeled": {"by_group": counts(modeled_rows), "collective_rows": modeled_rows,
                     "state_bytes": sizes.state_bytes(config, dp, tp, optimizer=args.optimizer),
                     "state_bytes_tp1": sizes.state_bytes(config, 1, 1, optimizer=args.optimizer)},
     }

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from benchmarks import collectives
-from benchmarks.collectives import CollectiveRecorder, groups_of
+from benchmarks.collectives import (CollectiveRecorder, collective, groups_of, merge, muon_collectives,
+                                    muon_gather_all_bytes)
 from benchmarks.step import build
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
@@ -60,15 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, opt in (("sharded", sharded), ("gather_all", gathered)):
         with CollectiveRecorder(groups_of(mesh)) as rec:
             opt.step()  # also makes the momentum buffers
-        rows = collectives.merge([collectives.collective(*r[:3], 1, r[3]) for r in rec.records])
+        rows = merge([collective(*r[:3], 1, r[3]) for r in rec.records])
         out[name] = {"rows": rows, "times": []}
     for _ in range(args.steps):
         for name, opt in (("sharded", sharded), ("gather_all", gathered)):
             out[name]["times"].append(step_time(opt))
     if dist.get_rank() == 0:
         print(f"{args.model} shapes, {args.layers} blocks, DP={dp} x TP={tp}: Muon's optimizer step")
-        modeled = {"sharded": sum(r["wire_bytes"] for r in collectives.muon_collectives(config, dp, tp)),
-                   "gather_all": collectives.muon_gather_all_bytes(config, dp, tp)}
+        modeled = {"sharded": sum(r["wire_bytes"] for r in muon_collectives(config, dp, tp)),
+                   "gather_all": muon_gather_all_bytes(config, dp, tp)}
         for name, r in out.items():
             wire = sum(row["wire_bytes"] for row in r["rows"])
             kinds = ", ".join(f"{row['dim']} {row['kind']} {row['count']}x" for row in r["rows"])
