@@ -1,5 +1,5 @@
 """Audit one training step on a data-parallel x tensor-parallel mesh: what it communicates and stores, measured,
-against gpt_tp.sizing.sizes, the model the planner, the cost model and the benchmark use.
+against the model the planner, the cost model and the benchmark use (gpt_tp.sizing.sizes, benchmarks.collectives).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmarks.audit --model gpt2
     python -m torch.distributed.run --standalone --nproc_per_node=4 -m benchmarks.audit --model tiny --dp 2
@@ -7,11 +7,11 @@ against gpt_tp.sizing.sizes, the model the planner, the cost model and the bench
 One float32 training step, the benchmark's (benchmarks.step.train_step: forward, vocab-parallel loss, backward,
 gradient sync and clipping, fused AdamW), runs with every collective recorded, by phase and by process group,
 with its bytes. The audit holds:
-  - the collectives, count and bytes per (group, kind), equal gpt_tp.sizing.sizes.step_collectives: on the TP
+  - the collectives, count and bytes per (group, kind), equal benchmarks.collectives.step_collectives: on the TP
     group Megatron's sequence parallelism, all_gather 6L + 3, reduce_scatter 4L + 2, all_reduce 3 (with the
-    derivation in gpt_tp.sizing.sizes.tp_collectives); on the DP group FSDP2's all_gather 2L + 1 and
+    derivation in benchmarks.collectives.tp_collectives); on the DP group FSDP2's all_gather 2L + 1 and
     reduce_scatter L + 1 and no all-reduce; one grad-norm all-reduce over the whole mesh;
-  - no collective inside AdamW's step; with --optimizer muon, Muon's (gpt_tp.sizing.sizes.muon_collectives);
+  - no collective inside AdamW's step; with --optimizer muon, Muon's (benchmarks.collectives.muon_collectives);
   - parameters, gradients and optimizer state held by this rank equal gpt_tp.sizing.sizes.state_bytes.
 Rank 0 prints the figures (and writes them with --json); the command exits 1, naming what differs, when one does
 not hold.
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from benchmarks.collectives import CollectiveRecorder, groups_of
+from benchmarks.collectives import CollectiveRecorder, collective, counts, groups_of, merge, step_collectives
 from benchmarks.step import build, train_step
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
@@ -37,7 +37,7 @@ from gpt_tp.sizing import sizes
 def measure_collectives(step, x: torch.Tensor, y: torch.Tensor,
                         groups: dict[str, tuple[str, int]]) -> tuple[dict[str, dict], list[dict]]:
     """Run one float32 training step (benchmarks.step.train_step) and return the collectives it issued: ({phase, 'total'
-    or 'by_group': {kind or group: count}}, and the rows of gpt_tp.sizing.sizes.step_collectives with their bytes).
+    or 'by_group': {kind or group: count}}, and the rows of benchmarks.collectives.step_collectives with their bytes).
     `groups`: benchmarks.collectives.groups_of(mesh). The gradients stay in place."""
     recorders: dict[str, CollectiveRecorder] = {}
 
@@ -51,9 +51,9 @@ def measure_collectives(step, x: torch.Tensor, y: torch.Tensor,
     records = [r for rec in recorders.values() for r in rec.records]
     phases = {name: Counter(kind for _, kind, _, _ in rec.records) for name, rec in recorders.items()}
     phases["total"] = sum(phases.values(), Counter())
-    rows = sizes.merge([sizes.collective(label, kind, size, 1, nbytes) for label, kind, size, nbytes in records])
+    rows = merge([collective(label, kind, size, 1, nbytes) for label, kind, size, nbytes in records])
     out = {k: dict(v) for k, v in phases.items()}
-    out["by_group"] = dict(sorted(sizes.counts(rows).items()))
+    out["by_group"] = dict(sorted(counts(rows).items()))
     return out, rows
 
 
@@ -114,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     step = build(config, mesh, device, optimizer=args.optimizer)
     x = torch.randint(0, min(config.vocab_size, 50257), (args.batch_size, args.seq_len))
     collectives, rows = measure_collectives(step, x, torch.roll(x, -1, 1), groups_of(mesh))
-    modeled_rows = sizes.step_collectives(config, args.batch_size, args.seq_len, dp, tp, optimizer=args.optimizer)
+    modeled_rows = step_collectives(config, args.batch_size, args.seq_len, dp, tp, optimizer=args.optimizer)
     report = {
         "model": args.model, "n_layer": config.n_layer, "dp": dp, "tp": tp, "optimizer": args.optimizer,
         "measured": {"collectives": collectives, "collective_rows": rows,
                      "state_bytes": measure_state_bytes(step.model, step.optimizer)},
-        "modeled": {"by_group": sizes.counts(modeled_rows), "collective_rows": modeled_rows,
+        "modeled": {"by_group": counts(modeled_rows), "collective_rows": modeled_rows,
                     "state_bytes": sizes.state_bytes(config, dp, tp, optimizer=args.optimizer),
                     "state_bytes_tp1": sizes.state_bytes(config, 1, 1, optimizer=args.optimizer)},
     }

@@ -13,7 +13,7 @@ One more step runs under a benchmarks.collectives.CollectiveRecorder, which reco
 size. Reported per run: tokens/s (global batch / median step time), step time min/median/max, MFU
 (GPTConfig.flops_per_token over the device's peak, gpt_tp.hardware), peak memory per rank (CUDA
 max_memory_allocated on GPU, max RSS on CPU) and the collectives per step by mesh dim and kind with bytes (the
-rows gpt_tp.sizing.sizes.step_collectives models for gpt_tp's plan). Written to <out>/bench.md, <out>/bench.json
+rows benchmarks.collectives.step_collectives models for gpt_tp's plan). Written to <out>/bench.md, <out>/bench.json
 and <out>/bench.png.
 
 Layouts are DPxTP: "1x2" is TP=2, "2x1" is DP=2 (FSDP2), "2x2" both. --batch-size is the micro-batch per
@@ -38,7 +38,7 @@ from gpt_tp.entry import ArgumentParser
 from gpt_tp.entry import run as run_command
 from gpt_tp.errors import UserError
 from gpt_tp.eval.paritycheck import load_plan
-from gpt_tp.hardware import PEAK_FLOPS, resolve_peak_flops
+from gpt_tp.hardware import PEAK_FLOPS, detect_peak_flops
 from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.sizing import LayoutError, validate_layout
 from gpt_tp.sizing.sizes import PRECISIONS
@@ -49,6 +49,15 @@ GPT_TP_PLAN = "gpt_tp.parallel:TP_PLAN"
 
 class BenchError(UserError):
     """A bad flag; the message says what to change."""
+
+
+def resolve_peak_flops(peak_flops: float | None, gpu: str | None, device: torch.device) -> float | None:
+    """Peak FLOP/s per device for MFU: --peak-flops, else PEAK_FLOPS[--gpu], else detected (None on CPU)."""
+    if peak_flops is not None and not peak_flops > 0:
+        raise UserError(f"--peak-flops={peak_flops} must be > 0 (FLOP/s per device, e.g. 989e12 for an H100)")
+    if peak_flops is None and gpu is not None and gpu not in PEAK_FLOPS:
+        raise UserError(f"--gpu={gpu!r} is not known; choose one of {', '.join(PEAK_FLOPS)} or give --peak-flops")
+    return peak_flops or PEAK_FLOPS.get(gpu) or detect_peak_flops(device)
 
 
 def parse_layouts(text: str) -> list[tuple[int, int]]:

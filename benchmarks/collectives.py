@@ -1,10 +1,15 @@
-"""Collectives measured as a step runs: every collective issued inside a CollectiveRecorder, with its process group
-and the bytes of its full tensor, summed into the rows gpt_tp.sizing.sizes.step_collectives models."""
+"""A training step's collectives, derived and measured in the same rows: step_collectives, what gpt_tp's plan, FSDP2
+and Muon send for a layout (from gpt_tp.sizing.sizes' TP-local shapes), and CollectiveRecorder, every collective
+issued as a step runs, with its process group and the bytes of its full tensor."""
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import sizes
+from gpt_tp.sizing.memory import precision_bytes
+
+TP, DP = "tensor_parallel", "data_parallel"
 
 # collectives by the op's name (functional and c10d in-place ops alike) -> kind
 KINDS = {
@@ -96,8 +101,8 @@ class CollectiveRecorder(TorchDispatchMode):
 
     def summary(self) -> list[dict]:
         """Per (mesh dim, kind): count, bytes (full tensors) and wire_bytes (sent per rank, ring algorithm), in the
-        rows of gpt_tp.sizing.sizes.step_collectives."""
-        return sizes.merge([sizes.collective(label, kind, size, 1, nbytes) for label, kind, size, nbytes in self.records])
+        rows of step_collectives."""
+        return merge([collective(label, kind, size, 1, nbytes) for label, kind, size, nbytes in self.records])
 
 
 def groups_of(mesh) -> dict[str, tuple[str, int]]:
@@ -108,3 +113,110 @@ def groups_of(mesh) -> dict[str, tuple[str, int]]:
         g = mesh[dim].get_group()
         out[g.group_name] = (dim, g.size())
     return out
+
+
+# ---------------------------------------- Collectives of one training step, derived ---------------------------------
+
+
+def wire_bytes(kind: str, nbytes: float, group_size: int) -> float:
+    """Bytes each rank sends for a collective over a tensor of nbytes (the full, unsharded size), with the ring
+    algorithm: all-gather and reduce-scatter (p-1)/p N, all-reduce twice that (reduce-scatter + all-gather)."""
+    return (2.0 if kind == "all_reduce" else 1.0) * (group_size - 1) / group_size * nbytes if group_size > 1 else 0.0
+
+
+def collective(dim: str, kind: str, group_size: int, count: int, nbytes: float) -> dict:
+    """`count` collectives of `kind` on mesh dim `dim` moving `nbytes` full-tensor bytes in all."""
+    return {"dim": dim, "kind": kind, "group_size": group_size, "count": count, "bytes": int(nbytes),
+            "wire_bytes": wire_bytes(kind, nbytes, group_size) if count else 0.0}
+
+
+def merge(rows: list[dict]) -> list[dict]:
+    """Rows summed per (dim, kind), sorted; rows of no collective left out."""
+    out: dict = {}
+    for r in [r for r in rows if r["count"]]:
+        m = out.setdefault((r["dim"], r["kind"]), {**r, "count": 0, "bytes": 0, "wire_bytes": 0.0})
+        for k in ("count", "bytes", "wire_bytes"):
+            m[k] += r[k]
+    return sorted(out.values(), key=lambda r: (r["dim"], r["kind"]))
+
+
+def counts(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """{dim: {kind: count}} of a collectives list."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        out.setdefault(r["dim"], {})[r["kind"]] = out.get(r["dim"], {}).get(r["kind"], 0) + r["count"]
+    return out
+
+
+def tp_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp: int, precision: str) -> list[dict]:
+    """The TP group's collectives of one step under TP_PLAN for L blocks (Korthikanti et al. 2022, section 4.2.2;
+    docs/performance.md, "The layout"): all_gather 6L + 3, reduce_scatter 4L + 2, all_reduce 3. Under bf16 autocast
+    the gathered LayerNorm and c_proj outputs move 2-byte elements; the embedding's, fp32 unless FSDP2 gathers bf16."""
+    if tp <= 1:
+        return []
+    L, act = config.n_layer, batch_size * seq_len * config.n_embd
+    mm = precision_bytes(precision)[2]  # matmul outputs, and LayerNorm outputs cast before their gather
+    emb = mm if dp > 1 else 4
+    partial = sizes.numel([p for p in sizes.local_params(config, tp) if p.sequence_partial], dp)
+    return [
+        collective(TP, "all_gather", tp, 2 * L + 1, (2 * L + 1) * act * mm),  # fwd: ln_1, ln_2 per block, ln_f
+        collective(TP, "all_gather", tp, 4 * L + 2, (4 * L + 1) * act * mm + act * emb),  # bwd: again, c_proj's and wte's RS
+        collective(TP, "reduce_scatter", tp, 2 * L + 1, 2 * L * act * mm + act * emb),  # fwd: c_proj x 2, wte
+        collective(TP, "reduce_scatter", tp, 2 * L + 1, (2 * L + 1) * act * mm),  # bwd: of the gathers
+        collective(TP, "all_reduce", tp, 1, partial * 4),
+        collective(TP, "all_reduce", tp, 2, batch_size * seq_len * 12),  # cross-entropy
+    ]
+
+
+def fsdp_collectives(config: GPTConfig, dp: int, tp: int, precision: str) -> list[dict]:
+    """The DP group's collectives of one step under FSDP2 (one unit per block, one root unit): all_gather 2L + 1
+    (each unit before forward, each block again before backward), reduce_scatter L + 1 of float32 gradients."""
+    if dp <= 1:
+        return []
+    L, g = config.n_layer, sizes.fsdp_gather_bytes(precision)
+    block, root = (dp * sizes.numel(params(config, tp), dp)  # padded as FSDP2 does
+                   for params in (sizes.block_params, sizes.root_params))
+    return [collective(DP, "all_gather", dp, 2 * L + 1, (2 * L * block + root) * g),
+            collective(DP, "reduce_scatter", dp, L + 1, (L * block + root) * 4)]
+
+
+def norm_collective(dp: int, tp: int) -> list[dict]:
+    """The grad norm (gpt_tp.parallel.clip_grad_norm): one float32 all-reduced over the whole mesh."""
+    if dp * tp <= 1:
+        return []
+    return [collective("world" if dp > 1 and tp > 1 else DP if dp > 1 else TP, "all_reduce", dp * tp, 1, 4)]
+
+
+def muon_collectives(config: GPTConfig, dp: int, tp: int, ns_steps: int = 5, ns_bytes: int = 2) -> list[dict]:
+    """Muon's optimizer step (gpt_tp.parallel.muon) on the 4L block matrices, each with short side C. c_attn and c_fc
+    are split along their long side over TP and DP, the c_projs along their long side over TP and their short side
+    (FSDP2's dim 0) over DP. Per group of ranks that split long sides: one all-reduce of each matrix's squared norm
+    and ns_steps of its C x C Gram, float32; at DP > 1 each c_proj all-gathered over DP in Newton-Schulz's dtype."""
+    L, C = config.n_layer, config.n_embd
+    colwise = [d for d, n in ((DP, dp), (TP, tp)) if n > 1]
+    groups: dict[tuple[str, int], int] = {}  # (label, size) -> matrices summed over it, in one flat all-reduce
+    for dims in (colwise, [TP] if tp > 1 else []):
+        if dims:
+            group = ("world", dp * tp) if len(dims) == 2 else (dims[0], dp if dims == [DP] else tp)
+            groups[group] = groups.get(group, 0) + 2 * L
+    rows = [collective(label, "all_reduce", size, 1 + ns_steps, n * 4 * (1 + ns_steps * C * C))
+            for (label, size), n in groups.items()]
+    if dp > 1:
+        rows.append(collective(DP, "all_gather", dp, 2 * L, L * (C * C + 4 * C * C) // tp * ns_bytes))
+    return rows
+
+
+def muon_gather_all_bytes(config: GPTConfig, dp: int, tp: int, ns_bytes: int = 2) -> float:
+    """The baseline Muon's sharded scheme is measured against: every rank all-gathers each block matrix whole, in
+    Newton-Schulz's dtype. Wire bytes per rank per step (ring all-gather)."""
+    return wire_bytes("all_gather", config.n_layer * 12 * config.n_embd ** 2 * ns_bytes, dp * tp)
+
+
+def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int = 1, tp: int = 1,
+                     precision: str = "32-true", optimizer: str = "adamw") -> list[dict]:
+    """A step's collectives per (mesh dim, kind): count, full-tensor and per-rank wire bytes; batch_size per DP rank.
+    AdamW's step communicates nothing; Muon's: muon_collectives."""
+    precision_bytes(precision)
+    return merge(tp_collectives(config, batch_size, seq_len, dp, tp, precision)
+                 + fsdp_collectives(config, dp, tp, precision) + norm_collective(dp, tp)
+                 + (muon_collectives(config, dp, tp) if optimizer == "muon" else []))

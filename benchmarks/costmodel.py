@@ -4,7 +4,7 @@
     python -m benchmarks.costmodel --bench bench_out/bench.json --link nvlink-h100   # measured bytes, other links
 
 It prices gpt_tp's own step (sequence-parallel TP, FSDP2) on a dp x tp layout: its collectives are
-gpt_tp.sizing.sizes.step_collectives, the list the benchmark and the audit measure byte for byte.
+benchmarks.collectives.step_collectives, the list the benchmark and the audit measure byte for byte.
 Step time = compute + exposed communication.
 - compute: flops_per_token(T) x tokens on this rank's TP group / (peak x MFU), divided by tp (each rank does
   1/tp of every matmul). MFU at TP=1 is calibrated from a measured single-device figure; `tp_efficiency` < 1
@@ -15,23 +15,47 @@ Step time = compute + exposed communication.
 - data-parallel collectives (FSDP2's all-gathers and reduce-scatters) overlap with compute; only what exceeds
   the overlappable compute is exposed.
 - a collective over a tensor of N bytes on p ranks sends (p-1)/p N per rank (ring all-gather / reduce-scatter),
-  twice that for an all-reduce (gpt_tp.sizing.sizes.wire_bytes); at a link's bus bandwidth (gpt_tp.hardware.LINKS)
+  twice that for an all-reduce (benchmarks.collectives.wire_bytes); at a link's bus bandwidth (LINKS)
   plus a fixed latency per collective.
 - memory per GPU: the planner's memory model (gpt_tp.sizing.memory), with its overhead and fit rule.
 """
 
 import json
+from dataclasses import dataclass
 
+from benchmarks.collectives import DP, TP, step_collectives
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
-from gpt_tp.hardware import GIB, LINKS, PEAK_FLOPS, Link
+from gpt_tp.hardware import GIB, PEAK_FLOPS
 from gpt_tp.model import GPTConfig
-from gpt_tp.sizing import fits, memory_per_device, sizes
-from gpt_tp.sizing.sizes import DP, TP
+from gpt_tp.sizing import fits, memory_per_device
+from gpt_tp.sizing.memory import USABLE_FRACTION
 
 
 class CostModelError(UserError):
     """A bad flag or bench file; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """An interconnect: bus bandwidth per direction per GPU (nccl-tests' busbw) and a per-collective latency."""
+
+    name: str
+    bandwidth: float  # bytes/s
+    latency: float = 10e-6  # s per collective
+
+
+# Nominal per-direction bandwidth x 0.8, the fraction NCCL typically reaches (nccl-tests busbw).
+LINKS = {
+    "nvlink-h100": Link("NVLink 4, H100/H200 SXM (450 GB/s nominal)", 0.8 * 450e9),
+    "nvlink-a100": Link("NVLink 3, A100 SXM (300 GB/s nominal)", 0.8 * 300e9),
+    "nvlink-3090": Link("NVLink bridge, RTX 3090 (4 x 14 GB/s = 56 GB/s nominal)", 0.8 * 56.25e9),
+    "pcie5": Link("PCIe 5.0 x16 (64 GB/s nominal)", 0.8 * 64e9, 20e-6),
+    "pcie4": Link("PCIe 4.0 x16 (32 GB/s nominal)", 0.8 * 32e9, 20e-6),
+    "pcie3": Link("PCIe 3.0 x16 (16 GB/s nominal)", 0.8 * 16e9, 20e-6),
+    "ib-ndr": Link("InfiniBand NDR 400 Gb/s (50 GB/s nominal)", 0.8 * 50e9, 30e-6),
+    "ib-hdr": Link("InfiniBand HDR 200 Gb/s (25 GB/s nominal)", 0.8 * 25e9, 30e-6),
+}
 
 
 # Measured anchor: build-nanogpt's GPT-2 124M, B=16, T=1024, bf16, on NVLinked RTX 3090s. Its DP x2 is DDP (the
@@ -51,8 +75,8 @@ def comm_seconds(collectives: list[dict], link: Link, dim: str | None = None) ->
 def step_time(config: GPTConfig, batch_size: int, seq_len: int, dp: int, tp: int, link: Link, peak_flops: float,
               mfu: float, precision: str = "bf16-mixed", tp_efficiency: float = 1.0, dp_overlap: float = 1.0) -> dict:
     """Predicted step time and tokens/s of gpt_tp's step on a dp x tp layout, with the collectives it prices
-    (gpt_tp.sizing.sizes.step_collectives). batch_size is per data-parallel rank."""
-    colls = sizes.step_collectives(config, batch_size, seq_len, dp, tp, precision)
+    (benchmarks.collectives.step_collectives). batch_size is per data-parallel rank."""
+    colls = step_collectives(config, batch_size, seq_len, dp, tp, precision)
     tokens = batch_size * seq_len  # per TP group
     compute = config.flops_per_token(seq_len) * tokens / (peak_flops * mfu) / tp
     if tp > 1:
@@ -103,7 +127,6 @@ SYSTEMS = [
     ("RTX 3090, NVLink bridge", "3090", "nvlink-3090", 0.8, 24),
     ("RTX 3090, PCIe 4", "3090", "pcie4", 0.8, 24),
 ]
-USABLE = 0.95  # of a device's memory, as the planner's fit rule
 
 
 def sizes_table(systems=SYSTEMS, batch_size: int = 16, seq_len: int = 1024) -> list[dict]:
@@ -123,7 +146,7 @@ def sizes_table(systems=SYSTEMS, batch_size: int = 16, seq_len: int = 1024) -> l
                 "tp2_tok_s": tp2["tokens_per_s"], "tp2_comm_share": tp2["tp_comm_s"] / tp2["step_s"],
                 "tp2_per_gpu_tok_s_vs_1gpu": tp2["tokens_per_s"] / 2 / one["tokens_per_s"],
                 "dp2_mem_gib": dp2_mem.total / GIB, "tp2_mem_gib": tp2_mem.total / GIB,
-                "dp2_fits": fits(dp2_mem, gib, USABLE), "tp2_fits": fits(tp2_mem, gib, USABLE), "usable_gib": USABLE * gib,
+                "dp2_fits": fits(dp2_mem, gib), "tp2_fits": fits(tp2_mem, gib), "usable_gib": USABLE_FRACTION * gib,
             })
     return rows
 
@@ -157,7 +180,7 @@ def sizes_markdown(rows: list[dict]) -> str:
                    f"{fit(r['dp2_mem_gib'], r['dp2_fits'])} / {fit(r['tp2_mem_gib'], r['tp2_fits'])} |")
     out.append("\nB=16 per replica, T=1024, bf16-mixed, gpt_tp's step (DP: FSDP2; TP: sequence-parallel plan). MFU 0.8 on "
                "the 3090 (the anchor's 1-GPU figure), 0.5 on H100. Memory: the planner's estimate (python -m gpt_tp.cli.planner) with its "
-               f"overhead; 'N > M' marks a layout that needs N GiB, more than the M GiB it may use ({USABLE:.0%} of the GPU).")
+               f"overhead; 'N > M' marks a layout that needs N GiB, more than the M GiB it may use ({USABLE_FRACTION:.0%} of the GPU).")
     return "\n".join(out) + "\n"
 
 

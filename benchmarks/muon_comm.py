@@ -7,7 +7,7 @@ optimizer steps alternate, --steps times each, on the same parameters: Muon as m
 Schulz on the long-side shards, Grams all-reduced) and the gather-everything baseline (gather_all: each matrix
 all-gathered whole in bf16, orthogonalized on every rank, its slice kept). Rank 0 prints, per scheme, the median
 step time (the slowest rank's) and the collectives recorded in one step with their bytes, beside
-gpt_tp.sizing.sizes' muon_collectives and muon_gather_all_bytes.
+benchmarks.collectives' muon_collectives and muon_gather_all_bytes.
 """
 
 import os
@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from benchmarks.collectives import CollectiveRecorder, groups_of
+from benchmarks.collectives import (CollectiveRecorder, collective, groups_of, merge, muon_collectives,
+                                    muon_gather_all_bytes)
 from benchmarks.step import build
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.sizing import sizes
 from gpt_tp.train.optim import OptimizerSettings
 
 
@@ -61,15 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, opt in (("sharded", sharded), ("gather_all", gathered)):
         with CollectiveRecorder(groups_of(mesh)) as rec:
             opt.step()  # also makes the momentum buffers
-        rows = sizes.merge([sizes.collective(*r[:3], 1, r[3]) for r in rec.records])
+        rows = merge([collective(*r[:3], 1, r[3]) for r in rec.records])
         out[name] = {"rows": rows, "times": []}
     for _ in range(args.steps):
         for name, opt in (("sharded", sharded), ("gather_all", gathered)):
             out[name]["times"].append(step_time(opt))
     if dist.get_rank() == 0:
         print(f"{args.model} shapes, {args.layers} blocks, DP={dp} x TP={tp}: Muon's optimizer step")
-        modeled = {"sharded": sum(r["wire_bytes"] for r in sizes.muon_collectives(config, dp, tp)),
-                   "gather_all": sizes.muon_gather_all_bytes(config, dp, tp)}
+        modeled = {"sharded": sum(r["wire_bytes"] for r in muon_collectives(config, dp, tp)),
+                   "gather_all": muon_gather_all_bytes(config, dp, tp)}
         for name, r in out.items():
             wire = sum(row["wire_bytes"] for row in r["rows"])
             kinds = ", ".join(f"{row['dim']} {row['kind']} {row['count']}x" for row in r["rows"])

@@ -1,7 +1,7 @@
 """The audit command (python -m benchmarks.audit) at TP=2, DP=2 x TP=2 and DP=2 x TP=1 (gloo), against numbers
 derived by hand. It runs the benchmark's training step (benchmarks.step.train_step) with each phase recorded.
 
-Megatron's sequence parallelism for L blocks on the TP group (derivation in gpt_tp/sizing/sizes.py):
+Megatron's sequence parallelism for L blocks on the TP group (derivation in benchmarks/collectives.py):
   all_gather 6L + 3   (per block: before attention and MLP in forward; in backward the same inputs again, for the
                        weight gradients, and the reduce-scatters' grads; + lm_head's sequence gather in forward and
                        again in backward, + the embedding's grad in backward)
@@ -22,7 +22,7 @@ from conftest import ROOT, one_error_line, read_json
 
 def audit(tmp_path, nproc: int, *args: str) -> dict:
     """python -m benchmarks.audit on nproc processes (the tiny model, T=64); its JSON report. The command exits 0
-    only when the measurement equals gpt_tp.sizing.sizes' model."""
+    only when the measurement equals the model of benchmarks.collectives."""
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "benchmarks.audit", "--model", "tiny", "--seq-len", "64", "--json", str(out), *args]
@@ -70,7 +70,7 @@ def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
     else:
         expected["data_parallel"]["all_reduce"] = 1
     assert c["by_group"] == expected
-    assert r["modeled"]["by_group"] == expected  # gpt_tp.sizing.sizes derives the same
+    assert r["modeled"]["by_group"] == expected  # benchmarks.collectives derives the same
     assert "all_reduce" not in c["backward"]
     assert c["grad_sync_and_clip"] == {"all_reduce": 2 if tp > 1 else 1}
     assert c["optimizer"] == {}
@@ -98,7 +98,7 @@ def test_mistakes_are_one_error_line():
 @pytest.mark.parametrize("dp,tp", [(1, 2), (2, 2)], ids=["tp2", "dp2xtp2"])
 @pytest.mark.slow
 def test_muon_collectives_and_state(tmp_path, dp, tp):
-    """--optimizer muon: the optimizer step communicates what gpt_tp.sizing.sizes.muon_collectives says (the audit
+    """--optimizer muon: the optimizer step communicates what benchmarks.collectives.muon_collectives says (the audit
     exits 0 only then), by hand for L = 2 blocks, C = 64: at TP=2 one flat all-reduce of the 4L squared norms, then
     one of the 4L C x C Grams per Newton-Schulz step (5); at DP=2 x TP=2 c_attn and c_fc summed over the whole mesh,
     the c_projs all-gathered over DP (2L) and summed over TP. One momentum buffer per block matrix (12 C^2 elements

@@ -18,10 +18,10 @@ import pytest
 from conftest import ROOT, one_error_line
 
 from benchmarks.bench import launch, main, parse_layouts, parser, specs_from_args
+from benchmarks.collectives import step_collectives
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
 from gpt_tp.parallel import enable_async_tp
-from gpt_tp.sizing.sizes import step_collectives
 
 PLANS = "gpt_tp.parallel:TP_PLAN,benchmarks.plans:overlap2,benchmarks.plans:torch_recipe"
 
@@ -79,7 +79,7 @@ def test_outputs(bench):
 
 @pytest.mark.slow
 def test_collectives_equal_cost_model(bench):
-    """gpt_tp's plan: the rows of sizes.step_collectives, count and bytes. Wire bytes: the ring's."""
+    """gpt_tp's plan: the rows of step_collectives, count and bytes. Wire bytes: the ring's."""
     _, res, _ = bench
     config = GPTConfig.from_name("tiny")
     for r in res["runs"]:

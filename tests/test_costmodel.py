@@ -1,5 +1,5 @@
 """The cost model (python -m benchmarks.costmodel) against hand-derived numbers and the measured anchor figures (no
-timing, pure arithmetic). Its collectives are gpt_tp.sizing.sizes.step_collectives'."""
+timing, pure arithmetic). Its collectives are benchmarks.collectives.step_collectives'."""
 
 import json
 import re
@@ -9,12 +9,12 @@ import sys
 import pytest
 from conftest import ROOT, one_error_line
 
-from benchmarks.costmodel import (ANCHOR, CostModelError, anchor_check, comm_seconds, main, sizes_markdown, sizes_table,
-                                  step_time)
-from gpt_tp.hardware import LINKS, PEAK_FLOPS
+from benchmarks.collectives import counts, step_collectives, wire_bytes
+from benchmarks.costmodel import (ANCHOR, LINKS, CostModelError, anchor_check, comm_seconds, main, sizes_markdown,
+                                  sizes_table, step_time)
+from gpt_tp.hardware import PEAK_FLOPS
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import memory_per_device
-from gpt_tp.sizing.sizes import counts, step_collectives, wire_bytes
 
 
 def test_ring_wire_bytes():
@@ -75,7 +75,7 @@ def test_anchor_figures():
     # DP=2 overlaps FSDP2's gathers and reduce-scatters with compute: twice one GPU, as the measured DDP (132k)
     assert pred["DP x2"]["tokens_per_s"] == pytest.approx(2 * meas["1 GPU"]) == pytest.approx(meas["DP x2"], rel=0.01)
     assert pred["DP x2"]["exposed_comm_s"] == 0 and pred["DP x2"]["dp_comm_s"] > 0
-    # TP=2: its collectives are sizes.step_collectives', all on the critical path
+    # TP=2: its collectives are step_collectives', all on the critical path
     tp2 = pred["TP x2"]
     tp_rows = [c for c in step_collectives(config, 16, 1024, dp=1, tp=2, precision="bf16-mixed") if c["dim"] == "tensor_parallel"]
     assert tp2["tp_wire_bytes"] == sum(c["wire_bytes"] for c in tp_rows) == pytest.approx(1602e6, rel=1e-3)

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from lightning.pytorch.plugins import MixedPrecision
 
 from conftest import ROOT, WORKERS, read_json, run_torchrun
+from benchmarks import collectives
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.sizing import sizes
 from gpt_tp.train.module import GPTModule
 from gpt_tp.train.optim import OptimizerSettings, is_muon_weight
 from synthetic_data import SyntheticDataModule
@@ -92,7 +92,7 @@ def muon_parity(tmp_path, nproc: int, dp: int, fp32: bool) -> list[dict]:
 def test_sharded_muon_matches_one_device(tmp_path, dp, nproc, fp32):
     """8 steps from the same init and data, clip 1.0 by the global norm, the schedule on both peaks: losses within
     1e-3 relative of one device's torch.optim.Muon with bf16 Newton-Schulz as torch runs it, 1e-5 in float32. The
-    optimizer step's collectives are gpt_tp.sizing.sizes.muon_collectives', to the byte: at TP=2 one flat all-reduce
+    optimizer step's collectives are benchmarks.collectives.muon_collectives', to the byte: at TP=2 one flat all-reduce
     of the 8 squared norms, then one of the 8 C x C Grams per Newton-Schulz step (float32); at DP=2 the c_projs
     gathered over DP in bf16 (their short side is FSDP2's dim 0)."""
     tp = nproc // dp
@@ -103,9 +103,10 @@ def test_sharded_muon_matches_one_device(tmp_path, dp, nproc, fp32):
         assert res["losses"] == pytest.approx(res["ref_losses"], rel=tol)
         assert res["losses"][-1] < res["losses"][0] - 0.1
         assert res["buffers_like_params"] is True  # DTensors with their parameter's placements
-        measured = sizes.merge([sizes.collective(g, k, n, 1, b) for g, k, n, b in res["optimizer_collectives"]])
-        modeled = sizes.muon_collectives(GPTConfig.from_name("tiny"), dp, tp, ns_bytes=4 if fp32 else 2)
-        assert measured == sizes.merge(modeled)
+        recorded = res["optimizer_collectives"]
+        measured = collectives.merge([collectives.collective(g, k, n, 1, b) for g, k, n, b in recorded])
+        modeled = collectives.muon_collectives(GPTConfig.from_name("tiny"), dp, tp, ns_bytes=4 if fp32 else 2)
+        assert measured == collectives.merge(modeled)
     assert len({tuple(r["losses"]) for r in results}) == 1
     C, L = 64, 2
     if (dp, tp) == (1, 2):

@@ -50,9 +50,9 @@ def test_shipped_configs_simulate(config, world, layout):
     """Each shipped GPU config at its full world size on this CPU: exit 0 and rank 0's table. The simulated parameter,
     gradient and AdamW bytes equal the planner's (the same shards); the simulated peak, with the second micro-batch
     run beside the first one's gradients, is the planner's estimate within 1%; each process group's collectives are
-    gpt_tp.sizing.sizes.step_collectives' count (FSDP2's on data_parallel, the plan's on tensor_parallel)."""
+    benchmarks.collectives.step_collectives' count (FSDP2's on data_parallel, the plan's on tensor_parallel)."""
     from gpt_tp.model import GPTConfig
-    from gpt_tp.sizing.sizes import step_collectives
+    from benchmarks.collectives import step_collectives
 
     proc = simulate("--config", f"configs/{config}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -111,9 +111,9 @@ def test_a_config_that_cannot_work_fails_as_a_launch_does():
 def test_muon_simulates_with_one_buffer_per_matrix():
     """configs/tp2.yaml with model.optimizer=muon: the simulated optimizer state equals the planner's (one momentum
     buffer per block matrix, AdamW's two moments for the rest), below AdamW's, and the step's collectives add Muon's
-    (gpt_tp.sizing.sizes.step_collectives with optimizer="muon")."""
+    (benchmarks.collectives.step_collectives with optimizer="muon")."""
     from gpt_tp.model import GPTConfig
-    from gpt_tp.sizing.sizes import step_collectives
+    from benchmarks.collectives import step_collectives
 
     muon, adamw = (simulate("--config", "configs/tp2.yaml", "--model.optimizer", o) for o in ("muon", "adamw"))
     assert muon.returncode == 0, muon.stderr[-3000:]

@@ -80,19 +80,17 @@ def _reduced(parts: list[torch.Tensor], keys: list) -> list[torch.Tensor]:
     return out
 
 
-def newton_schulz(xs: list[torch.Tensor], keys: list, dtype: torch.dtype = torch.bfloat16,
-                  coefficients: tuple[float, float, float] = NS_COEFFICIENTS, steps: int = NS_STEPS,
-                  eps: float = NS_EPS) -> list[torch.Tensor]:
+def newton_schulz(xs: list[torch.Tensor], keys: list, dtype: torch.dtype) -> list[torch.Tensor]:
     """torch.optim.Muon's Newton-Schulz on the long-side shards X_r [short, long_r] of several matrices at once:
     ||X||_F and each iteration's Gram X X^T = sum_r X_r X_r^T are summed over each matrix's ranks (`keys`, None:
     not split) in float32, one all-reduce per key; B = b A + c A A is then the same on every rank, and
     X_r <- a X_r + B X_r is local. Unsplit matrices run exactly torch's bf16 arithmetic."""
-    a, b, c = coefficients
+    a, b, c = NS_COEFFICIENTS
     xs = [x.to(dtype, copy=True) for x in xs]
     squares = _reduced([x.float().square().sum() for x in xs], keys)
     for x, sq, k in zip(xs, squares, keys):
-        x.div_((x.norm() if k is None else sq.sqrt().to(dtype)).clamp(min=eps))
-    for _ in range(steps):
+        x.div_((x.norm() if k is None else sq.sqrt().to(dtype)).clamp(min=NS_EPS))
+    for _ in range(NS_STEPS):
         grams = [x @ x.T if k is None else x.float() @ x.float().T for x, k in zip(xs, keys)]
         grams = [g.to(dtype) for g in _reduced(grams, keys)]
         xs = [torch.addmm(x, torch.addmm(g, g, g, beta=b, alpha=c), x, beta=a) for x, g in zip(xs, grams)]

@@ -110,6 +110,9 @@ def memory_per_device(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_
     return Memory(s["params"], s["grads"], s["optimizer"], sum(a.values()), transient, int(overhead_gib * GIB))
 
 
-def fits(memory: Memory, device_memory_gib: float | None, usable_fraction: float = 0.95) -> bool:
-    """A layout fits when its total is at most `usable_fraction` of the device memory (always, when unknown)."""
-    return device_memory_gib is None or memory.total <= device_memory_gib * GIB * usable_fraction
+USABLE_FRACTION = 0.95  # of a device's memory a layout may fill
+
+
+def fits(memory: Memory, device_memory_gib: float | None) -> bool:
+    """A layout fits when its total is at most USABLE_FRACTION of the device memory (always, when unknown)."""
+    return device_memory_gib is None or memory.total <= device_memory_gib * GIB * USABLE_FRACTION

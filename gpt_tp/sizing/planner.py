@@ -9,7 +9,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing.layout import LayoutError, divisors, valid_tp_sizes
-from gpt_tp.sizing.memory import Memory, PlanError, fits, memory_per_device
+from gpt_tp.sizing.memory import USABLE_FRACTION, Memory, PlanError, fits, memory_per_device
 from gpt_tp.sizing.sizes import padded_vocab
 
 
@@ -43,9 +43,8 @@ class Plan:
 
 def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
          device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
-         overhead_gib: float = 1.5, usable_fraction: float = 0.95, ac: str = "none", dp: int | str = "auto",
-         tp: int | str = "auto", accum: int = 1, total_batch_size: int | None = None,
-         optimizer: str = "adamw") -> Plan:
+         overhead_gib: float = 1.5, ac: str = "none", dp: int | str = "auto", tp: int | str = "auto", accum: int = 1,
+         total_batch_size: int | None = None, optimizer: str = "adamw") -> Plan:
     """Each layout's memory estimate, validity and fit, and the choice (all fit when device_memory_gib is None): the
     smallest TP that fits among the layouts with the given dp and tp (a number, or "auto") whose batch_size x seq_len
     x DP x accum is total_batch_size (None: any). cli.py's `auto` sizes are this choice (resolve_layout)."""
@@ -60,11 +59,9 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
         raise PlanError(f"device memory {device_memory_gib!r} GiB must be > 0 (planner --memory-gib)")
     if not overhead_gib >= 0:
         raise PlanError(f"overhead_gib={overhead_gib!r} must be >= 0 (planner --overhead-gib)")
-    if not 0 < usable_fraction <= 1:
-        raise PlanError(f"usable_fraction={usable_fraction!r} must be in (0, 1]")
-    if device_memory_gib is not None and device_memory_gib * usable_fraction <= overhead_gib:
+    if device_memory_gib is not None and device_memory_gib * USABLE_FRACTION <= overhead_gib:
         raise PlanError(
-            f"{usable_fraction:.0%} of {device_memory_gib:g} GiB per device leaves nothing after the {overhead_gib:g} "
+            f"{USABLE_FRACTION:.0%} of {device_memory_gib:g} GiB per device leaves nothing after the {overhead_gib:g} "
             "GiB of CUDA context, NCCL buffers and allocator slack: no layout can fit; give the device's real memory "
             "(--memory-gib) or a smaller --overhead-gib")
     out = Plan(config, devices_per_node, num_nodes, batch_size, seq_len, device_memory_gib, str(precision), ac)
@@ -73,7 +70,7 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
 
     def layout_memory(dp: int, tp: int) -> tuple[Memory, bool]:
         m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac, optimizer)
-        return m, fits(m, device_memory_gib, usable_fraction)
+        return m, fits(m, device_memory_gib)
 
     for size in divisors(devices_per_node):
         lay = Layout(dp=out.world_size // size, tp=size)
@@ -82,7 +79,8 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
         else:
             lay.memory, lay.fits = layout_memory(lay.dp, size)
             if not lay.fits:
-                lay.reason = f"needs {lay.memory.total / GIB:.1f} GiB > {usable_fraction:.0%} of {device_memory_gib:g} GiB"
+                lay.reason = (f"needs {lay.memory.total / GIB:.1f} GiB > {USABLE_FRACTION:.0%} of "
+                              f"{device_memory_gib:g} GiB")
         out.layouts.append(lay)
     in_memory = [lay for lay in out.layouts if lay.fits]
     fixed = " and ".join(f"{name}={size}" for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp))
@@ -135,7 +133,7 @@ def _no_fit_hint(p: Plan, layout_memory, valid: set[int]) -> str:
     sized = [lay for lay in p.layouts if lay.memory is not None]  # the node's valid TPs, smallest first: never empty
     best = min(sized, key=lambda lay: lay.memory.states + lay.memory.overhead)
     state = best.memory.states + best.memory.overhead
-    if state <= p.device_memory_gib * GIB * 0.95:
+    if state <= p.device_memory_gib * GIB * USABLE_FRACTION:
         hints = ["lower data.batch_size (planner: --batch-size) and raise trainer.accumulate_grad_batches to keep the "
                  "tokens per step"]
     else:
