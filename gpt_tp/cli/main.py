@@ -23,6 +23,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB, detect_device_memory_gib
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import LayoutError, resolve_layout
+from gpt_tp.sizing.memory import USABLE_FRACTION
 from gpt_tp.sizing.sizes import checkpoint_bytes
 from gpt_tp.checkpoint.last import FinalStep, checkpoints_line, relink_last
 from gpt_tp.checkpoint.store import check_checkpoint, human_bytes, recover_interrupted_saves
@@ -122,8 +123,8 @@ class GPTCLI(TrainingCLI):
         print(format_simulation(sim, memory), flush=True)
         if not sim.fits(memory):
             raise LayoutError(f"rank {sim.rank} of DP={run.dp} x TP={run.tp} needs {sim.peak['total'] / GIB:.1f} GiB at "
-                              f"its peak, more than 95% of {memory:g} GiB: raise tensor_parallel_size, use more nodes, "
-                              "lower data.batch_size, or set model.activation_checkpointing")
+                              f"its peak, more than {USABLE_FRACTION:.0%} of {memory:g} GiB: raise tensor_parallel_size, "
+                              "use more nodes, lower data.batch_size, or set model.activation_checkpointing")
         raise SystemExit(0)
 
     def instantiate_trainer(self, **kwargs) -> Trainer:

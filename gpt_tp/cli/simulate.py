@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.model import GPT
 from gpt_tp.parallel import parallelize
-from gpt_tp.sizing.memory import GIB, Memory, fits, memory_per_device
+from gpt_tp.sizing.memory import GIB, USABLE_FRACTION, Memory, fits, memory_per_device
 from gpt_tp.train.optim import OptimizerSettings
 from gpt_tp.train.run import Run
 from gpt_tp.train.step import TrainStep
@@ -72,7 +72,7 @@ class Simulation:
     notes: list[str] = field(default_factory=list)
 
     def fits(self, memory_gib: float | None) -> bool:
-        """The peak fits memory_gib by the planner's own rule (gpt_tp.sizing.memory.fits: 95% usable)."""
+        """The peak fits memory_gib by the planner's own rule (gpt_tp.sizing.memory.fits)."""
         return fits(Memory(*(self.peak[k] for k in KINDS), 0), memory_gib)
 
 
@@ -151,7 +151,8 @@ def format_simulation(s: Simulation, memory_gib: float | None) -> str:
     lines.append(f"simulated peak {s.peak['total'] / GIB:.2f} GiB, planner {s.planned['total'] / GIB:.2f} GiB "
                  f"({diff:+.2%}), both without the planner's fixed overhead (CUDA context, NCCL, allocator slack)")
     if memory_gib is not None:
-        lines.append(f"{'fits' if s.fits(memory_gib) else 'does not fit'} {memory_gib:g} GiB per device (95% usable)")
+        lines.append(f"{'fits' if s.fits(memory_gib) else 'does not fit'} {memory_gib:g} GiB per device "
+                     f"({USABLE_FRACTION:.0%} usable)")
     lines.append("collectives in one micro-batch and the optimizer step: " + "; ".join(
         f"{group} " + ", ".join(f"{op} {n}" for (g, op), n in sorted(s.collectives.items()) if g == group)
         for group in sorted({group for group, _ in s.collectives})))
