@@ -1,5 +1,6 @@
 """Whole user paths through the commands: Hugging Face GPT-2 in, TP=2 fine-tuning with a resume on a longer
-schedule, export, Hugging Face and HellaSwag out; and the metrics a killed run leaves on disk."""
+schedule (its checkpoint needing no init_from again), export, Hugging Face and HellaSwag out; and the metrics a
+killed run leaves on disk."""
 
 import csv
 import json
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -45,7 +47,9 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     """A GPT-2 folder as transformers writes it (vocabulary 50257; 3 layers, where configs/cpu.yaml says 2) ->
     model.init_from -> `cli.py fit --config configs/cpu.yaml` at TP=2 for 4 steps with warmup_steps 4 (a schedule
     no longer than its warmup) -> resumed from 'last' with max_steps 8 -> export -> transformers gives our logits ->
-    HellaSwag scores the checkpoint and the exported folder alike."""
+    HellaSwag scores the checkpoint and the exported folder alike. init_from with model.model fields of another shape
+    builds the folder's model, says which fields went unused and records the model built; the fine-tune's checkpoint
+    resumes, validates, predicts and exports without init_from."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     hf_dir = tmp_path / "hf"
@@ -60,11 +64,23 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
                 "dirpath": str(ckpt), "filename": "step{step:04d}", "auto_insert_metric_name": False,
                 "every_n_train_steps": 4, "save_top_k": -1, "save_last": "link"}}],
         },
-        "model": {"init_from": str(hf_dir), "warmup_steps": 4},
+        "model": {"warmup_steps": 4},
     }))
     fit = ("cli.py", "fit", "--config", "configs/cpu.yaml", "--config", str(tmp_path / "run.yaml"))
-    first_run = run(*fit, "--trainer.max_steps", "4")
-    second_run = run(*fit, "--trainer.max_steps", "8", "--ckpt_path", "last")
+    first_run = run(*fit, "--trainer.max_steps", "4", "--model.init_from", str(hf_dir))
+    assert (f"model.init_from={hf_dir} builds its config.json's model (n_layer=3, n_head=4, n_embd=64, "
+            "block_size=128); model.model's n_layer=2 are not used") in first_run.stdout + first_run.stderr
+    saved = torch.load(ckpt / "step0004.ckpt" / "meta.pt", weights_only=True)["hyper_parameters"]
+    assert saved["model"]["n_layer"] == 3 and saved["init_from"] == str(hf_dir)
+    # the fine-tune's checkpoint without init_from: resumed ('last', the checkpoint's model), and beside that run
+    # validated and continued on one process (each command writes only its own output)
+    one = ("--config", "configs/cpu.yaml", "--config", str(tmp_path / "run.yaml"), "--trainer.logger", "false",
+           "--trainer.devices", "1", "--trainer.strategy.init_args.tensor_parallel_size", "1",
+           "--ckpt_path", str(ckpt / "step0004.ckpt"))
+    with ThreadPoolExecutor(3) as pool:
+        second_run, _, _ = pool.map(lambda args: run(*args), [
+            (*fit, "--trainer.max_steps", "8", "--ckpt_path", "last"),
+            ("cli.py", "validate", *one), ("cli.py", "predict", *one, "--prompt", "ROMEO:", "--max_new_tokens", "4")])
     assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0004.ckpt", "step0008.ckpt"]
 
     # every step logged, on the schedule its run asked for: step 4, the first after the resume, starts the new
@@ -86,7 +102,8 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
         assert not any(noise in proc.stdout + proc.stderr for noise in NOISE), proc.stderr[-3000:]
     assert first_run.stdout.strip().splitlines()[-1] == (
         f"gpt_tp fit: step 4; checkpoints in {ckpt} (last.ckpt -> step0004.ckpt); logs in {logs / 'ft' / 'version_0'}")
-    assert second_run.stdout.strip().splitlines()[-1].startswith("gpt_tp fit: step 8; ")
+    assert second_run.stdout.strip().splitlines()[-1].startswith(
+        f"gpt_tp fit: step 8; checkpoints in {ckpt} (last.ckpt -> step0008.ckpt)")
     assert exported.stdout.strip().splitlines()[-1] == f"wrote {out}"
     d = torch.load(out / "model.pt")
     ours = GPT(GPTConfig(**d["config"])).eval()
