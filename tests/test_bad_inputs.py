@@ -241,23 +241,38 @@ def test_bad_prompts(user_run, tmp_path):
         cli_main(*predict, "--prompt", "hi", "--output", str(tmp_path / "plain" / "x.jsonl")))
 
 
-def test_long_prompt_slides_its_window(ckpt, tmp_path, enc):
-    """A prompt nearly as long as block_size (121 of 128 tokens) still gets the 40 new tokens asked for: the
-    context slides to its last block_size tokens, as nanoGPT's generate does."""
-    prompt = "word" + " word" * 120
-    assert len(enc.encode(prompt)) == 121
-    out = tmp_path / "pred.jsonl"
+LONG_PROMPT = "word" + " word" * 120  # 121 tokens of block_size's 128
+
+
+@pytest.fixture(scope="module")
+def predicted(ckpt, tmp_path_factory):
+    """One real `cli.py predict` on one process, shared by the two tests below: over an existing --output with
+    --overwrite_output, its prompts from a --prompts_file that starts with a UTF-8 byte-order mark and ends with a
+    prompt nearly as long as block_size, 40 new tokens each (top_k 1). Its output's rows."""
+    tmp = tmp_path_factory.mktemp("predict")
+    prompts = tmp / "prompts.txt"
+    prompts.write_bytes(f"ROMEO:\nTo be\n{LONG_PROMPT}\n".encode("utf-8-sig"))
+    out = tmp / "pred.jsonl"
+    out.write_text("mine\n")
     proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "predict", "--config", CPU, *ONE_DEVICE, "--ckpt_path",
-                           str(ckpt[0]), "--prompt", prompt, "--max_new_tokens", "40", "--top_k", "1", "--output", str(out)],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                           str(ckpt[0]), "--prompts_file", str(prompts), "--max_new_tokens", "40", "--top_k", "1",
+                           "--output", str(out), "--overwrite_output"],
+                          cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert row["text"].startswith(prompt)
-    assert len(enc.encode(row["text"][len(prompt):])) >= 30  # about 40 (re-encoding may merge a few); not ~7
+    return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_predict_keeps_an_existing_output_and_drops_a_bom(user_run, ckpt, tmp_path):
+def test_long_prompt_slides_its_window(predicted, enc):
+    """A prompt nearly as long as block_size (121 of 128 tokens) still gets the 40 new tokens asked for: the
+    context slides to its last block_size tokens, as nanoGPT's generate does."""
+    assert len(enc.encode(LONG_PROMPT)) == 121
+    row = predicted[-1]
+    assert row["prompt"] == LONG_PROMPT and row["text"].startswith(LONG_PROMPT)
+    assert len(enc.encode(row["text"][len(LONG_PROMPT):])) >= 30  # about 40 (re-encoding may merge a few); not ~7
+
+
+def test_predict_keeps_an_existing_output_and_drops_a_bom(user_run, ckpt, predicted, tmp_path):
     """--output naming an existing file is refused before launch (file unchanged) unless --overwrite_output; a UTF-8
     byte-order mark in --prompts_file is not part of the first prompt."""
     from gpt_tp.infer.predict import Prompts
@@ -272,11 +287,8 @@ def test_predict_keeps_an_existing_output_and_drops_a_bom(user_run, ckpt, tmp_pa
     assert user_run(cli_main(*predict)) == (f"error: --output {out} exists; give a new file, or pass "
                                             "--overwrite_output to replace it")
     assert out.read_text() == "mine\n"
-    proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), *predict, "--overwrite_output"], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == ["ROMEO:", "To be"]
+    # the fixture's real run with --overwrite_output replaced its "mine" file (not JSON) with every prompt's row
+    assert [row["prompt"] for row in predicted] == ["ROMEO:", "To be", LONG_PROMPT]
 
 
 def test_exported_safetensors_has_the_umasks_mode(ckpt):
