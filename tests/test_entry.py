@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -68,10 +69,19 @@ def torchrun(mode: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def torchruns() -> dict[str, subprocess.CompletedProcess]:
+    """exit_paths.py under torchrun in each --mode, the three runs side by side (each its own rendezvous; they share
+    nothing): process start-up leaves cores idle that the others use."""
+    modes = ("ok", "user-error", "one-rank")
+    with ThreadPoolExecutor(len(modes)) as pool:
+        return dict(zip(modes, pool.map(torchrun, modes)))
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc")
 @pytest.mark.slow
-def test_distributed_exit_skips_the_interpreter_shutdown():
-    proc = torchrun("ok")
+def test_distributed_exit_skips_the_interpreter_shutdown(torchruns):
+    proc = torchruns["ok"]
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     for rank in (0, 1):
@@ -91,8 +101,8 @@ def no_traceback_of_ours(out: str) -> None:
 
 
 @pytest.mark.slow
-def test_same_error_on_every_rank_prints_once():
-    proc = torchrun("user-error")
+def test_same_error_on_every_rank_prints_once(torchruns):
+    proc = torchruns["user-error"]
     out = proc.stdout + proc.stderr
     assert [l for l in out.splitlines() if l.startswith("error:")] == ["error: data.seq_len=9 is wrong: set it to 8"]
     no_traceback_of_ours(out)
@@ -103,8 +113,8 @@ def test_same_error_on_every_rank_prints_once():
 
 
 @pytest.mark.slow
-def test_an_error_on_one_rank_ends_the_run():
-    proc = torchrun("one-rank")
+def test_an_error_on_one_rank_ends_the_run(torchruns):
+    proc = torchruns["one-rank"]
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert [l for l in out.splitlines() if l.startswith("error:")] == ["error: data.seq_len=9 is wrong: set it to 8"]
