@@ -122,16 +122,19 @@ def demo(tmp_path_factory):
     base = ("fit", "--config", "configs/cpu.yaml", "--config")
     straight, first = side_by_side(
         (*base, demo_override(tmp / "straight.yaml", ckpt, logs, 0), "--trainer.callbacks", "[]",
-         "--trainer.strategy.init_args.tensor_parallel_size", "auto", "--trainer.strategy.init_args.data_parallel_size", "auto"),
-        (*base, demo_override(tmp / "first.yaml", ckpt, logs, 1), "--config", str(stop), "--ckpt_path", "last"))  # a first Slurm run
+         "--trainer.strategy.init_args.tensor_parallel_size", "auto",
+         "--trainer.strategy.init_args.data_parallel_size", "auto"),
+        # a first Slurm run: `last` before any checkpoint
+        (*base, demo_override(tmp / "first.yaml", ckpt, logs, 1), "--config", str(stop), "--ckpt_path", "last"))
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert first.returncode == 0, first.stderr[-3000:]
     stopped = sorted(os.listdir(ckpt))
     shutil.copytree(ckpt, tmp / "half" / "ckpt", symlinks=True)
     resumed, half = side_by_side(
         (*base, demo_override(tmp / "resumed.yaml", ckpt, logs, 2), "--ckpt_path", "last"),
-        (*base, demo_override(tmp / "half.yaml", tmp / "half" / "ckpt", tmp / "half" / "logs", 0), "--data.batch_size", "4",
-         "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "2", "--ckpt_path", "last"))
+        (*base, demo_override(tmp / "half.yaml", tmp / "half" / "ckpt", tmp / "half" / "logs", 0),
+         "--data.batch_size", "4", "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "2",
+         "--ckpt_path", "last"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return SimpleNamespace(tmp=tmp, straight=straight, first=first, stopped=stopped, resumed=resumed, half=half,
                            runs=sorted((logs / "run").iterdir()))
@@ -189,7 +192,8 @@ def test_resume_with_half_the_batch_and_twice_the_accumulation(demo):
             "validation comes every 1 optimizer steps, not every 2; set trainer.val_check_interval=4 to keep the "
             "steps it validates at") in resumed.stderr
     full, part2 = losses(demo.runs[0]), losses(demo.tmp / "half" / "logs" / "run" / "version_0")
-    assert sorted(part2) == [6, 7, 8] and all(part2[k] == pytest.approx(full[k], rel=1e-5) for k in part2), (part2, full)
+    assert sorted(part2) == [6, 7, 8], part2
+    assert all(part2[k] == pytest.approx(full[k], rel=1e-5) for k in part2), (part2, full)
 
 
 @pytest.mark.slow
