@@ -139,3 +139,34 @@ def ckpt(tmp_path_factory):
     saved = tmp / "ckpt" / "last.ckpt"
     assert export_main([str(saved), "--out", str(tmp / "hf"), "--format", "hf"]) == 0
     return saved, tmp / "hf"
+
+
+# ---- added for the fast-suite work on test_simulate, test_planner, test_scaling, test_bench, test_audit,
+# test_paritycheck, test_hellaswag_score and test_malloc --------------------------------------------------------
+
+
+@pytest.fixture
+def command_here(monkeypatch, request):
+    """Run a command's main in this process as its __main__ does (gpt_tp.entry.run), from the repository root, outside
+    any process group; return its exit code, stdout and stderr as subprocess.run would (returncode, stdout, stderr).
+    For a command's table or refusal, where a process of its own would add only its start-up; each command still
+    runs once as `python -m ...` in its tests."""
+    import lightning.pytorch  # noqa: F401  # before capsys: Lightning's log handlers keep the stderr of its import
+    from gpt_tp.entry import run
+
+    capsys = request.getfixturevalue("capsys")
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["command"])
+    for k in ("WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "MASTER_ADDR", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+
+    def go(main) -> SimpleNamespace:
+        threads = torch.get_num_threads()
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            run(main)
+        torch.set_num_threads(threads)
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=e.value.code, stdout=out.out, stderr=out.err)
+
+    return go

@@ -35,10 +35,18 @@ def audit(tmp_path, nproc: int, *args: str) -> dict:
     return r
 
 
+@pytest.fixture(scope="module")
+def tp2_audit(tmp_path_factory):
+    """The audit at TP=2 of the tiny model as it is (L = 2 blocks, B = 1): read by the L = 2 case of
+    test_collectives_equal_megatron and by test_state_bytes_halve."""
+    return audit(tmp_path_factory.mktemp("audit_tp2"), 2)
+
+
 @pytest.mark.parametrize("n_layer", [2, 3])
 @pytest.mark.slow
-def test_collectives_equal_megatron(tmp_path, n_layer):
-    r = audit(tmp_path, 2, "--layers", str(n_layer))
+def test_collectives_equal_megatron(tmp_path, n_layer, request):
+    r = request.getfixturevalue("tp2_audit") if n_layer == 2 else audit(tmp_path, 2, "--layers", str(n_layer))
+    assert r["n_layer"] == n_layer
     L, c = n_layer, r["measured"]["collectives"]
     megatron = {"all_gather": 6 * L + 3, "reduce_scatter": 4 * L + 2, "all_reduce": 4}
     assert r["modeled"]["by_group"] == {"tensor_parallel": megatron}
@@ -77,8 +85,8 @@ def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
 
 
 @pytest.mark.slow
-def test_state_bytes_halve(tmp_path):
-    r = audit(tmp_path, 2)
+def test_state_bytes_halve(tp2_audit):
+    r = tp2_audit
     one, two = r["modeled"]["state_bytes_tp1"], r["measured"]["state_bytes"]
     # tiny: 3,327,744 params; whole at TP=2: wpe 128x64, LayerNorms 5x2x64, row-parallel biases 4x64
     n, replicated = 3_327_744, 128 * 64 + 10 * 64 + 4 * 64
@@ -88,11 +96,15 @@ def test_state_bytes_halve(tmp_path):
 
 
 @pytest.mark.slow
-def test_mistakes_are_one_error_line():
-    for args, msg in [(["--nope"], "unrecognized arguments: --nope"), ([], "run this command under torchrun")]:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.audit", "--model", "tiny", *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
-        assert msg in one_error_line(proc)
+def test_mistakes_are_one_error_line(command_here):
+    """A bad flag, as a real process; no torchrun, as the command's __main__ runs it in this process (conftest's
+    command_here), outside any process group."""
+    from benchmarks.audit import main
+
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.audit", "--model", "tiny", "--nope"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert "unrecognized arguments: --nope" in one_error_line(proc)
+    assert "run this command under torchrun" in one_error_line(command_here(lambda: main(["--model", "tiny"])))
 
 
 @pytest.mark.parametrize("dp,tp", [(1, 2), (2, 2)], ids=["tp2", "dp2xtp2"])

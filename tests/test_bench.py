@@ -118,7 +118,7 @@ def test_other_plans_differ_by_what_they_do(bench):
 
 
 @pytest.mark.slow
-def test_bad_flags(tmp_path):
+def test_bad_flags(tmp_path, command_here):
     cases = [
         (["--layouts", "1x3"], "n_head=4 (every rank holds whole attention heads)"),
         (["--layouts", "2"], "'2' is not DPxTP"),
@@ -135,8 +135,8 @@ def test_bad_flags(tmp_path):
         with pytest.raises(UserError, match=re.escape(msg)):
             main(["--model", "tiny", "--seq-len", "64", "--device", "cpu", "--out", str(tmp_path), *flags])
     assert parse_layouts("1x1, 2x4") == [(1, 1), (2, 4)]
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--model", "tiny", "--layouts", "2", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # as the command's __main__ runs it, in this process (conftest's command_here); the --nope below as processes
+    proc = command_here(lambda: main(["--model", "tiny", "--layouts", "2", "--out", str(tmp_path)]))
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         "error: --layouts: '2' is not DPxTP (e.g. 1x1 for one device, 1x2 for TP=2, 2x2 for DP=2 x TP=2)"]
     for command in (["benchmarks.bench"], ["benchmarks.bench_worker", "spec.json"]):  # an unknown flag: one line, exit 2
@@ -195,8 +195,12 @@ def test_help():
 
 
 @pytest.mark.slow
-def test_loader_command():
-    """python -m benchmarks.loader on the bundled sample: both figures printed; a bad value is one error line."""
+def test_loader_command(command_here):
+    """python -m benchmarks.loader on the bundled sample: both figures printed; a bad value is one error line (the
+    refusals run its main as its __main__ does, in this process: conftest's command_here; they come before the
+    command pins its process to one core)."""
+    from benchmarks.loader import main as loader_main
+
     proc = subprocess.run([sys.executable, "-m", "benchmarks.loader", "--seconds", "0.2", "--check-tokens", "1e5",
                            "--batch-size", "4", "--seq-len", "64"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -204,6 +208,5 @@ def test_loader_command():
     assert re.fullmatch(r"loader: [\d,.]+M tokens/s on one CPU core \(B=4, T=64, [\d,]+ batches\)", lines[0]), lines
     assert lines[2].startswith("token-id check: ") and "(check_shard, 100,000 tokens)" in lines[2]
     for args, msg in [(["--seconds", "0"], "--seconds=0.0 must be > 0"), (["--nope"], "unrecognized arguments: --nope")]:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.loader", *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
+        proc = command_here(lambda: loader_main(args))  # noqa: B023
         assert msg in one_error_line(proc)

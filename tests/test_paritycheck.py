@@ -22,10 +22,22 @@ def paritycheck(nproc: int, *args: str, tmp_path=None) -> tuple[int, str, dict |
     return proc.returncode, proc.stdout + proc.stderr, res
 
 
-@pytest.mark.parametrize("nproc,layout", [(2, []), (4, ["--dp", "2", "--tp", "2"])], ids=["tp2", "dp2xtp2"])
+@pytest.fixture(scope="module")
+def cpu_yaml_tp2(tmp_path_factory):
+    """The parity check of configs/cpu.yaml (tiny's shape, DP=1 x TP=2) with batch 2 on 2 processes: gpt_tp's plan at
+    TP=2 (test_gpt_tp_plan_passes[tp2]) and the training config's reading (test_training_config), one run."""
+    return paritycheck(2, "--config", "configs/cpu.yaml", "--batch-size", "2", tmp_path=tmp_path_factory.mktemp("parity"))
+
+
+@pytest.mark.parametrize("nproc,layout", [(2, None), (4, ["--model", "tiny", "--dp", "2", "--tp", "2"])],
+                         ids=["tp2", "dp2xtp2"])
 @pytest.mark.slow
-def test_gpt_tp_plan_passes(tmp_path, nproc, layout):
-    rc, out, res = paritycheck(nproc, "--model", "tiny", *layout, tmp_path=tmp_path)
+def test_gpt_tp_plan_passes(tmp_path, nproc, layout, request):
+    """TP=2: configs/cpu.yaml's model and layout (the tiny model's shape); DP=2 x TP=2: --model tiny."""
+    if layout is None:
+        rc, out, res = request.getfixturevalue("cpu_yaml_tp2")
+    else:
+        rc, out, res = paritycheck(nproc, *layout, tmp_path=tmp_path)
     assert rc == 0, out[-3000:]
     assert "PASS" in out and res["ok"]
     assert len(res["grads"]) == 28 and max(res["grads"].values()) < 1e-5
@@ -34,8 +46,8 @@ def test_gpt_tp_plan_passes(tmp_path, nproc, layout):
 
 
 @pytest.mark.slow
-def test_training_config(tmp_path):
-    rc, out, res = paritycheck(2, "--config", "configs/cpu.yaml", "--batch-size", "2", tmp_path=tmp_path)
+def test_training_config(cpu_yaml_tp2):
+    rc, out, res = cpu_yaml_tp2
     assert rc == 0, out[-3000:]
     import yaml
 
@@ -61,7 +73,7 @@ def test_swapped_styles_are_caught():
     assert rc != 0 and "the tensor-parallel model did not run: RuntimeError" in out
 
 
-def test_bad_input():
+def test_bad_input(command_here):
     args = parser().parse_args(["--model", "tiny", "--tp", "4"])
     with pytest.raises(ParityInputError, match="--dp 1 x --tp 4 = 4 but torchrun started 2 processes"):
         settings(args, world=2)
@@ -79,8 +91,9 @@ def test_bad_input():
         settings(parser().parse_args(["--model", "tiny", "--dp", "3"]), world=2)
     proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.paritycheck"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("error: run this command under torchrun")
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.paritycheck", "--tpp", "2"], cwd=ROOT, capture_output=True, text=True)
-    assert "error: unrecognized arguments: --tpp 2" in one_error_line(proc)
+    from gpt_tp.eval.paritycheck import main  # as its __main__ runs it, in this process (conftest's command_here)
+
+    assert "error: unrecognized arguments: --tpp 2" in one_error_line(command_here(lambda: main(["--tpp", "2"])))
 
 
 def test_config_reads_as_the_trainer_reads_it(tmp_path):

@@ -1,7 +1,6 @@
 """The layout planner: its memory estimate against tensors measured on CPU, its choices, its errors, its configs."""
 
 import math
-import os
 import re
 import subprocess
 import sys
@@ -19,16 +18,34 @@ from gpt_tp.cli import planner as plan_command
 GIB = 1024**3
 
 
-@pytest.mark.parametrize(
-    "dp,tp,precision,ac",
-    [
-        (1, 1, "32-true", "none"), (1, 2, "32-true", "none"), (1, 2, "bf16-mixed", "none"), (2, 2, "bf16-mixed", "none"),
-        (2, 1, "bf16-mixed", "none"), (1, 2, "bf16-mixed", "full"), (1, 1, "bf16-mixed", "selective"),
-        (2, 2, "bf16-mixed", "selective"),
-    ],
-)
+ESTIMATE_CASES = [
+    (1, 1, "32-true", "none"), (1, 2, "32-true", "none"), (1, 2, "bf16-mixed", "none"), (2, 2, "bf16-mixed", "none"),
+    (2, 1, "bf16-mixed", "none"), (1, 2, "bf16-mixed", "full"), (1, 1, "bf16-mixed", "selective"),
+    (2, 2, "bf16-mixed", "selective"),
+]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """tests/workers/planner_measure.py's reading of a case: one launch per world size (1, 2 and 4 processes) measures
+    every case of that size, one after another, the first time one of them is asked for."""
+    runs = {}
+
+    def get(dp, tp, precision, ac) -> dict:
+        world = dp * tp
+        if world not in runs:
+            out = tmp_path_factory.mktemp("planner_measure") / "m.json"
+            cases = [f"{d},{t},{p},{a}" for d, t, p, a in ESTIMATE_CASES if d * t == world]
+            run_torchrun("planner_measure.py", world, *(f for c in cases for f in ("--case", c)), "--out", str(out))
+            runs[world] = read_json(out)
+        return runs[world][f"{dp},{tp},{precision},{ac}"]
+
+    return get
+
+
+@pytest.mark.parametrize("dp,tp,precision,ac", ESTIMATE_CASES)
 @pytest.mark.slow
-def test_estimate_matches_measured(tmp_path, dp, tp, precision, ac):
+def test_estimate_matches_measured(measured, dp, tp, precision, ac):
     """A 2-layer model trained as GPTModule trains it (FSDP2 gathering bf16 weights under bf16-mixed, activation
     checkpointing): the peak memory of a micro-batch under gradient accumulation (profiler allocation records on
     top of the tensors alive before it) within 5% of the planner's total less its overhead; parameters, gradients
@@ -36,10 +53,7 @@ def test_estimate_matches_measured(tmp_path, dp, tp, precision, ac):
     one forward (unique storages seen by saved_tensors_hooks, parameters left out) within 2% at DP=1 without AC.
     At DP>1 FSDP2's gathered weights are saved too and freed after the forward (reshard), and checkpointed blocks
     save through their own hooks, so the hook count there is not a memory figure."""
-    out = tmp_path / "m.json"
-    run_torchrun("planner_measure.py", dp * tp, "--dp", str(dp), "--tp", str(tp), "--precision", precision, "--ac", ac,
-                 "--out", str(out))
-    r = read_json(out)
+    r = measured(dp, tp, precision, ac)
     meas, plan = r["measured"], r["planned"]
     for k in ("params", "grads", "optimizer"):
         assert meas[k] == pytest.approx(plan[k], rel=0.01), (k, meas, plan)
@@ -189,11 +203,16 @@ def test_config_comment_is_the_planner_output(name):
 
 
 @pytest.mark.slow
-def test_command_line():
-    def run(*args):
+def test_command_line(command_here):
+    """`python -m gpt_tp.cli.planner`: --help and a refusal as real processes, the other command lines as its
+    __main__ runs them (gpt_tp.entry.run(command)) in this process (conftest's command_here)."""
+    def process(*args):
         return subprocess.run([sys.executable, "-m", "gpt_tp.cli.planner", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
-    r = run("--help")
+    def run(*args):
+        return command_here(lambda: plan_command.command(list(args)))
+
+    r = process("--help")
     assert r.returncode == 0 and "--devices-per-node" in r.stdout
     r = run("--model", "gpt2", "--devices-per-node", "8", "--memory-gib", "24", "--batch-size", "16")
     assert r.returncode == 0, r.stderr
@@ -207,7 +226,7 @@ def test_command_line():
     assert r.returncode == 2 and "--devices-per-node" in r.stderr
     # nothing fits, and a smaller batch cannot help: the table, then fit's line for it (exit 2), naming what would fit
     # (more ranks to shard the state)
-    r = run("--model", "gpt2-xl", "--devices-per-node", "2", "--memory-gib", "8", "--batch-size", "1", "--ac", "full")
+    r = process("--model", "gpt2-xl", "--devices-per-node", "2", "--memory-gib", "8", "--batch-size", "1", "--ac", "full")
     note = ("no layout fits 8 GiB per device: weights, gradients, AdamW state and overhead alone need 13.1 GiB at "
             "DP=2 x TP=1, so a smaller batch cannot help; 3 nodes of 2 (DP=6 x TP=1: the state sharded over 6 ranks) "
             "would fit (planner: --nodes 3)")
@@ -223,16 +242,16 @@ def test_command_line():
 
 
 @pytest.mark.slow
-def test_command_line_mistakes_are_one_line_errors(capsys):
-    """Each user mistake: exit 2 and one line (gpt_tp.entry.run); the command's defaults follow the model."""
+def test_command_line_mistakes_are_one_line_errors(command_here, capsys):
+    """Each user mistake: exit 2 and one line (gpt_tp.entry.run); the command's defaults follow the model. The first
+    as a real process, the flag mistakes as its __main__ runs them in this process (conftest's command_here)."""
     r = subprocess.run([sys.executable, "-m", "gpt_tp.cli.planner", "--devices-per-node", "2", "--memory-gib", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: device memory 0.0 GiB must be > 0 (planner --memory-gib)"]
     for args, msg in [(["--batch-size", "x"], "argument --batch-size: invalid int value: 'x'"),
                       (["--nope"], "unrecognized arguments: --nope (see python cli.py fit --help)")]:
-        r = subprocess.run([sys.executable, "-m", "gpt_tp.cli.planner", "--devices-per-node", "2", *args], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)
+        r = command_here(lambda: plan_command.command(["--devices-per-node", "2", *args]))  # noqa: B023
         assert msg in one_error_line(r)
     for args, msg in [
         (["--memory-gib", "-5"], "must be > 0"),
@@ -334,16 +353,5 @@ def test_planner_and_fit_auto_are_one_rule(user_run, capsys):
         "the same arguments shows the table)")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
-def test_planners_choice_runs_through_fit(config):
-    """Every shipped config with both sizes `auto`: `cli.py fit --simulate` (fit's launch checks, then one rank of
-    the whole world on a fake process group) plans the planner command's choice for the same arguments and runs it."""
-    args = ["--config", f"configs/{config}", "--trainer.strategy.init_args.data_parallel_size", "auto",
-            "--trainer.strategy.init_args.tensor_parallel_size", "auto"]
-    p = plan_command.main(args)
-    proc = subprocess.run([sys.executable, "cli.py", "fit", *args, "--simulate"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"gpt_tp planner: DP={p.choice.dp} x TP={p.choice.tp} " in proc.stderr
-    assert f"simulated rank 0 of {p.world_size} (DP={p.choice.dp} x TP={p.choice.tp})" in proc.stdout
+# The planner's choice through `cli.py fit --simulate` for every shipped config (both sizes `auto`) is asserted by
+# test_simulate.py::test_shipped_configs_simulate, on the one --simulate run per config that also checks its table.

@@ -1,5 +1,6 @@
 """benchmarks/scaling.py: cli.py fit at TP=2 against TP=1, run for real on the tiny model."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -38,26 +39,35 @@ def test_runs_cli_fit_side_by_side_and_pairs_the_ratios(tmp_path):
     assert "| benchmarks.plans:overlap2@glibc |" in proc.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--seq-len", "255"], "--seq-len=255 must be even"),
-    (["--variant", "torch"], "--variant 'torch': --plan='torch' must be module:attribute"),
-    (["--variant", "benchmarks.plans:nope"], "--variant 'benchmarks.plans:nope': --plan='benchmarks.plans:nope': module"),
-    (["--model", "huge"], "--model='huge': use one of"),
-    (["--variant", "gpt_tp@tcmalloc"], "--variant 'gpt_tp@tcmalloc': the suffix is the allocator, one of @split, @mmap, @glibc"),
+def refused(command_here, module: str, args: list[str], process: bool):
+    """`python -m <module> ARGS`: a real process, or (process False) its main as its __main__ runs it, in this process
+    (conftest's command_here: the same exit code and output, without a process's start-up)."""
+    if process:
+        return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True)
+    main = importlib.import_module(module).main
+    return command_here(lambda: main(args))
+
+
+@pytest.mark.parametrize("args,message,process", [
+    (["--seq-len", "255"], "--seq-len=255 must be even", True),
+    (["--variant", "torch"], "--variant 'torch': --plan='torch' must be module:attribute", False),
+    (["--variant", "benchmarks.plans:nope"], "--variant 'benchmarks.plans:nope': --plan='benchmarks.plans:nope': module", False),
+    (["--model", "huge"], "--model='huge': use one of", False),
+    (["--variant", "gpt_tp@tcmalloc"], "--variant 'gpt_tp@tcmalloc': the suffix is the allocator, one of @split, @mmap, @glibc", False),
 ])
 @pytest.mark.slow
-def test_bad_flags_are_one_error_line(args, message):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.scaling", *args], cwd=ROOT, capture_output=True, text=True)
+def test_bad_flags_are_one_error_line(command_here, args, message, process):
+    proc = refused(command_here, "benchmarks.scaling", args, process)
     assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    ([], "usage: python -m benchmarks.fit --plan module:attribute fit --config"),
-    (["--plan", "ordered", "fit"], "--plan='ordered' must be module:attribute, e.g. benchmarks.plans:ordered"),
-    (["--plan", "benchmarks.plans:nope", "fit"], "--plan='benchmarks.plans:nope': module 'benchmarks.plans' has no attribute 'nope'"),
-    (["--plan", "benchmarks.plans:overlap_plan", "fit"], "--plan='benchmarks.plans:overlap_plan' is neither a plan dict nor a GPTModule subclass"),
+@pytest.mark.parametrize("args,message,process", [
+    ([], "usage: python -m benchmarks.fit --plan module:attribute fit --config", True),
+    (["--plan", "ordered", "fit"], "--plan='ordered' must be module:attribute, e.g. benchmarks.plans:ordered", False),
+    (["--plan", "benchmarks.plans:nope", "fit"], "--plan='benchmarks.plans:nope': module 'benchmarks.plans' has no attribute 'nope'", False),
+    (["--plan", "benchmarks.plans:overlap_plan", "fit"], "--plan='benchmarks.plans:overlap_plan' is neither a plan dict nor a GPTModule subclass", False),
 ])
-def test_fit_with_a_plan_refuses_a_bad_plan_in_one_line(args, message):
+def test_fit_with_a_plan_refuses_a_bad_plan_in_one_line(command_here, args, message, process):
     """python -m benchmarks.fit: a missing or wrong --plan is one error line, exit 2, before cli.py parses anything."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.fit", *args], cwd=ROOT, capture_output=True, text=True)
+    proc = refused(command_here, "benchmarks.fit", args, process)
     assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

@@ -7,7 +7,10 @@ as under gradient accumulation, AdamW state, the batch), plus the largest rise a
 forward and backward, summed from the allocation and free records of the torch profiler (profile_memory); the least
 such peak of three micro-batches.
 
-Run under torchrun with nproc = dp * tp; rank 0 writes <out>.json with the measured and the planned numbers.
+Run under torchrun with nproc = dp * tp: one --case DP,TP,PRECISION,AC, or several whose DP x TP are all the number of
+processes, measured one after another (what a case made is freed before the next; the meshes of the cases before
+it stay, a (dp, tp) tensor of rank numbers each); rank 0 writes <out> as JSON: case -> the measured
+and the planned numbers.
 """
 
 import argparse
@@ -78,28 +81,19 @@ def rise_in(prof, window: str) -> int:
     return peak
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dp", type=int, default=1)
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
-    ap.add_argument("--ac", default="none", choices=AC_MODES)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    mesh, _ = torchrun_mesh(args.dp, args.tp, "cpu")
+def measure(mesh, dp: int, tp: int, precision: str, ac: str, layers: int, n_embd: int) -> dict:
+    """One case on this mesh: the measured and the planned numbers (every tensor it made is gone when it returns)."""
     torch.manual_seed(0)
-    config = GPTConfig(n_layer=args.layers, n_head=4, n_embd=args.n_embd, block_size=128, vocab_size=2048)
+    config = GPTConfig(n_layer=layers, n_head=4, n_embd=n_embd, block_size=128, vocab_size=2048)
     B, T = 4, 128
-    bf16 = args.precision == "bf16-mixed"
+    bf16 = precision == "bf16-mixed"
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
     x = torch.randint(0, config.vocab_size, (B, T))
     y = torch.randint(0, config.vocab_size, (B, T))
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         # as GPTModule.configure_model builds it for training: FSDP2 gathers in bf16 under bf16-mixed
-        model = parallelize(GPT(config), mesh, param_dtype=torch.bfloat16 if bf16 else None, activation_checkpointing=args.ac)
+        model = parallelize(GPT(config), mesh, param_dtype=torch.bfloat16 if bf16 else None, activation_checkpointing=ac)
         opt = OptimizerSettings(1e-3).build(model)
         saved = SavedBytes(model)
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), cast:
@@ -121,17 +115,36 @@ def main():
     # the least of three micro-batches: a free on one of gloo's threads goes unrecorded and only ever adds
     peak = min(before + rise_in(prof, window) for before, window in peaks[1:])
 
-    planned_act = memory.activation_bytes(config, B, T, args.tp, args.precision, dp=args.dp, ac=args.ac)
-    planned_states = sizes.state_bytes(config, args.dp, args.tp, 4)  # float32 parameters in both precisions
-    planned = memory.memory_per_device(config, args.dp, args.tp, B, T, args.precision, ac=args.ac, overhead_gib=0)
+    planned_act = memory.activation_bytes(config, B, T, tp, precision, dp=dp, ac=ac)
+    planned_states = sizes.state_bytes(config, dp, tp, 4)  # float32 parameters in both precisions
+    planned = memory.memory_per_device(config, dp, tp, B, T, precision, ac=ac, overhead_gib=0)
+    return {
+        "measured": {"activations": saved.total, "peak": peak, **{k: states[k] for k in ("params", "grads", "optimizer")}},
+        "planned": {"activations": sum(planned_act.values()), "peak": planned.total, **planned_states},
+        "planned_terms": {**planned_act, "transient": planned.transient},
+        "n_saved_storages": len(saved.storages),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", action="append", required=True, metavar="DP,TP,PRECISION,AC",
+                    help="a layout, precision (32-true, bf16-mixed) and activation checkpointing mode to measure; "
+                    "repeatable: the cases run one after another in these processes (DP x TP = the processes)")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--n-embd", type=int, default=128)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    results = {}
+    for case in args.case:
+        dp, tp, precision, ac = case.split(",")
+        assert precision in ("32-true", "bf16-mixed") and ac in AC_MODES, case
+        mesh, _ = torchrun_mesh(int(dp), int(tp), "cpu")
+        results[case] = measure(mesh, int(dp), int(tp), precision, ac, args.layers, args.n_embd)
+        gc.collect()  # the case's model, optimizer and autograd graphs: not alive in the next case's readings
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
-            json.dump({
-                "measured": {"activations": saved.total, "peak": peak, **{k: states[k] for k in ("params", "grads", "optimizer")}},
-                "planned": {"activations": sum(planned_act.values()), "peak": planned.total, **planned_states},
-                "planned_terms": {**planned_act, "transient": planned.transient},
-                "n_saved_storages": len(saved.storages),
-            }, f, indent=1)
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
