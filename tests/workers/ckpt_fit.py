@@ -2,6 +2,11 @@
 fail a save's fsync.
 
 Rank 0 writes <out>.json: {"losses": {step: train/loss}, "last": the checkpoint 'last' points to}.
+
+Several runs of one world size, one after another in the same processes (one launch instead of one each): their
+argument lists joined by `--then`; each builds its own Trainer, data, seeds (seed_everything first) and model as a
+fresh process would, so a resume still has only its checkpoint to go on (never the memory of the run that saved it,
+which ran in another launch). None may die or fail on purpose.
 """
 
 import argparse
@@ -9,6 +14,7 @@ import errno
 import json
 import os
 import signal
+import sys
 import time
 
 import lightning as L
@@ -75,7 +81,7 @@ def fail_fsync(stamp: str) -> None:
         ckpt._fsync = broken
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dp", type=int, default=1)
@@ -95,7 +101,24 @@ def main():
     ap.add_argument("--optimizer", default="adamw", help="model.optimizer")
     ap.add_argument("--muon-fp32", action="store_true", help="model.muon_fp32: Newton-Schulz in float32")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def main():
+    runs = [[]]
+    for a in sys.argv[1:]:
+        if a == "--then":
+            runs.append([])
+        else:
+            runs[-1].append(a)
+    runs = [parser().parse_args(argv) for argv in runs]
+    if len(runs) > 1:
+        assert not any(a.die_on_save or a.die_on_aside or a.fail_fsync for a in runs), "one run per launch"
+    for args in runs:
+        fit(args)
+
+
+def fit(args) -> None:
     if args.die_on_save:
         die_on_save(args.die_on_save)
     if args.die_on_aside:
