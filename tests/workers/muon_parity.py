@@ -4,12 +4,16 @@ device running torch.optim.Muon itself on the block matrices and torch.optim.Ada
 Same init, same global batch (each DP rank its slice), clip 1.0 by the global norm, the warmup + cosine multiplier on
 both peaks. --fp32: Newton-Schulz in float32 on both sides (torch's own code, its bfloat16 cast made a float32 one).
 Writes one JSON line per rank: per-step losses of both, the optimizer step's collectives by group and kind, and
-facts about the momentum buffers."""
+facts about the momentum buffers.
+
+Several runs of one world size, one after another in the same processes (one launch instead of one each): their
+argument lists joined by `--then`; each seeds and builds its models afresh."""
 
 import argparse
 import contextlib
 import copy
 import json
+import sys
 from collections import Counter
 
 import torch
@@ -44,12 +48,24 @@ def float32_newton_schulz(on: bool):
 
 
 def main():
+    runs = [[]]
+    for a in sys.argv[1:]:
+        if a == "--then":
+            runs.append([])
+        else:
+            runs[-1].append(a)
+    for argv in runs:
+        one_run(argv)
+    dist.destroy_process_group()
+
+
+def one_run(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--fp32", action="store_true")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rank, dp, tp, mesh, dp_rank = mesh_of(args.dp)
 
     torch.manual_seed(1234)
@@ -100,7 +116,6 @@ def main():
     res["kinds"] = dict(Counter(f"{g}:{k}" for g, k, _, _ in res["optimizer_collectives"]))
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
