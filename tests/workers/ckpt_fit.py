@@ -14,13 +14,13 @@ import errno
 import json
 import os
 import signal
-import sys
 import time
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gpt_tp.entry import run
+from runs import split_runs
 from stop_at import StopAt  # the run stops at --steps of the 12-step schedule every run shares
 from gpt_tp.checkpoint import ModelParallel
 from gpt_tp.train.datamodule import GPTDataModule
@@ -105,13 +105,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main():
-    runs = [[]]
-    for a in sys.argv[1:]:
-        if a == "--then":
-            runs.append([])
-        else:
-            runs[-1].append(a)
-    runs = [parser().parse_args(argv) for argv in runs]
+    runs = [parser().parse_args(argv) for argv in split_runs()]
     if len(runs) > 1:
         assert not any(a.die_on_save or a.die_on_aside or a.fail_fsync for a in runs), "one run per launch"
     for args in runs:

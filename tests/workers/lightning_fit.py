@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 
 import lightning as L
 import torch
@@ -21,6 +20,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.entry import run
+from runs import split_runs
 from gpt_tp.parallel import clip_grad_norm, grad_norm
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
@@ -84,13 +84,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main():
-    runs, argv = [[]], sys.argv[1:]
-    for a in argv:
-        if a == "--then":
-            runs.append([])
-        else:
-            runs[-1].append(a)
-    for i, run_argv in enumerate(runs):
+    for i, run_argv in enumerate(split_runs()):
         if i:
             torch._dynamo.reset()  # the next run compiles afresh, as in a process of its own
         fit(parser().parse_args(run_argv))

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import copy
 import json
-import sys
 from collections import Counter
 
 import torch
@@ -24,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.entry import run
+from runs import split_runs
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, parallelize, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
@@ -48,13 +48,7 @@ def float32_newton_schulz(on: bool):
 
 
 def main():
-    runs = [[]]
-    for a in sys.argv[1:]:
-        if a == "--then":
-            runs.append([])
-        else:
-            runs[-1].append(a)
-    for argv in runs:
+    for argv in split_runs():  # one run, or several joined by --then
         one_run(argv)
     dist.destroy_process_group()
 

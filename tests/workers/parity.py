@@ -13,7 +13,6 @@ builds its models afresh.
 import argparse
 import copy
 import json
-import sys
 from collections import Counter
 
 import torch
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 from gpt_tp.entry import run
+from runs import split_runs
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import OptimizerSettings, get_lr
@@ -97,13 +97,7 @@ def dp_mean(loss: torch.Tensor, mesh) -> float:
 
 
 def main():
-    runs = [[]]
-    for a in sys.argv[1:]:
-        if a == "--then":
-            runs.append([])
-        else:
-            runs[-1].append(a)
-    for argv in runs:
+    for argv in split_runs():  # one run, or several joined by --then
         one_run(argv)
     dist.destroy_process_group()
 
