@@ -170,3 +170,18 @@ def command_here(monkeypatch, request):
         return SimpleNamespace(returncode=e.value.code, stdout=out.out, stderr=out.err)
 
     return go
+
+
+# ---- fast-c (tests/test_ac.py, test_tp_parity.py, test_ddp.py, test_io_faults.py, test_checkpoint.py, test_muon.py,
+# test_multinode.py, test_slurm_ranks.py): expensive runs made once ------------------------------------------------
+def lightning_fits(tmp_path, nproc: int, runs: dict[str, tuple[str, ...]]) -> dict[str, tuple[dict, dict]]:
+    """Several runs of tests/workers/lightning_fit.py on the same nproc processes, one after another in one launch
+    (each its own Trainer, seed and model, as in a process of its own): by name, its JSON record and saved parameters."""
+    argv = []
+    for name, args in runs.items():
+        argv += [*(["--then"] if argv else []), "--out", str(tmp_path / name), *args]
+    if nproc == 1:
+        run_python("lightning_fit.py", *argv)
+    else:
+        run_torchrun("lightning_fit.py", nproc, *argv)
+    return {name: (read_json(tmp_path / f"{name}.json"), torch.load(tmp_path / f"{name}.pt")) for name in runs}

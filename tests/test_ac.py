@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from conftest import read_json, run_torchrun
+from conftest import lightning_fits
 
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import cross_entropy
@@ -44,26 +44,24 @@ def test_unknown_mode_is_a_user_error():
         GPTModule("tiny", activation_checkpointing="some")
 
 
-def _fit(tmp_path, name, nproc, *args):
-    out = str(tmp_path / name)
-    run_torchrun("lightning_fit.py", nproc, "--out", out, *args)
-    return read_json(out + ".json"), torch.load(out + ".pt")
-
-
 @pytest.mark.slow
 def test_lightning_runs_with_ac_match_without(tmp_path):
     """Trainer + ModelParallelStrategy, 6 optimizer steps, accumulation 2, clipping, fused AdamW: AC full at TP=2 and
     selective under FSDP2 (DP=2 x TP=2) equal the same layout without AC bit for bit (eager: the same ops in the same
     order); selective with compile at TP=2 within fp32 noise; configs/gpt2-xl-8gpu.yaml's recipe (FSDP2, compile,
-    bf16-mixed, selective) against the same without AC within bf16 noise."""
-    tp2 = _fit(tmp_path, "tp2", 2, "--tp", "2")
-    fsdp = _fit(tmp_path, "fsdp", 4, "--tp", "2", "--dp", "2")
+    bf16-mixed, selective) against the same without AC within bf16 noise. The runs of one world size share one launch
+    (each its own Trainer and model, tests/workers/lightning_fit.py)."""
     xl = ("--dp", "2", "--compile", "--precision", "bf16-mixed")
+    two = lightning_fits(tmp_path, 2, {"tp2": ("--tp", "2"), "full": ("--tp", "2", "--ac", "full"),
+                                       "selc": ("--tp", "2", "--ac", "selective", "--compile"),
+                                       "xl": xl, "xl_sel": (*xl, "--ac", "selective")})
+    four = lightning_fits(tmp_path, 4, {"fsdp": ("--tp", "2", "--dp", "2"),
+                                        "fsdp_sel": ("--tp", "2", "--dp", "2", "--ac", "selective")})
     runs = {
-        "full": (tp2, _fit(tmp_path, "full", 2, "--tp", "2", "--ac", "full"), 0.0),
-        "selective_compile": (tp2, _fit(tmp_path, "selc", 2, "--tp", "2", "--ac", "selective", "--compile"), 1e-4),
-        "selective_dp2xtp2": (fsdp, _fit(tmp_path, "fsdp_sel", 4, "--tp", "2", "--dp", "2", "--ac", "selective"), 0.0),
-        "selective_dp2_compile_bf16": (_fit(tmp_path, "xl", 2, *xl), _fit(tmp_path, "xl_sel", 2, *xl, "--ac", "selective"), 1e-3),
+        "full": (two["tp2"], two["full"], 0.0),
+        "selective_compile": (two["tp2"], two["selc"], 1e-4),
+        "selective_dp2xtp2": (four["fsdp"], four["fsdp_sel"], 0.0),
+        "selective_dp2_compile_bf16": (two["xl"], two["xl_sel"], 1e-3),
     }
     for name, ((ref, ref_w), (res, w), tol) in runs.items():
         ref_losses = [r["train/loss"] for r in ref["rows"]]

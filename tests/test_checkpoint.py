@@ -17,14 +17,26 @@ from gpt_tp.checkpoint.export import main as export_main
 
 
 def fit(tmp, name, nproc=2, *args):
-    out = str(tmp / name)
-    base = ["--ckpt-dir", str(tmp / f"ckpt_{name}"), "--out", out, *args]
+    return fits(tmp, nproc, {name: args})[name]
+
+
+def fits(tmp, nproc: int, runs: dict[str, tuple[str, ...]]) -> dict[str, tuple[dict, str]]:
+    """ckpt_fit.py's runs of one world size, one after another in one launch (each its own Trainer, data, seed and
+    model; a resume never shares a launch with the run that saved its checkpoint): by name, (its losses by step, the
+    checkpoint 'last' points to). Checkpoints go to tmp/ckpt_<name> unless the run's args give --ckpt-dir."""
+    argv = []
+    for name, args in runs.items():
+        ckpt = () if "--ckpt-dir" in args else ("--ckpt-dir", str(tmp / f"ckpt_{name}"))
+        argv += [*(["--then"] if argv else []), *ckpt, "--out", str(tmp / name), *args]
     if nproc == 1:
-        run_python("ckpt_fit.py", *base)
+        run_python("ckpt_fit.py", *argv)
     else:
-        run_torchrun("ckpt_fit.py", nproc, *base)
-    res = read_json(out + ".json")
-    return {int(k): v for k, v in res["losses"].items()}, res["last"]
+        run_torchrun("ckpt_fit.py", nproc, *argv)
+    out = {}
+    for name in runs:
+        res = read_json(tmp / f"{name}.json")
+        out[name] = {int(k): v for k, v in res["losses"].items()}, res["last"]
+    return out
 
 
 def run_to_failure(*args: str) -> subprocess.CompletedProcess:
@@ -36,36 +48,45 @@ def run_to_failure(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def straight_runs(tmp, *args: str) -> tuple:
+def straight_runs(tmp, *args: str, also: dict[str, tuple[str, ...]] | None = None) -> tuple:
     """8 uninterrupted optimizer steps at TP=2, and a 4-step TP=2 run whose checkpoint the tests resume (ckpt_fit.py's
-    `args` on both): (tmp, the 8 steps' losses, the copied step-4 checkpoint)."""
-    losses, last = fit(tmp, "full", 2, "--tp", "2", "--steps", "8", *args)
+    `args` on both), in one launch with the TP=2 runs `also` (their results: fits' files in tmp): (tmp, the 8 steps'
+    losses, the copied step-4 checkpoint)."""
+    runs = fits(tmp, 2, {"full": ("--tp", "2", "--steps", "8", *args), "half": ("--tp", "2", "--steps", "4", *args), **(also or {})})
+    losses, last = runs["full"]
     assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1] - 0.5
     assert os.path.basename(last) == "step0008.ckpt"
     # every 2 steps, the last two kept, plus 'last'
     assert sorted(os.listdir(tmp / "ckpt_full")) == ["last.ckpt", "step0006.ckpt", "step0008.ckpt"]
-    half, last = fit(tmp, "half", 2, "--tp", "2", "--steps", "4", *args)
+    half, last = runs["half"]
     assert half == {k: losses[k] for k in range(1, 5)}
     saved = tmp / "step4_tp2"
     shutil.copytree(last, saved)
     return tmp, losses, saved
 
 
+# the runs of test_kill_mid_save_then_resume_is_exact_with_dropout_and_accumulation and
+# test_kill_between_the_renames_of_an_overwrite_keeps_the_name
+KILL_ARGS = ("--tp", "2", "--steps", "6", "--dropout", "0.1", "--accum", "2", "--save-top-k", "-1")
+ASIDE_ARGS = ("--tp", "2", "--steps", "6", "--save-last", "copy", "--no-version-counter")
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    return straight_runs(tmp_path_factory.mktemp("straight"))
+    """straight_runs, and in the same launch the uninterrupted KILL_ARGS run (`dropout_accum`)."""
+    return straight_runs(tmp_path_factory.mktemp("straight"), also={"dropout_accum": KILL_ARGS})
 
 
-def check_exact_resume(straight: tuple, tmp_path, *args: str) -> None:
-    """--resume last from the 4-step run's folder: steps 5-8 bit-identical in fp32 on CPU (model, optimizer state,
-    LR schedule, step counters and the data position restored)."""
-    tmp, losses, _ = straight
+def exact_resume_args(straight: tuple, tmp_path) -> tuple[str, ...]:
+    """ckpt_fit.py's arguments of the exact resume: a copy of the 4-step run's folder, --resume last, to step 8."""
     ckpt_dir = tmp_path / "ckpt_resume"
-    shutil.copytree(tmp / "ckpt_half", ckpt_dir, symlinks=True)
-    out = str(tmp_path / "resume")
-    run_torchrun("ckpt_fit.py", 2, "--tp", "2", "--steps", "8", "--ckpt-dir", str(ckpt_dir), "--resume", "last",
-                 "--out", out, *args)
-    resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
+    shutil.copytree(straight[0] / "ckpt_half", ckpt_dir, symlinks=True)
+    return "--tp", "2", "--steps", "8", "--ckpt-dir", str(ckpt_dir), "--resume", "last"
+
+
+def check_exact(losses: dict, resumed: dict) -> None:
+    """The exact resume: steps 5-8 bit-identical in fp32 on CPU (model, optimizer state, LR schedule, step counters
+    and the data position restored)."""
     assert sorted(resumed) == [5, 6, 7, 8]
     assert resumed == {k: losses[k] for k in range(5, 9)}
 
@@ -74,33 +95,73 @@ def check_resume_at(straight: tuple, tmp_path, layout: str, nproc: int, *args: s
     """The step-4 TP=2 checkpoint continued at another layout: steps 5 and 6 within 1e-5."""
     _, losses, saved = straight
     resumed, _ = fit(tmp_path, layout, nproc, "--steps", "6", "--resume", str(saved), *args)
+    check_resumed(losses, resumed)
+
+
+def check_resumed(losses: dict, resumed: dict) -> None:
     assert sorted(resumed) == [5, 6]
     for k in (5, 6):
         assert resumed[k] == pytest.approx(losses[k], rel=1e-5, abs=0)
 
 
+@pytest.fixture(scope="module")
+def one_device(straight, tmp_path_factory):
+    """One launch on one process: the step-4 TP=2 checkpoint resumed to step 6, and a fresh 4-step run whose
+    checkpoint test_tp1_checkpoint_resumes_at_tp2 resumes at TP=2."""
+    return fits(tmp_path_factory.mktemp("one_device"), 1, {"tp1": ("--steps", "6", "--resume", str(straight[2])),
+                                                           "one": ("--steps", "4")})
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """The two runs killed on purpose, a launch each: SIGKILL inside the step-4 save (KILL_ARGS), and right after the
+    step-2 'last.ckpt' is moved aside to be overwritten at step 4 (ASIDE_ARGS). By name ("save", "aside"): (the
+    launch's output, its checkpoint folder, a copy of that folder as the kill left it: the resume changes the folder)."""
+    tmp = tmp_path_factory.mktemp("killed")
+    out = {}
+    for name, args, die in (("save", KILL_ARGS, ("--die-on-save", "2")), ("aside", ASIDE_ARGS, ("--die-on-aside", "1"))):
+        ckpt_dir = tmp / f"ckpt_{name}"
+        proc = run_to_failure(*args, *die, "--ckpt-dir", str(ckpt_dir), "--out", str(tmp / f"dead_{name}"))
+        shutil.copytree(ckpt_dir, tmp / f"as_killed_{name}", symlinks=True)
+        out[name] = proc, ckpt_dir, tmp / f"as_killed_{name}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def resumed(straight, one_device, killed, tmp_path_factory):
+    """Every TP=2 and DP=2 resume of the tests below, one after another in one launch of 2 processes, each from a
+    checkpoint saved in another launch: the 4-step run's folder with --resume last (`exact`), its step-4 checkpoint at
+    DP=2 x TP=1 (`dp2xtp1`), the one-device checkpoint at TP=2 (`two`), and the killed runs' folders (`after_save`:
+    --resume last, `after_aside`: --resume <folder>/last.ckpt, which the kill left only as last.ckpt.old)."""
+    tmp = tmp_path_factory.mktemp("resumed")
+    save_dir, aside_dir = killed["save"][1], killed["aside"][1]
+    return fits(tmp, 2, {
+        "exact": exact_resume_args(straight, tmp),
+        "dp2xtp1": ("--steps", "6", "--resume", str(straight[2]), "--dp", "2", "--batch-size", "2"),
+        "two": ("--tp", "2", "--steps", "6", "--resume", one_device["one"][1]),
+        "after_save": (*KILL_ARGS, "--ckpt-dir", str(save_dir), "--resume", "last"),
+        "after_aside": (*ASIDE_ARGS, "--ckpt-dir", str(aside_dir), "--resume", str(aside_dir / "last.ckpt")),
+    })
+
+
 @pytest.mark.slow
-def test_exact_resume_with_last(straight, tmp_path):
-    check_exact_resume(straight, tmp_path)
+def test_exact_resume_with_last(straight, resumed):
+    check_exact(straight[1], resumed["exact"][0])
 
 
-@pytest.mark.parametrize(
-    "layout,nproc,args",
-    [("tp1", 1, []), ("dp2xtp1", 2, ["--dp", "2", "--batch-size", "2"])],
-)
+@pytest.mark.parametrize("layout", ["tp1", "dp2xtp1"])
 @pytest.mark.slow
-def test_resume_at_another_layout(straight, tmp_path, layout, nproc, args):
-    """A TP=2 checkpoint continues on one device and on DP=2 x TP=1 (FSDP2) with the same global batch."""
-    check_resume_at(straight, tmp_path, layout, nproc, *args)
+def test_resume_at_another_layout(straight, one_device, resumed, layout):
+    """A TP=2 checkpoint continues on one device and on DP=2 x TP=1 (FSDP2, --batch-size 2: the same global batch)."""
+    check_resumed(straight[1], (one_device if layout == "tp1" else resumed)[layout][0])
 
 
 @pytest.mark.slow
-def test_tp1_checkpoint_resumes_at_tp2(straight, tmp_path):
+def test_tp1_checkpoint_resumes_at_tp2(straight, one_device, resumed):
     _, losses, _ = straight
-    one, last = fit(tmp_path, "one", 1, "--steps", "4")
+    one, last = one_device["one"]
     assert one == pytest.approx({k: losses[k] for k in range(1, 5)}, rel=1e-5)
-    resumed, _ = fit(tmp_path, "two", 2, "--tp", "2", "--steps", "6", "--resume", last)
-    assert resumed == pytest.approx({5: losses[5], 6: losses[6]}, rel=1e-5)
+    assert resumed["two"][0] == pytest.approx({5: losses[5], 6: losses[6]}, rel=1e-5)
 
 
 @pytest.mark.slow
@@ -116,47 +177,38 @@ def test_checkpoint_of_another_model_size_is_refused(straight, tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_mid_save_then_resume_is_exact_with_dropout_and_accumulation(tmp_path):
+def test_kill_mid_save_then_resume_is_exact_with_dropout_and_accumulation(straight, killed, resumed):
     """TP=2 with dropout 0.1 and accumulate_grad_batches=2, SIGKILL inside the step-4 save: step 2 stays intact and
     is what 'last' resumes. The resumed run is bit-identical to an uninterrupted one (a wrong RNG restore changes
     the dropout masks, a wrong data position under accumulation the batches), and 'last.ckpt' follows it to step 6,
     with no 'last-v1.ckpt' beside it (every checkpoint is kept, so a stale 'last.ckpt' would still point at step 2)."""
-    args = ("--tp", "2", "--steps", "6", "--dropout", "0.1", "--accum", "2", "--save-top-k", "-1")
-    straight, _ = fit(tmp_path, "straight", 2, *args)
-    assert sorted(straight) == list(range(1, 7))
-    ckpt_dir = tmp_path / "ckpt"
-    proc = run_to_failure(*args, "--die-on-save", "2", "--ckpt-dir", str(ckpt_dir), "--out", str(tmp_path / "dead"))
+    # the uninterrupted run, launched with the `straight` fixture's
+    ref = {int(k): v for k, v in read_json(straight[0] / "dropout_accum.json")["losses"].items()}
+    assert sorted(ref) == list(range(1, 7))
+    proc, ckpt_dir, as_killed = killed["save"]
     assert "SIGKILL" in proc.stderr + proc.stdout
-    assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt", "step0002.ckpt", "step0004.ckpt.partial"]
-    assert os.readlink(ckpt_dir / "last.ckpt") == "step0002.ckpt"
-    check_checkpoint(ckpt_dir / "step0002.ckpt")
+    assert sorted(os.listdir(as_killed)) == ["last.ckpt", "step0002.ckpt", "step0004.ckpt.partial"]
+    assert os.readlink(as_killed / "last.ckpt") == "step0002.ckpt"
+    check_checkpoint(as_killed / "step0002.ckpt")
     with pytest.raises(CheckpointError, match="unfinished checkpoint"):
-        check_checkpoint(ckpt_dir / "step0004.ckpt.partial")
-    out = str(tmp_path / "after")
-    run_torchrun("ckpt_fit.py", 2, *args, "--ckpt-dir", str(ckpt_dir), "--resume", "last", "--out", out)
-    resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
-    assert resumed == {k: straight[k] for k in range(3, 7)}
+        check_checkpoint(as_killed / "step0004.ckpt.partial")
+    assert resumed["after_save"][0] == {k: ref[k] for k in range(3, 7)}  # --resume last in ckpt_dir
     assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt", "step0002.ckpt", "step0004.ckpt", "step0006.ckpt"]
     assert os.readlink(ckpt_dir / "last.ckpt") == "step0006.ckpt"
 
 
 @pytest.mark.slow
-def test_kill_between_the_renames_of_an_overwrite_keeps_the_name(straight, tmp_path):
+def test_kill_between_the_renames_of_an_overwrite_keeps_the_name(straight, killed, resumed):
     """save_last in copy mode and no version counter (a rerun saves over its own step names). SIGKILL right after
     the step-2 'last.ckpt' is moved aside to be overwritten at step 4, the one moment the name holds nothing: the
     next start puts 'last.ckpt.old' back, resumes from it exactly, and overwrites 'step0004.ckpt' and 'last.ckpt'."""
     _, losses, _ = straight
-    args = ("--tp", "2", "--steps", "6", "--save-last", "copy", "--no-version-counter")
-    ckpt_dir = tmp_path / "ckpt"
-    proc = run_to_failure(*args, "--die-on-aside", "1", "--ckpt-dir", str(ckpt_dir), "--out", str(tmp_path / "dead"))
+    proc, ckpt_dir, as_killed = killed["aside"]
     assert "SIGKILL" in proc.stderr + proc.stdout
-    assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt.old", "last.ckpt.partial", "step0002.ckpt", "step0004.ckpt"]
+    assert sorted(os.listdir(as_killed)) == ["last.ckpt.old", "last.ckpt.partial", "step0002.ckpt", "step0004.ckpt"]
     with pytest.raises(CheckpointError, match="save that replaced it was interrupted.*last.ckpt.old holds it"):
-        check_checkpoint(ckpt_dir / "last.ckpt")
-    out = str(tmp_path / "after")
-    run_torchrun("ckpt_fit.py", 2, *args, "--ckpt-dir", str(ckpt_dir), "--resume", str(ckpt_dir / "last.ckpt"), "--out", out)
-    resumed = {int(k): v for k, v in read_json(out + ".json")["losses"].items()}
-    assert resumed == {k: losses[k] for k in range(3, 7)}
+        check_checkpoint(as_killed / "last.ckpt")
+    assert resumed["after_aside"][0] == {k: losses[k] for k in range(3, 7)}  # --resume ckpt_dir/last.ckpt
     assert sorted(os.listdir(ckpt_dir)) == ["last.ckpt", "step0004.ckpt", "step0006.ckpt"]
     check_checkpoint(ckpt_dir / "step0004.ckpt")
     assert torch.load(ckpt_dir / "last.ckpt" / "meta.pt", weights_only=True)["global_step"] == 6

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from conftest import lightning_fit
+from conftest import lightning_fit, lightning_fits
 
 
 @pytest.mark.slow
 def test_ddp_matches_model_parallel_dp2_and_single_device(tmp_path):
     """fp32, 6 optimizer steps of 2 accumulated micro-batches, clip 1.0, fused AdamW, warmup + cosine: DDP x2 gives
     one device's losses, grad norms and learning rates step for step, and ModelParallelStrategy DP=2 x TP=1's."""
-    ddp, ddp_w = lightning_fit(tmp_path, "ddp", 2, "--dp", "2", "--strategy", "ddp")
-    mp, mp_w = lightning_fit(tmp_path, "mp", 2, "--dp", "2")
+    two = lightning_fits(tmp_path, 2, {"ddp": ("--dp", "2", "--strategy", "ddp"), "mp": ("--dp", "2")})  # one launch
+    (ddp, ddp_w), (mp, mp_w) = two["ddp"], two["mp"]
     single, single_w = lightning_fit(tmp_path, "single", 1)
     assert len(ddp["rows"]) == 6
     losses = [r["train/loss"] for r in ddp["rows"]]

@@ -64,12 +64,24 @@ data:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[int, float]:
-    """The losses of the 9-step run no fault touches, by step."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    proc = fit(tmp, tmp / "ckpt", "--trainer.callbacks", "[]")
+def removed_folder_run(tmp_path_factory):
+    """The 9-step run whose checkpoint folder is deleted after step 4 (test_removed_folder_mid_run_is_made_again):
+    (the process, the folder, its losses by step)."""
+    tmp = tmp_path_factory.mktemp("removed_folder")
+    ckpt = tmp / "ckpt"
+    proc = fit(tmp, ckpt, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(ckpt),
+               "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "remove")
+    return proc, ckpt, losses(tmp, 0) if proc.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(removed_folder_run) -> dict[int, float]:
+    """The losses of the 9-step run no fault of training touches, by step: the removed-folder run's (deleting the
+    checkpoint folder between steps changes no training state; a run it disturbed would fail every comparison)."""
+    proc, _, run_losses = removed_folder_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return losses(tmp, 0)
+    assert sorted(run_losses) == list(range(9))
+    return run_losses
 
 
 def errors(proc) -> list[str]:
@@ -136,12 +148,10 @@ def test_read_only_folder_mid_run_is_one_line(tmp_path, tmpfs, uninterrupted):
 
 
 @pytest.mark.slow
-def test_removed_folder_mid_run_is_made_again(tmp_path):
+def test_removed_folder_mid_run_is_made_again(removed_folder_run):
     """The checkpoint folder deleted after step 4: the step-6 save says so in one warning, makes it again and the
-    run goes on to step 9; nothing else is lost."""
-    ckpt = tmp_path / "ckpt"
-    proc = fit(tmp_path, ckpt, "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path", str(ckpt),
-               "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "remove")
+    run goes on to step 9; nothing else is lost. (Its losses are the reference of the resumed runs here.)"""
+    proc, ckpt, _ = removed_folder_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count(f"checkpoint folder {ckpt} was removed during the run: making it again") == 1
     assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0000006.ckpt", "step0000009.ckpt"]

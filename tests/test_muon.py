@@ -21,7 +21,7 @@ from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.module import GPTModule
 from gpt_tp.train.optim import OptimizerSettings, is_muon_weight
 from synthetic_data import SyntheticDataModule
-from test_checkpoint import check_exact_resume, check_resume_at, straight_runs
+from test_checkpoint import check_exact, check_resume_at, check_resumed, exact_resume_args, fits, straight_runs
 from test_module import trainer
 
 
@@ -76,9 +76,29 @@ def test_step_closure_sees_every_group():
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), first))
 
 
-def muon_parity(tmp_path, nproc: int, dp: int, fp32: bool) -> list[dict]:
-    run_torchrun("muon_parity.py", nproc, "--dp", str(dp), *(["--fp32"] if fp32 else []), "--out", str(tmp_path / "r"))
-    return [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
+def muon_parity(tmp_path, nproc: int, runs: list[tuple[int, bool]]) -> dict[tuple[int, bool], list[dict]]:
+    """muon_parity.py's runs (dp, fp32) of one world size, one after another in one launch: each rank's results."""
+    argv = []
+    for dp, fp32 in runs:
+        argv += [*(["--then"] if argv else []), "--dp", str(dp), *(["--fp32"] if fp32 else []), "--out", str(tmp_path / f"r{dp}{fp32:d}")]
+    run_torchrun("muon_parity.py", nproc, *argv)
+    return {(dp, fp32): [read_json(tmp_path / f"r{dp}{fp32:d}.{rank}.json") for rank in range(nproc)] for dp, fp32 in runs}
+
+
+# the slow cases below, those of one world size in one launch (launched on first use)
+SLOW_MUON_RUNS = {2: [(1, True), (2, False), (2, True)], 4: [(2, False), (2, True)]}
+
+
+@pytest.fixture(scope="module")
+def slow_muon_runs(tmp_path_factory):
+    done = {}
+
+    def get(nproc: int, dp: int, fp32: bool) -> list[dict]:
+        if nproc not in done:
+            done[nproc] = muon_parity(tmp_path_factory.mktemp(f"muon{nproc}"), nproc, SLOW_MUON_RUNS[nproc])
+        return done[nproc][dp, fp32]
+
+    return get
 
 
 @pytest.mark.parametrize("dp,nproc,fp32", [
@@ -89,14 +109,17 @@ def muon_parity(tmp_path, nproc: int, dp: int, fp32: bool) -> list[dict]:
     pytest.param(2, 4, False, marks=pytest.mark.slow),
     pytest.param(2, 4, True, marks=pytest.mark.slow),
 ], ids=["tp2-bf16", "tp2-fp32", "dp2xtp1-bf16", "dp2xtp1-fp32", "dp2xtp2-bf16", "dp2xtp2-fp32"])
-def test_sharded_muon_matches_one_device(tmp_path, dp, nproc, fp32):
+def test_sharded_muon_matches_one_device(tmp_path, slow_muon_runs, dp, nproc, fp32):
     """8 steps from the same init and data, clip 1.0 by the global norm, the schedule on both peaks: losses within
     1e-3 relative of one device's torch.optim.Muon with bf16 Newton-Schulz as torch runs it, 1e-5 in float32. The
     optimizer step's collectives are benchmarks.collectives.muon_collectives', to the byte: at TP=2 one flat all-reduce
     of the 8 squared norms, then one of the 8 C x C Grams per Newton-Schulz step (float32); at DP=2 the c_projs
     gathered over DP in bf16 (their short side is FSDP2's dim 0)."""
     tp = nproc // dp
-    results = muon_parity(tmp_path, nproc, dp, fp32)
+    if (nproc, dp, fp32) == (2, 1, False):  # the quick case of `-m "not slow"`: a launch of its own
+        results = muon_parity(tmp_path, nproc, [(dp, fp32)])[dp, fp32]
+    else:
+        results = slow_muon_runs(nproc, dp, fp32)
     tol = 1e-5 if fp32 else 1e-3
     for res in results:
         assert res["muon_groups"] == 1 and res["muon_params"] == 8
@@ -126,16 +149,28 @@ def muon_straight(tmp_path_factory):
     return straight_runs(tmp_path_factory.mktemp("muon_straight"), *MUON)
 
 
+@pytest.fixture(scope="module")
+def muon_resumed(muon_straight, tmp_path_factory):
+    """The two 2-process resumes below in one launch (each from a checkpoint saved in another launch): the 4-step
+    run's folder with --resume last at TP=2 (`exact`), its step-4 checkpoint at DP=2 x TP=1 (`dp2xtp1`)."""
+    tmp = tmp_path_factory.mktemp("muon_resumed")
+    return fits(tmp, 2, {"exact": (*exact_resume_args(muon_straight, tmp), *MUON),
+                         "dp2xtp1": ("--steps", "6", "--resume", str(muon_straight[2]), *MUON, "--dp", "2", "--batch-size", "2")})
+
+
 @pytest.mark.slow
-def test_muon_checkpoint_resumes_bit_identically(muon_straight, tmp_path):
-    check_exact_resume(muon_straight, tmp_path, *MUON)
+def test_muon_checkpoint_resumes_bit_identically(muon_straight, muon_resumed):
+    check_exact(muon_straight[1], muon_resumed["exact"][0])
 
 
 @pytest.mark.parametrize("layout,nproc,args", [("tp1", 1, []), ("dp2xtp1", 2, ["--dp", "2", "--batch-size", "2"])])
 @pytest.mark.slow
-def test_muon_checkpoint_reshards(muon_straight, tmp_path, layout, nproc, args):
+def test_muon_checkpoint_reshards(muon_straight, muon_resumed, tmp_path, layout, nproc, args):
     """The TP=2 checkpoint's momentum buffers (DTensors in DCP) continue on one device and at DP=2 x TP=1."""
-    check_resume_at(muon_straight, tmp_path, layout, nproc, *MUON, *args)
+    if layout == "dp2xtp1":  # launched with muon_resumed's exact resume
+        check_resumed(muon_straight[1], muon_resumed[layout][0])
+    else:
+        check_resume_at(muon_straight, tmp_path, layout, nproc, *MUON, *args)
 
 
 @pytest.mark.slow

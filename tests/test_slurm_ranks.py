@@ -28,14 +28,16 @@ def _launch_ranks(tmp_path: Path, *args: str, port: int | None = None) -> list[t
         cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(ROOT / "configs" / "cpu.yaml"),
                "--trainer.max_steps", "400", "--trainer.enable_progress_bar", "false",
                "--trainer.callbacks+=gpt_tp.cluster.slurm.Preemption", f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}",
-               "--trainer.callbacks.requeue=false", "--trainer.callbacks+=gpt_tp.cluster.slurm.FailFast", *SLURM_ENV_FLAGS.split(), *args]
+               "--trainer.callbacks.requeue=false", "--trainer.callbacks+=gpt_tp.cluster.slurm.FailFast",
+               "--trainer.callbacks.report_every_n_steps=1", *SLURM_ENV_FLAGS.split(), *args]
         procs.append((subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT), log))
     return procs
 
 
 def _wait_training(procs):
     wait_for(lambda: all("fail-fast watchdog on" in log.read_text() for _, log in procs), 180, "both ranks to train")
-    time.sleep(3)  # a few optimizer steps
+    # a few optimizer steps (both ranks take each one together): FailFast's heartbeat, every step on rank 0
+    wait_for(lambda: "rank 0: step 3\n" in procs[0][1].read_text(), 60, "three optimizer steps", interval=0.2)
 
 
 def _cleanup(procs):

@@ -2,6 +2,11 @@
 fail a save's fsync.
 
 Rank 0 writes <out>.json: {"losses": {step: train/loss}, "last": the checkpoint 'last' points to}.
+
+Several runs of one world size, one after another in the same processes (one launch instead of one each): their
+argument lists joined by `--then`; each builds its own Trainer, data, seeds (seed_everything first) and model as a
+fresh process would, so a resume still has only its checkpoint to go on (never the memory of the run that saved it,
+which ran in another launch). None may die or fail on purpose.
 """
 
 import argparse
@@ -15,6 +20,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from gpt_tp.entry import run
+from runs import split_runs
 from stop_at import StopAt  # the run stops at --steps of the 12-step schedule every run shares
 from gpt_tp.checkpoint import ModelParallel
 from gpt_tp.train.datamodule import GPTDataModule
@@ -75,7 +81,7 @@ def fail_fsync(stamp: str) -> None:
         ckpt._fsync = broken
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dp", type=int, default=1)
@@ -95,7 +101,18 @@ def main():
     ap.add_argument("--optimizer", default="adamw", help="model.optimizer")
     ap.add_argument("--muon-fp32", action="store_true", help="model.muon_fp32: Newton-Schulz in float32")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def main():
+    runs = [parser().parse_args(argv) for argv in split_runs()]
+    if len(runs) > 1:
+        assert not any(a.die_on_save or a.die_on_aside or a.fail_fsync for a in runs), "one run per launch"
+    for args in runs:
+        fit(args)
+
+
+def fit(args) -> None:
     if args.die_on_save:
         die_on_save(args.die_on_save)
     if args.die_on_aside:

@@ -2,11 +2,16 @@
 
 Writes <out>.json on rank 0: per-optimizer-step train/loss, train/grad_norm, train/lr, the gathered initial
 and final parameters' checksums, and (with --dump) the gathered parameters themselves to <out>.pt.
+
+Several runs of one world size, one after another in the same processes (one launch instead of one each): their
+argument lists joined by `--then` (`--out a --tp 2 --then --out b --tp 2 --compile`). Each run builds its own Trainer,
+seeds and model as a fresh process would; torch.compile's in-memory caches are reset between runs.
 """
 
 import argparse
 import contextlib
 import json
+import os
 
 import lightning as L
 import torch
@@ -15,6 +20,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.entry import run
+from runs import split_runs
 from gpt_tp.parallel import clip_grad_norm, grad_norm
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
@@ -58,7 +64,7 @@ class GradProbe(Callback):
         self.pure.append({"norms": norms, "grads_unchanged": all(torch.equal(before[n], after[n]) for n in before)})
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dp", type=int, default=1)
@@ -74,8 +80,19 @@ def main():
     ap.add_argument("--strategy", choices=("model_parallel", "ddp"), default="model_parallel", help="for more than one process")
     ap.add_argument("--grads", action="store_true", help="GradProbe: the gradients a callback reads, to <out>.grads.pt")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def main():
+    for i, run_argv in enumerate(split_runs()):
+        if i:
+            torch._dynamo.reset()  # the next run compiles afresh, as in a process of its own
+        fit(parser().parse_args(run_argv))
+
+
+def fit(args) -> None:
     world = args.tp * args.dp
+    assert world == int(os.environ.get("WORLD_SIZE", 1)), (world, os.environ.get("WORLD_SIZE"))
     strategy = ModelParallelStrategy(data_parallel_size=args.dp, tensor_parallel_size=args.tp) if world > 1 else "auto"
     if args.strategy == "ddp":
         assert args.tp == 1, "DDP replicates the whole model: --tp 1"

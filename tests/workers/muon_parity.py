@@ -4,7 +4,10 @@ device running torch.optim.Muon itself on the block matrices and torch.optim.Ada
 Same init, same global batch (each DP rank its slice), clip 1.0 by the global norm, the warmup + cosine multiplier on
 both peaks. --fp32: Newton-Schulz in float32 on both sides (torch's own code, its bfloat16 cast made a float32 one).
 Writes one JSON line per rank: per-step losses of both, the optimizer step's collectives by group and kind, and
-facts about the momentum buffers."""
+facts about the momentum buffers.
+
+Several runs of one world size, one after another in the same processes (one launch instead of one each): their
+argument lists joined by `--then`; each seeds and builds its models afresh."""
 
 import argparse
 import contextlib
@@ -20,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.entry import run
+from runs import split_runs
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, parallelize, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
@@ -44,12 +48,18 @@ def float32_newton_schulz(on: bool):
 
 
 def main():
+    for argv in split_runs():  # one run, or several joined by --then
+        one_run(argv)
+    dist.destroy_process_group()
+
+
+def one_run(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--fp32", action="store_true")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rank, dp, tp, mesh, dp_rank = mesh_of(args.dp)
 
     torch.manual_seed(1234)
@@ -100,7 +110,6 @@ def main():
     res["kinds"] = dict(Counter(f"{g}:{k}" for g, k, _, _ in res["optimizer_collectives"]))
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ Every rank builds the reference GPT from the same seed, parallelizes a deep copy
 both the same global batch (each DP rank its slice to the sharded model). It writes one JSON line per rank
 with: the step-0 losses, the worst relative gradient difference per parameter, the per-step losses of 6
 optimizer steps (clip 1.0, fused AdamW, the LR schedule), tie and placement facts. The test asserts on them.
+
+Several runs of one world size, one after another in the same processes (one launch instead of one each): their
+argument lists joined by `--then` (`--out a --then --out b --plan benchmarks.plans:ordered`); each run seeds and
+builds its models afresh.
 """
 
 import argparse
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 from gpt_tp.entry import run
+from runs import split_runs
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import OptimizerSettings, get_lr
@@ -70,11 +75,17 @@ def naive_errors(config, mesh):
     return errors
 
 
+_MESHES = {}  # dp -> the mesh: the runs of one launch at one layout share it, as a process of its own has one
+
+
 def mesh_of(dp: int):
     """The gloo process group and the (dp, tp) mesh over it: (rank, dp, tp, mesh, this rank's DP index)."""
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # one group for all the runs of a launch
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (dp, world // dp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    if dp not in _MESHES:
+        _MESHES[dp] = init_device_mesh("cpu", (dp, world // dp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    mesh = _MESHES[dp]
     return rank, dp, world // dp, mesh, mesh["data_parallel"].get_local_rank()
 
 
@@ -86,13 +97,19 @@ def dp_mean(loss: torch.Tensor, mesh) -> float:
 
 
 def main():
+    for argv in split_runs():  # one run, or several joined by --then
+        one_run(argv)
+    dist.destroy_process_group()
+
+
+def one_run(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--plan", help="module:attribute of another plan (default gpt_tp's TP_PLAN)")
     ap.add_argument("--skip-naive", action="store_true", help="leave out the naive recipe's errors")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rank, dp, tp, mesh, dp_rank = mesh_of(args.dp)
 
     torch.manual_seed(1234)
@@ -147,7 +164,6 @@ def main():
     res["naive_errors"] = [] if args.skip_naive else naive_errors(config, mesh)
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
