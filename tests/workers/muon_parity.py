@@ -16,14 +16,13 @@ import json
 from collections import Counter
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.entry import run
-from runs import split_runs
+from runs import run_all
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, parallelize, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
@@ -48,9 +47,7 @@ def float32_newton_schulz(on: bool):
 
 
 def main():
-    for argv in split_runs():  # one run, or several joined by --then
-        one_run(argv)
-    dist.destroy_process_group()
+    run_all(one_run)  # one run, or several joined by --then
 
 
 def one_run(argv: list[str]) -> None:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 from gpt_tp.entry import run
-from runs import split_runs
+from runs import run_all
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import OptimizerSettings, get_lr
@@ -97,9 +97,7 @@ def dp_mean(loss: torch.Tensor, mesh) -> float:
 
 
 def main():
-    for argv in split_runs():  # one run, or several joined by --then
-        one_run(argv)
-    dist.destroy_process_group()
+    run_all(one_run)  # one run, or several joined by --then
 
 
 def one_run(argv: list[str]) -> None:

@@ -2,6 +2,8 @@
 
 import sys
 
+import torch.distributed as dist
+
 
 def split_runs(argv: list[str] | None = None) -> list[list[str]]:
     runs = [[]]
@@ -11,3 +13,10 @@ def split_runs(argv: list[str] | None = None) -> list[list[str]]:
         else:
             runs[-1].append(a)
     return runs
+
+
+def run_all(one_run) -> None:
+    """one_run(argv) for each run of the command line, one after another; then the process group ends."""
+    for argv in split_runs():
+        one_run(argv)
+    dist.destroy_process_group()
