@@ -2,6 +2,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,14 @@ def user_run(monkeypatch, capsys):
 def read_json(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def pytest_configure(config):
+    """SIGINT's default disposition in the test process, so every child it starts sees Ctrl-C as a terminal's would.
+    A shell starts a background job (`cmd &` without job control) with SIGINT ignored (POSIX), an exec keeps an
+    ignored signal ignored, and a test that sends SIGINT would then test nothing."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -399,3 +399,13 @@ def test_error_out_dir_holds_other_shards(tmp_path, reference, existing):
         match = r"other settings \(shard_size differ"
     with pytest.raises(DataError, match=match):
         prep.prepare(out, **kw)
+
+
+def test_children_see_sigint_as_from_a_terminal():
+    """The suite's children receive SIGINT whether pytest ran in a terminal or in a background job that inherited it
+    ignored (conftest.pytest_configure): a child that asks for SIGINT's disposition finds Python's handler."""
+    script = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    ignored = subprocess.run(["sh", "-c", f"trap '' INT; {sys.executable} -c '{script}'"], capture_output=True, text=True)
+    assert ignored.stdout == "False\n"  # the trap reproduces a background job's ignored SIGINT
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert child.stdout == "True\n"

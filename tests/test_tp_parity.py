@@ -171,9 +171,12 @@ def test_lightning_tp_runs_match_single_device(lightning_runs):
 @pytest.mark.slow
 def test_a_callback_reads_true_gradients(lightning_runs):
     """A user's callback in on_before_optimizer_step (before GPTModule's) reads every gradient, gathered, at TP=2
-    and DP=2 x TP=2 with gradient accumulation 2: each equals one device's within 1e-5, its largest difference over
-    its largest entry, over the first two optimizer steps; the sequence-parallel LayerNorm and wpe gradients
-    included. grad_norm and clip_grad_norm called twice leave the norm and every gradient as they were."""
+    and DP=2 x TP=2 with gradient accumulation 2, its largest difference over its largest entry against one
+    device's, the sequence-parallel LayerNorm and wpe gradients included. Step 0 (the same weights, the same batch):
+    within 1e-5. Step 1 follows one fused-AdamW update, which moves every weight by about lr whatever its gradient's
+    size, so the fp32 reordering noise of step 0 is in the weights step 1 differentiates: within 1e-4, the
+    tolerance of the multi-step parity tests (1.85e-5 was seen on one CPU). grad_norm and
+    clip_grad_norm called twice leave the norm and every gradient as they were."""
     _, tmp = lightning_runs  # the 2-step runs with the probe: single_g, tp2_g, dp2tp2_g
     probes = {name: torch.load(tmp / f"{name}_g.grads.pt") for name in ("single", "tp2", "dp2tp2")}
     ref = probes.pop("single")
@@ -182,9 +185,10 @@ def test_a_callback_reads_true_gradients(lightning_runs):
         for step, (grads, ref_grads) in enumerate(zip(probe["grads"], ref["grads"], strict=True)):
             assert grads.keys() == ref_grads.keys()
             rel = {n: ((g - ref_grads[n]).abs().max() / ref_grads[n].abs().max()).item() for n, g in grads.items()}
+            tol = 1e-5 if step == 0 else 1e-4
             worst = max(rel.items(), key=lambda kv: kv[1])
-            assert worst[1] < 1e-5, (name, step, worst)
+            assert worst[1] < tol, (name, step, worst)
             for n in ("transformer.wpe.weight", "transformer.h.0.ln_1.weight", "transformer.ln_f.bias"):
-                assert rel[n] < 1e-5, (name, step, n)
+                assert rel[n] < tol, (name, step, n)
         for pure in probe["pure"] + ref["pure"]:
             assert pure["grads_unchanged"] and len(set(pure["norms"])) == 1, (name, pure)
