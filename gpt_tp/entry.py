@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-
 from gpt_tp.errors import UserError
+from gpt_tp.ranks import Layout, build_mesh
 
 EXIT_USER_ERROR = 2  # argparse's code for a bad command line; used for every user mistake
 
@@ -77,7 +76,7 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    return init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel")), dev
+    return build_mesh(Layout(dp, tp), dev.type), dev
 
 
 def _claim_once(message: str) -> bool:

@@ -1,21 +1,53 @@
-"""Where this process sits in a Lightning trainer's layout, and what the model it trains is."""
+"""The DP x TP layout (one object, one mesh builder), where this process sits in it, and what the model it trains
+is."""
+
+from dataclasses import dataclass, field
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
-def data_parallel_rank_size(trainer) -> tuple[int, int]:
-    """(rank, size) of this process among the data-parallel replicas: the DP dim of ModelParallelStrategy's mesh,
-    all processes for DDP-like strategies, (0, 1) without a trainer or on one device."""
-    kwargs = (getattr(trainer.strategy, "distributed_sampler_kwargs", None) if trainer is not None else None) or {}
-    return kwargs.get("rank", 0), kwargs.get("num_replicas", 1)
+MESH_DIMS = ("data_parallel", "tensor_parallel")  # the one DeviceMesh's dims, outer (across nodes) to inner
 
 
-def parallel_layout(trainer, pl_module) -> tuple[int, int, int, object]:
-    """(tp, dp_rank, dp_size, dp_group) of this process: ModelParallelStrategy's mesh, else every process is a
-    data-parallel replica (DDP-like strategies; dp_group None: the default group), else one process."""
-    mesh = getattr(pl_module, "device_mesh", None)
+@dataclass(frozen=True)
+class Layout:
+    """A run's data-parallel x tensor-parallel layout (gpt_tp.sizing.check_run validates it against the model, once)
+    and, once a mesh exists, this process's place in it: build_mesh makes the mesh, layout_of reads it back."""
+
+    dp: int  # data-parallel size: FSDP2 replicas under ModelParallelStrategy, every process under DDP
+    tp: int  # tensor-parallel size
+    dp_rank: int = 0  # this process among the dp replicas (TP ranks share one)
+    mesh: DeviceMesh | None = field(default=None, compare=False, repr=False)  # None: no mesh (one process, or DDP)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def dp_group(self):
+        """The data-parallel process group; None (the default group) without a mesh."""
+        return None if self.mesh is None else self.mesh[MESH_DIMS[0]].get_group()
+
+    def __str__(self) -> str:
+        return f"DP={self.dp} x TP={self.tp}"
+
+
+def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    """The (data_parallel, tensor_parallel) DeviceMesh of `layout` over the default process group: the one mesh of
+    every path (Lightning's ModelParallel, torchrun commands, --simulate's fake group)."""
+    return init_device_mesh(device_type, (layout.dp, layout.tp), mesh_dim_names=MESH_DIMS)
+
+
+def layout_of(trainer=None, pl_module=None, mesh: DeviceMesh | None = None) -> Layout:
+    """This process's Layout: from `mesh`, else the module's (or the trainer's module's) mesh; else every process is a
+    data-parallel replica (DDP-like strategies: their sampler's rank and size); else one process."""
+    module = pl_module if pl_module is not None else getattr(trainer, "lightning_module", None)
+    mesh = mesh if mesh is not None else getattr(module, "device_mesh", None)
     if mesh is not None:
-        dp_mesh = mesh["data_parallel"]
-        return mesh["tensor_parallel"].size(), dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group()
-    return 1, *data_parallel_rank_size(trainer), None
+        dp = mesh[MESH_DIMS[0]]
+        return Layout(dp.size(), mesh[MESH_DIMS[1]].size(), dp.get_local_rank(), mesh)
+    kwargs = (getattr(trainer.strategy, "distributed_sampler_kwargs", None) if trainer is not None else None) or {}
+    return Layout(kwargs.get("num_replicas", 1), 1, kwargs.get("rank", 0))
 
 
 def model_config(model):

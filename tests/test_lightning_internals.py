@@ -36,6 +36,26 @@ def test_model_parallel_takes_lightnings_arguments_by_name():
     assert set(ours) <= set(inspect.signature(ModelParallelStrategy.__init__).parameters)
 
 
+def test_setup_with_mesh_does_what_lightnings_setup_environment_does():
+    """setup_with_mesh is ModelParallelStrategy.setup_environment with gpt_tp's mesh builder: Lightning's must still be
+    its parent's setup, the process group, the "auto" sizes and one mesh given to the strategy and the module, so that
+    replacing it leaves nothing out (tests/test_layout.py runs it on 4 processes)."""
+    import inspect
+    import re
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    code = re.sub(r"\s+", " ", inspect.getsource(ModelParallelStrategy.setup_environment))
+    for step in ("super().setup_environment()", "self._setup_distributed()",
+                 'if self._data_parallel_size == "auto": self._data_parallel_size = self.num_nodes',
+                 'if self._tensor_parallel_size == "auto": self._tensor_parallel_size = self.num_processes',
+                 "self._device_mesh = _setup_device_mesh( self._data_parallel_size, self._tensor_parallel_size, "
+                 "self.world_size, self.root_device )", "self.lightning_module._device_mesh = self._device_mesh"):
+        assert step in code, step
+    assert len(re.findall(r"\bself\.\w+\(| = ", code)) == 5  # no call or assignment beyond those
+    assert ModelParallelStrategy.device_mesh.fget(SimpleNamespace(_device_mesh="mesh")) == "mesh"
+
+
 def test_a_step_marked_saved_is_not_saved_again():
     """ModelCheckpoint skips saving a step it has saved: mark_saved makes the resumed step count as saved."""
     cb = ModelCheckpoint(dirpath="unused", every_n_train_steps=1)

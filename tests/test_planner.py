@@ -92,12 +92,12 @@ def test_block_activations_divide_by_tp():
 def test_12_heads_on_8_devices_gives_a_clear_answer():
     c = GPTConfig.from_name("gpt2")  # 12 heads
     p = planner.plan(c, devices_per_node=8, batch_size=16, seq_len=1024, device_memory_gib=24)
-    by_tp = {lay.tp: lay for lay in p.layouts}
+    by_tp = {lay.layout.tp: lay for lay in p.layouts}
     assert by_tp[8].memory is None and "n_head=12" in by_tp[8].reason
-    assert (p.choice.dp, p.choice.tp) == (8, 1)  # 124M fits: the smallest TP wins
+    assert (p.choice.layout.dp, p.choice.layout.tp) == (8, 1)  # 124M fits: the smallest TP wins
     # without enough memory for TP=1 or 2 the planner moves up to TP=4 x DP=2, never to TP=8
     p = planner.plan(c, devices_per_node=8, batch_size=80, seq_len=1024, device_memory_gib=24)
-    assert (p.choice.dp, p.choice.tp) == (2, 4)
+    assert (p.choice.layout.dp, p.choice.layout.tp) == (2, 4)
     assert planner.resolve_layout(c, 8, 8, 1, 16, 1024, 24) == (8, 1)
     assert planner.resolve_layout(c, 8, 8, 1, 16, 1024, 24, tp=4) == (2, 4)
     with pytest.raises(LayoutError, match="TP=8 does not divide n_head=12"):
@@ -111,8 +111,8 @@ def test_gpt2_xl_cannot_split_heads_and_runs_as_fsdp_dp8():
     assert one.choice is None  # AdamW training state alone is 16 B/param = 23.2 GiB: no single 24 GB GPU
     assert memory.memory_per_device(c, 1, 1, 1, 1024).states / GIB == pytest.approx(23.2, abs=0.1)
     p = planner.plan(c, devices_per_node=8, batch_size=4, seq_len=1024, device_memory_gib=24)
-    assert (p.choice.dp, p.choice.tp) == (8, 1)
-    assert all(lay.memory is None for lay in p.layouts if lay.tp > 1)
+    assert (p.choice.layout.dp, p.choice.layout.tp) == (8, 1)
+    assert all(lay.memory is None for lay in p.layouts if lay.layout.tp > 1)
     notes = " ".join(p.notes)
     assert "TP=5" in notes and "50560" in notes and "1020" in notes
     assert sizes.padded_vocab(50304, 5) == 50560
@@ -121,8 +121,8 @@ def test_gpt2_xl_cannot_split_heads_and_runs_as_fsdp_dp8():
 def test_smallest_tp_that_fits_multinode():
     c = GPTConfig.from_name("gpt2-large")
     p = planner.plan(c, devices_per_node=8, num_nodes=2, batch_size=48, seq_len=1024, device_memory_gib=40)
-    assert [(lay.dp, lay.tp, lay.fits) for lay in p.layouts] == [(16, 1, False), (8, 2, False), (4, 4, True), (2, 8, False)]
-    assert (p.choice.dp, p.choice.tp) == (4, 4)
+    assert [(lay.layout.dp, lay.layout.tp, lay.fits) for lay in p.layouts] == [(16, 1, False), (8, 2, False), (4, 4, True), (2, 8, False)]
+    assert (p.choice.layout.dp, p.choice.layout.tp) == (4, 4)
 
 
 def test_nothing_fits_says_what_to_change():
@@ -157,7 +157,7 @@ def test_three_devices_per_node_gives_the_real_reason():
     larger than the node is suggested."""
     c = GPTConfig.from_name("gpt2")
     p = planner.plan(c, devices_per_node=3, batch_size=16, seq_len=1024, device_memory_gib=24)
-    by_tp = {lay.tp: lay for lay in p.layouts}
+    by_tp = {lay.layout.tp: lay for lay in p.layouts}
     assert by_tp[3].reason == "TP=3 does not divide seq_len=1024"
     notes = " ".join(p.notes)
     assert "TP=3 does not divide seq_len=1024" in notes and "split a head or the vocabulary" not in notes
@@ -196,7 +196,7 @@ def test_config_comment_is_the_planner_output(name):
     assert (strat["data_parallel_size"], strat["tensor_parallel_size"]) == (dp, tp)
     s = plan_command.training_settings(["--config", str(path)]) | {"dp": "auto", "tp": "auto"}  # the free choice
     p = planner.plan(s.pop("config"), **s, device_memory_gib=mem)
-    assert (p.choice.dp, p.choice.tp) == (dp, tp)
+    assert (p.choice.layout.dp, p.choice.layout.tp) == (dp, tp)
     assert p.choice.memory.total / GIB == pytest.approx(total, abs=0.05)
     c = cfg["model"]
     assert c["total_batch_size"] == cfg["data"]["batch_size"] * cfg["data"]["seq_len"] * dp * cfg["trainer"]["accumulate_grad_batches"]
@@ -263,7 +263,7 @@ def test_command_line_mistakes_are_one_line_errors(command_here, capsys):
             plan_command.main(["--devices-per-node", "2", *args])
     # tiny has block_size 128: T defaults to it, so the plan is made instead of an error about data.seq_len
     p = plan_command.main(["--model", "tiny", "--devices-per-node", "2", "--memory-gib", "24"])
-    assert p.seq_len == 128 and (p.choice.dp, p.choice.tp) == (2, 1)
+    assert p.seq_len == 128 and (p.choice.layout.dp, p.choice.layout.tp) == (2, 1)
     capsys.readouterr()
 
 
@@ -272,7 +272,7 @@ def test_activation_checkpointing_from_config_and_flag(capsys):
     --ac overrides it: without checkpointing B=8 does not fit, with full checkpointing it needs less."""
     cfg = ["--config", "configs/gpt2-xl-8gpu.yaml", "--memory-gib", "24"]
     sel = plan_command.main(cfg)
-    assert sel.ac == "selective" and (sel.choice.dp, sel.choice.tp, sel.batch_size) == (8, 1, 8)
+    assert sel.ac == "selective" and (sel.choice.layout.dp, sel.choice.layout.tp, sel.batch_size) == (8, 1, 8)
     none = plan_command.main([*cfg, "--ac", "none"])
     assert none.choice is None and "lower data.batch_size" in none.notes[-1]
     full = plan_command.main([*cfg, "--ac", "full"])
@@ -302,7 +302,7 @@ def test_training_arguments_change_the_plan_as_they_change_the_trainers_config(t
     assert (base.batch_size, base.seq_len, base.ac) == (16, 1024, "none")
     assert (p.precision, p.devices_per_node, p.num_nodes) == (cfg["trainer"]["precision"], cfg["trainer"]["devices"],
                                                               cfg["trainer"]["num_nodes"]) == ("bf16-mixed", 2, 1)
-    expected = memory.memory_per_device(p.config, p.choice.dp, p.choice.tp, 2, 512, "bf16-mixed", ac="selective")
+    expected = memory.memory_per_device(p.config, p.choice.layout.dp, p.choice.layout.tp, 2, 512, "bf16-mixed", ac="selective")
     assert p.choice.memory == expected and expected.total < base.choice.memory.total
     # the planner's own flags win over the training arguments
     assert plan_command.main([*training, "--batch-size", "8", "--memory-gib", "24"]).batch_size == 8
@@ -334,10 +334,10 @@ def test_planner_and_fit_auto_are_one_rule(user_run, capsys):
     chooses the config's DP=1 x TP=2; on 3 nodes of multinode-2x8.yaml, where no layout makes 524288 tokens a step,
     the planner and fit's `auto` stop with the same line."""
     given = plan_command.main(["--config", "configs/cpu.yaml"])
-    assert (given.choice.dp, given.choice.tp) == (1, 2)
+    assert (given.choice.layout.dp, given.choice.layout.tp) == (1, 2)
     auto = plan_command.main(["--config", "configs/cpu.yaml", "--trainer.strategy.init_args.data_parallel_size", "auto",
                               "--trainer.strategy.init_args.tensor_parallel_size", "auto"])
-    assert (auto.choice.dp, auto.choice.tp) == (1, 2)  # DP=2 x TP=1 fits too, but makes 2048 tokens a step, not 1024
+    assert (auto.choice.layout.dp, auto.choice.layout.tp) == (1, 2)  # DP=2 x TP=1 fits too, but makes 2048 tokens a step, not 1024
     capsys.readouterr()
     args = ["--config", "configs/multinode-2x8.yaml", "--trainer.num_nodes", "3",
             "--trainer.strategy.init_args.data_parallel_size", "auto"]

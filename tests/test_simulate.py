@@ -83,8 +83,8 @@ def test_shipped_configs_simulate(config, world, layout, simulated_auto):
     p = plan_command.main(["--config", f"configs/{config}", *AUTO])
     proc = simulated_auto(config)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"gpt_tp planner: DP={p.choice.dp} x TP={p.choice.tp} " in proc.stderr
-    assert f"simulated rank 0 of {p.world_size} (DP={p.choice.dp} x TP={p.choice.tp})" in proc.stdout
+    assert f"gpt_tp planner: DP={p.choice.layout.dp} x TP={p.choice.layout.tp} " in proc.stderr
+    assert f"simulated rank 0 of {p.world_size} (DP={p.choice.layout.dp} x TP={p.choice.layout.tp})" in proc.stdout
     cfg = yaml.safe_load((ROOT / "configs" / config).read_text())
     strat = cfg["trainer"]["strategy"]["init_args"]
     assert f"DP={strat['data_parallel_size']} x TP={strat['tensor_parallel_size']}" == layout

@@ -3,13 +3,15 @@ tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not r
 so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); it saves a step
 only from its own hooks (save_step: the final step, a stopped run's step) and names a second checkpoint of a name
 `<name>-v1.ckpt` (replace_same_names); and it moves last.ckpt by deleting and remaking the link (a kill between leaves
-none): AtomicModelCheckpoint renames a new one over it. Also Lightning's private names of a distributed checkpoint's
+none): AtomicModelCheckpoint renames a new one over it. ModelParallelStrategy makes its DeviceMesh inside
+setup_environment, from its private sizes (setup_with_mesh: gpt_tp's one mesh builder instead). Also Lightning's private names of a distributed checkpoint's
 non-tensor file (META) and of the step `cli.py validate` logs at (show_step)."""
 
 import os
 import shutil
 
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 CHECKED = ("2.6",)  # lightning.__version__ prefixes this module was checked against
 META = "meta.pt"  # a distributed checkpoint's non-tensor part, by Lightning's name (fabric's _METADATA_FILENAME)
@@ -21,6 +23,20 @@ def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:
         raise RuntimeError("lightning's ModelCheckpoint has no _last_global_step_saved any more: update "
                            "gpt_tp/checkpoint/lightning_internals.py for this Lightning version")
     callback._last_global_step_saved = step
+
+
+def setup_with_mesh(strategy: ModelParallelStrategy, build) -> None:
+    """ModelParallelStrategy.setup_environment, its DeviceMesh made by `build(dp, tp)` (its "auto" sizes resolved as
+    Lightning does: DP the nodes, TP the devices per node), given to the strategy and its LightningModule."""
+    super(ModelParallelStrategy, strategy).setup_environment()
+    strategy._setup_distributed()
+    dp, tp = strategy._data_parallel_size, strategy._tensor_parallel_size
+    dp, tp = strategy.num_nodes if dp == "auto" else dp, strategy.num_processes if tp == "auto" else tp
+    if dp * tp != strategy.world_size:  # Lightning's own check and words
+        raise RuntimeError(f"The sizes `data_parallel_size={dp}` and `tensor_parallel_size={tp}` multiplied should "
+                           f"equal the world size ({strategy.world_size}).")
+    strategy._data_parallel_size, strategy._tensor_parallel_size = dp, tp
+    strategy._device_mesh = strategy.lightning_module._device_mesh = build(dp, tp)
 
 
 def show_step(trainer, step: int) -> None:

@@ -16,11 +16,12 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.constants import default_pg_timeout
 from torch.distributed.tensor import DTensor
 
-from gpt_tp.checkpoint.lightning_internals import META, mark_saved
+from gpt_tp.checkpoint.lightning_internals import META, mark_saved, setup_with_mesh
 from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint,
                                      check_same_optimizer, human_bytes, is_space_error, publish,
                                      recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
+from gpt_tp.ranks import Layout, build_mesh
 from gpt_tp.sizing.sizes import checkpoint_bytes
 
 
@@ -61,6 +62,10 @@ class ModelParallel(ModelParallelStrategy):
                          save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
         self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
+
+    def setup_environment(self) -> None:
+        """Lightning's, the mesh made by gpt_tp.ranks.build_mesh, every command's one mesh builder."""
+        setup_with_mesh(self, lambda dp, tp: build_mesh(Layout(dp, tp), self.root_device.type))
 
     def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:
         """Run `action` on every rank (one_does, a barrier): a failure on any rank raises one CheckpointError on all."""

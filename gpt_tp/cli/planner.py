@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> Plan:
     memory = args.memory_gib if args.memory_gib is not None else detect_device_memory_gib()
     p = plan(settings.pop("config"), **settings, device_memory_gib=memory, sdpa=args.sdpa, overhead_gib=args.overhead_gib)
     if args.json:
-        rows = [{"dp": lay.dp, "tp": lay.tp, "fits": lay.fits, "reason": lay.reason,
+        rows = [{"dp": lay.layout.dp, "tp": lay.layout.tp, "fits": lay.fits, "reason": lay.reason,
                  "memory": None if lay.memory is None else {**asdict(lay.memory), "total": lay.memory.total}}
                 for lay in p.layouts]
-        choice = None if p.choice is None else {"dp": p.choice.dp, "tp": p.choice.tp}
+        choice = None if p.choice is None else {"dp": p.choice.layout.dp, "tp": p.choice.layout.tp}
         print(json.dumps({"layouts": rows, "choice": choice, "notes": p.notes}, indent=1))
     else:
         print(format_plan(p))

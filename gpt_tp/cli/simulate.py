@@ -13,13 +13,13 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.model import GPT
 from gpt_tp.parallel import parallelize
+from gpt_tp.ranks import build_mesh
 from gpt_tp.sizing.memory import GIB, USABLE_FRACTION, Memory, fits, memory_per_device
 from gpt_tp.train.optim import OptimizerSettings
 from gpt_tp.train.run import Run
@@ -88,7 +88,7 @@ def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSet
     notes.append("torch.compile skipped: the eager step's memory")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dp * tp)
     try:
-        mesh = init_device_mesh(device, (dp, tp), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        mesh = build_mesh(run.layout, device)
         with torch.device("meta"):
             model = GPT(config)
         parallelize(model, mesh, compile=False, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,

@@ -14,7 +14,7 @@ from gpt_tp.eval.hellaswag_score import evaluate
 from gpt_tp.eval.sampling import StepCallback
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.parallel import parallelize
-from gpt_tp.ranks import block_size_of, parallel_layout
+from gpt_tp.ranks import block_size_of, layout_of
 
 
 class HellaSwagCallback(StepCallback):
@@ -47,10 +47,10 @@ class HellaSwagCallback(StepCallback):
         self.examples = read_examples(resolve_path(self.path, self.cache_dir), self.limit)
 
     def compute(self, trainer, pl_module) -> dict:
-        tp, dp_rank, dp_size, dp_group = parallel_layout(trainer, pl_module)
+        layout = layout_of(trainer, pl_module)
         return evaluate(pl_module, self.examples, block_size=block_size_of(pl_module), batch_size=self.batch_size,
-                        tp=tp, dp_rank=dp_rank, dp_size=dp_size, dp_group=dp_group, device=pl_module.device,
-                        forward_context=trainer.precision_plugin.forward_context, pad_to=self.pad_to)
+                        tp=layout.tp, dp_rank=layout.dp_rank, dp_size=layout.dp, dp_group=layout.dp_group,
+                        device=pl_module.device, forward_context=trainer.precision_plugin.forward_context, pad_to=self.pad_to)
 
     def run(self, trainer, pl_module) -> dict:
         res = super().run(trainer, pl_module)  # on every rank; rank 0 logs

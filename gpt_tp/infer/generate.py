@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor, Shard
 from gpt_tp.data.shards import check_token_ids
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.vocab import mask_padded_vocab
-from gpt_tp.ranks import block_size_of, model_vocab, parallel_layout
+from gpt_tp.ranks import block_size_of, layout_of, model_vocab
 
 PROMPT = "Hello, I'm a language model,"
 
@@ -59,7 +59,7 @@ def generate(model, prompt: list[int], *, num_samples: int = 4, max_length: int 
 def sample_texts(model, enc, prompt: str = PROMPT, trainer=None, **kwargs) -> list[str]:
     """generate() decoded with `enc`; vocab_limit defaults to enc's size, the rest to `trainer`'s (if given)."""
     if trainer is not None:
-        kwargs = {"block_size": block_size_of(model), "tp": parallel_layout(trainer, model)[0], "device": model.device,
+        kwargs = {"block_size": block_size_of(model), "tp": layout_of(trainer, model).tp, "device": model.device,
                   "forward_context": trainer.precision_plugin.forward_context, **kwargs}
     kwargs.setdefault("vocab_limit", enc.n_vocab)
     return [enc.decode(r) for r in generate(model, enc.encode(prompt), **kwargs).tolist()]

@@ -10,7 +10,7 @@ from gpt_tp.sizing.sizes import AC_MODES, PRECISIONS, padded_vocab  # noqa: F401
 def __getattr__(name: str):
     """The planner's names, imported on first use: `python -m gpt_tp.sizing.planner` then runs without runpy's
     warning about a module imported before it runs."""
-    if name in ("Layout", "Plan", "format_plan", "plan", "resolve_layout"):
+    if name in ("Candidate", "Plan", "format_plan", "plan", "resolve_layout"):
         from gpt_tp.sizing import planner
         return getattr(planner, name)
     raise AttributeError(f"module 'gpt_tp.sizing' has no attribute {name!r}")

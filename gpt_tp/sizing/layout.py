@@ -4,6 +4,7 @@ from math import gcd
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
+from gpt_tp.ranks import Layout
 
 
 class LayoutError(UserError):
@@ -31,7 +32,7 @@ def fitting_layouts(config: GPTConfig, world_size: int, seq_len: int | None = No
 
 def _layouts_text(config: GPTConfig, world_size: int, seq_len: int | None) -> str:
     fits = fitting_layouts(config, world_size, seq_len)
-    s = ", ".join(f"DP={dp} x TP={tp}" for dp, tp in fits)
+    s = ", ".join(str(Layout(dp, tp)) for dp, tp in fits)
     return f"Layouts that fit {world_size} devices: {s}." if fits else f"No DP x TP layout fits {world_size} devices."
 
 

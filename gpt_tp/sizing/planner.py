@@ -8,15 +8,15 @@ from gpt_tp.entry import run
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB
 from gpt_tp.model import GPTConfig
+from gpt_tp.ranks import Layout
 from gpt_tp.sizing.layout import LayoutError, divisors, valid_tp_sizes
 from gpt_tp.sizing.memory import USABLE_FRACTION, Memory, PlanError, fits, memory_per_device
 from gpt_tp.sizing.sizes import padded_vocab
 
 
 @dataclass
-class Layout:
-    dp: int
-    tp: int
+class Candidate:
+    layout: Layout
     memory: Memory | None = None
     fits: bool = False
     reason: str = ""  # why the layout is invalid or does not fit; empty when it fits
@@ -32,8 +32,8 @@ class Plan:
     device_memory_gib: float | None
     precision: str
     ac: str = "none"
-    layouts: list[Layout] = field(default_factory=list)  # every TP size that divides the devices per node
-    choice: Layout | None = None
+    layouts: list[Candidate] = field(default_factory=list)  # every TP size that divides the devices per node
+    choice: Candidate | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -73,11 +73,11 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
         return m, fits(m, device_memory_gib)
 
     for size in divisors(devices_per_node):
-        lay = Layout(dp=out.world_size // size, tp=size)
+        lay = Candidate(Layout(out.world_size // size, size))
         if size not in valid:
             lay.reason = f"TP={size} does not divide {', '.join(f'{n}={v}' for n, v in shapes.items() if v % size)}"
         else:
-            lay.memory, lay.fits = layout_memory(lay.dp, size)
+            lay.memory, lay.fits = layout_memory(lay.layout.dp, size)
             if not lay.fits:
                 lay.reason = (f"needs {lay.memory.total / GIB:.1f} GiB > {USABLE_FRACTION:.0%} of "
                               f"{device_memory_gib:g} GiB")
@@ -86,10 +86,10 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
     fixed = " and ".join(f"{name}={size}" for name, size in (("data_parallel_size", dp), ("tensor_parallel_size", tp))
                          if size != "auto")
     for lay in in_memory:  # the rest of the run's settings: the sizes it gives, its tokens per step
-        if (dp != "auto" and lay.dp != int(dp)) or (tp != "auto" and lay.tp != int(tp)):
+        if (dp != "auto" and lay.layout.dp != int(dp)) or (tp != "auto" and lay.layout.tp != int(tp)):
             lay.fits, lay.reason = False, f"fits, but the run gives {fixed}"
-        elif total_batch_size is not None and batch_size * seq_len * lay.dp * accum != total_batch_size:
-            tokens = batch_size * seq_len * lay.dp * accum
+        elif total_batch_size is not None and batch_size * seq_len * lay.layout.dp * accum != total_batch_size:
+            tokens = batch_size * seq_len * lay.layout.dp * accum
             lay.fits, lay.reason = False, (f"fits, but B x T x DP x accumulation = {tokens} tokens, not "
                                            f"model.total_batch_size={total_batch_size}")
     out.choice = next((lay for lay in out.layouts if lay.fits), None)
@@ -116,12 +116,12 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
             f"model.total_batch_size={total_batch_size} tokens with data.batch_size={batch_size} x "
             f"data.seq_len={seq_len} x trainer.accumulate_grad_batches={accum} needs data-parallel size "
             f"{total_batch_size / per_dp:g}, but the layouts that fit are "
-            f"{', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in given)}: set "
+            f"{', '.join(str(lay.layout) for lay in given)}: set "
             "trainer.accumulate_grad_batches or model.total_batch_size for one of them")
     elif out.choice is None and in_memory:  # the run's own sizes rule them out
-        invalid = [f" ({lay.reason})" for lay in bad if tp != "auto" and lay.tp == int(tp)]
+        invalid = [f" ({lay.reason})" for lay in bad if tp != "auto" and lay.layout.tp == int(tp)]
         out.notes.append(f"the run gives {fixed}{''.join(invalid)}, but the layouts that fit are "
-                         f"{', '.join(f'DP={lay.dp} x TP={lay.tp}' for lay in in_memory)}")
+                         f"{', '.join(str(lay.layout) for lay in in_memory)}")
     elif out.choice is None:
         out.notes.append(f"no layout fits {device_memory_gib:g} GiB per device: {_no_fit_hint(out, layout_memory, valid)}")
     return out
@@ -137,11 +137,11 @@ def _no_fit_hint(p: Plan, layout_memory, valid: set[int]) -> str:
         hints = ["lower data.batch_size (planner: --batch-size) and raise trainer.accumulate_grad_batches to keep the "
                  "tokens per step"]
     else:
-        hints = [f"weights, gradients, AdamW state and overhead alone need {state / GIB:.1f} GiB at DP={best.dp} x "
-                 f"TP={best.tp}, so a smaller batch cannot help"]
+        hints = [f"weights, gradients, AdamW state and overhead alone need {state / GIB:.1f} GiB at {best.layout}, "
+                 "so a smaller batch cannot help"]
         for nodes in range(p.num_nodes + 1, 1025):  # more ranks: FSDP2 shards the state over data parallelism
             world = nodes * p.devices_per_node
-            fit = next((lay.tp for lay in sized if layout_memory(world // lay.tp, lay.tp)[1]), None)
+            fit = next((lay.layout.tp for lay in sized if layout_memory(world // lay.layout.tp, lay.layout.tp)[1]), None)
             if fit is not None:
                 hints.append(f"{nodes} nodes of {p.devices_per_node} (DP={world // fit} x TP={fit}: the state sharded "
                              f"over {world} ranks) would fit (planner: --nodes {nodes})")
@@ -163,7 +163,7 @@ def format_plan(p: Plan) -> str:
         f"{'layout':<14}{'params':>8}{'grads':>8}{'adamw':>8}{'activ.':>8}{'transient':>10}{'overhead':>9}{'total GiB':>11}  status",
     ]
     for lay in p.layouts:
-        name = f"DP={lay.dp} x TP={lay.tp}"
+        name = str(lay.layout)
         if lay.memory is None:
             lines.append(f"{name:<14}{'-':>62}  invalid: {lay.reason}")
             continue
@@ -173,7 +173,7 @@ def format_plan(p: Plan) -> str:
         lines.append(f"{name:<14}{g[0]:8.2f}{g[1]:8.2f}{g[2]:8.2f}{g[3]:8.2f}{g[4]:10.2f}{g[5]:9.2f}{g[6]:11.2f}  {status}")
     lines += [f"note: {n}" for n in p.notes]
     if p.choice is not None:
-        lines.append(f"choice: data_parallel_size={p.choice.dp}, tensor_parallel_size={p.choice.tp}")
+        lines.append(f"choice: data_parallel_size={p.choice.layout.dp}, tensor_parallel_size={p.choice.layout.tp}")
     return "\n".join(lines)
 
 
@@ -191,7 +191,7 @@ def resolve_layout(config: GPTConfig, world_size: int, devices_per_node: int, nu
              tp=tp, accum=accum, total_batch_size=total_batch_size, optimizer=optimizer)
     if p.choice is None:
         raise LayoutError(refusal(p))
-    return p.choice.dp, p.choice.tp
+    return p.choice.layout.dp, p.choice.layout.tp
 
 
 def refusal(p: Plan) -> str:

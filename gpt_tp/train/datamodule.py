@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from gpt_tp.data.shards import GPT2_VOCAB, TokenStream, find_shards
 from gpt_tp.errors import DataError
 from gpt_tp.infer.predict import PromptBatches, Prompts
-from gpt_tp.ranks import data_parallel_rank_size, model_vocab
+from gpt_tp.ranks import layout_of, model_vocab
 
 
 class TokenBatches(IterableDataset):
@@ -120,7 +120,8 @@ class GPTDataModule(L.LightningDataModule):
         """(rank, size) of this process among data-parallel replicas (TP ranks share a rank)."""
         if self.dp_rank is not None or self.dp_size is not None:
             return self.dp_rank or 0, self.dp_size or 1
-        return data_parallel_rank_size(getattr(self, "trainer", None))
+        layout = layout_of(getattr(self, "trainer", None))
+        return layout.dp_rank, layout.dp
 
     def setup(self, stage: str | None = None) -> None:
         """Build this rank's datasets. Every rank checks every shard's ids (below the model's vocabulary, else 50257)

@@ -15,7 +15,7 @@ from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import OptimizerSettings
 from gpt_tp.parallel import (TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize,
                              parallelize)
-from gpt_tp.ranks import parallel_layout
+from gpt_tp.ranks import layout_of
 from gpt_tp.infer.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
 from gpt_tp.train.run import Run, resolve_run
@@ -83,7 +83,7 @@ class GPTModule(L.LightningModule):
         """A script's GPTModule and Trainer go through cli.py's resolve and checks (once); the schedule's length is
         the trainer's: model.max_steps is trainer.max_steps, or None to take it."""
         if self.run is None:
-            tp, _, dp, _ = parallel_layout(self.trainer, self)
+            dp, tp = (layout := layout_of(self.trainer, self)).dp, layout.tp
             data, fit = self.trainer.datamodule, stage == "fit"
             self.run = resolve_run(self.config, dp, tp, str(self.trainer.precision), self.hparams.activation_checkpointing,
                                    self.hparams.compile, self.hparams.async_tp, getattr(data, "seq_len", None),
@@ -166,7 +166,7 @@ class GPTModule(L.LightningModule):
         self._grad_norm = grad_norm(self.model)
         loss = self._loss_sum / self.trainer.accumulate_grad_batches
         self._loss_sum = None
-        _, _, dp, group = parallel_layout(self.trainer, self)
+        dp, group = (layout := layout_of(self.trainer, self)).dp, layout.dp_group
         if dp > 1:
             torch.distributed.all_reduce(loss, group=group)  # in place: `loss` is this step's own tensor
             loss = loss / dp

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
 from gpt_tp.parallel.apply import check_ac_mode, check_compiled_ac
+from gpt_tp.ranks import Layout
 from gpt_tp.sizing import LayoutError, check_run
 
 
@@ -14,8 +15,7 @@ class Run:
     """What a run trains, validated (resolve_run makes one)."""
 
     model: GPTConfig  # the model GPTModule builds: model.model, or model.init_from's config.json
-    dp: int  # data-parallel size (FSDP2 under ModelParallelStrategy; every process under DDP)
-    tp: int  # tensor-parallel size
+    layout: Layout  # DP x TP (FSDP2 x TP under ModelParallelStrategy; DP = every process under DDP)
     precision: str  # trainer.precision
     activation_checkpointing: str  # "none", "full" or "selective"
     compile: bool
@@ -25,9 +25,9 @@ class Run:
     accumulate: int  # trainer.accumulate_grad_batches
     total_batch_size: int | None  # model.total_batch_size: tokens per optimizer step (None: unchecked)
 
-    @property
-    def world(self) -> int:
-        return self.dp * self.tp
+    dp = property(lambda self: self.layout.dp)
+    tp = property(lambda self: self.layout.tp)
+    world = property(lambda self: self.layout.world)
 
 
 def resolve_run(model: GPTConfig, dp: int, tp: int, precision: str = "32-true", activation_checkpointing: str = "none",
@@ -53,8 +53,8 @@ def resolve_run(model: GPTConfig, dp: int, tp: int, precision: str = "32-true", 
             raise UserError("model.async_tp needs model.compile: true (it is an Inductor pass)")
         if tp < 2:
             raise UserError("model.async_tp needs a tensor-parallel run (ModelParallelStrategy, TP > 1)")
-    return Run(model, dp, tp, precision, activation_checkpointing, compile, async_tp, seq_len, batch_size, accumulate,
-               total_batch_size)
+    return Run(model, Layout(dp, tp), precision, activation_checkpointing, compile, async_tp, seq_len, batch_size,
+               accumulate, total_batch_size)
 
 
 def layout_flags(dp: int, tp: int, devices: int, nodes: int, seq_len: int | None, config: GPTConfig,

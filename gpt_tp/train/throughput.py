@@ -7,7 +7,7 @@ import time
 from lightning.pytorch.callbacks import Callback
 
 from gpt_tp.hardware import detect_peak_flops, mfu
-from gpt_tp.ranks import data_parallel_rank_size
+from gpt_tp.ranks import layout_of
 
 
 class StepThroughput(Callback):
@@ -25,7 +25,7 @@ class StepThroughput(Callback):
         if trainer.global_step == self._step:  # inside an accumulation window
             return
         now = time.perf_counter()
-        tok_s = self._tokens * data_parallel_rank_size(trainer)[1] / (now - self._t)
+        tok_s = self._tokens * layout_of(trainer).dp / (now - self._t)
         peak = pl_module.hparams.peak_flops or detect_peak_flops(pl_module.device)
         step_mfu = mfu(pl_module.config.flops_per_token(self._seq_len), tok_s, peak, trainer.world_size)
         pl_module.log_dict({"train/tokens_per_sec": tok_s, "train/mfu": math.nan if step_mfu is None else step_mfu},

@@ -4,7 +4,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from benchmarks.synthetic import SyntheticTokens
-from gpt_tp.ranks import data_parallel_rank_size
+from gpt_tp.ranks import layout_of
 
 
 class SyntheticDataModule(L.LightningDataModule):
@@ -21,10 +21,10 @@ class SyntheticDataModule(L.LightningDataModule):
         self.batch_size, self.seq_len, self.vocab, self.seed, self.val_batches = batch_size, seq_len, vocab, seed, val_batches
 
     def train_dataloader(self):
-        rank, size = data_parallel_rank_size(self.trainer)
+        rank, size = (layout := layout_of(self.trainer)).dp_rank, layout.dp
         return DataLoader(SyntheticTokens(self.batch_size, self.seq_len, self.vocab, self.seed, rank, size), batch_size=None)
 
     def val_dataloader(self):
-        rank, size = data_parallel_rank_size(self.trainer)
+        rank, size = (layout := layout_of(self.trainer)).dp_rank, layout.dp
         ds = SyntheticTokens(self.batch_size, self.seq_len, self.vocab, self.seed + 1, rank, size, length=self.val_batches)
         return DataLoader(ds, batch_size=None)
