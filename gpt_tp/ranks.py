@@ -1,10 +1,8 @@
-"""The DP x TP layout (one object, one mesh builder), where this process sits in it, and what the model it trains
-is."""
+"""The DP x TP layout, its one mesh builder, where this process sits in it, and what the model it trains is."""
 
 from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
 
 MESH_DIMS = ("data_parallel", "tensor_parallel")  # the one DeviceMesh's dims, outer (across nodes) to inner
 
@@ -19,22 +17,15 @@ class Layout:
     dp_rank: int = 0  # this process among the dp replicas (TP ranks share one)
     mesh: DeviceMesh | None = field(default=None, compare=False, repr=False)  # None: no mesh (one process, or DDP)
 
-    @property
-    def world(self) -> int:
-        return self.dp * self.tp
-
-    @property
-    def dp_group(self):
-        """The data-parallel process group; None (the default group) without a mesh."""
-        return None if self.mesh is None else self.mesh[MESH_DIMS[0]].get_group()
+    world = property(lambda self: self.dp * self.tp)
+    dp_group = property(lambda self: None if self.mesh is None else self.mesh[MESH_DIMS[0]].get_group())  # None: default
 
     def __str__(self) -> str:
         return f"DP={self.dp} x TP={self.tp}"
 
 
 def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
-    """The (data_parallel, tensor_parallel) DeviceMesh of `layout` over the default process group: the one mesh of
-    every path (Lightning's ModelParallel, torchrun commands, --simulate's fake group)."""
+    """`layout`'s DeviceMesh on the default group: every path's (gpt_tp's ModelParallel, torchrun_mesh, --simulate)."""
     return init_device_mesh(device_type, (layout.dp, layout.tp), mesh_dim_names=MESH_DIMS)
 
 

@@ -10,6 +10,7 @@ from conftest import ROOT, read_json, run_torchrun
 from gpt_tp.eval import hellaswag_data as hd
 from gpt_tp.eval import hellaswag_score as score
 from gpt_tp.parallel.vocab import mask_padded_vocab
+from gpt_tp.ranks import Layout
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"
 
@@ -76,7 +77,7 @@ def test_padding_and_batching_do_not_change_losses(tiny, enc):
     every per-example loss as scored alone (causal attention)."""
     examples = hd.read_examples(FIXTURE)[:5]
     alone = score.evaluate(tiny, examples, block_size=128, batch_size=1, details=True, enc=enc)
-    for kw in (dict(batch_size=2, tp=2), dict(batch_size=5, pad_to=64)):
+    for kw in (dict(batch_size=2, layout=Layout(1, 2)), dict(batch_size=5, pad_to=64)):
         res = score.evaluate(tiny, examples, block_size=128, details=True, enc=enc, **kw)
         for a, b in zip(alone["examples"], res["examples"]):
             assert a["sum_loss"] == pytest.approx(b["sum_loss"], rel=1e-5)
@@ -91,7 +92,8 @@ def test_long_examples_are_left_truncated(tiny, enc):
     cut_rows, cut_masks, cut = score.fit_rows(rows, masks, 128)
     assert cut and all(len(r) == 128 for r in cut_rows)
     assert all(r[-5:] == full[-5:] and sum(m) == sum(fm) for r, full, m, fm in zip(cut_rows, rows, cut_masks, masks))
-    res = score.evaluate(tiny, [ex, hd.read_examples(FIXTURE)[1]], block_size=128, tp=2, enc=enc, details=True)
+    res = score.evaluate(tiny, [ex, hd.read_examples(FIXTURE)[1]], block_size=128, layout=Layout(1, 2), enc=enc,
+                         details=True)
     assert res["truncated"] == 1 and res["total"] == 2
     assert all(math.isfinite(v) for e in res["examples"] for v in e["sum_loss"])
 

@@ -26,13 +26,12 @@ def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:
 
 
 def setup_with_mesh(strategy: ModelParallelStrategy, build) -> None:
-    """ModelParallelStrategy.setup_environment, its DeviceMesh made by `build(dp, tp)` (its "auto" sizes resolved as
-    Lightning does: DP the nodes, TP the devices per node), given to the strategy and its LightningModule."""
+    """ModelParallelStrategy.setup_environment with the DeviceMesh `build(dp, tp)` makes ("auto": Lightning's sizes)."""
     super(ModelParallelStrategy, strategy).setup_environment()
     strategy._setup_distributed()
     dp, tp = strategy._data_parallel_size, strategy._tensor_parallel_size
     dp, tp = strategy.num_nodes if dp == "auto" else dp, strategy.num_processes if tp == "auto" else tp
-    if dp * tp != strategy.world_size:  # Lightning's own check and words
+    if dp * tp != strategy.world_size:  # Lightning's words
         raise RuntimeError(f"The sizes `data_parallel_size={dp}` and `tensor_parallel_size={tp}` multiplied should "
                            f"equal the world size ({strategy.world_size}).")
     strategy._data_parallel_size, strategy._tensor_parallel_size = dp, tp

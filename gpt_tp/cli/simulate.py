@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.model import GPT
 from gpt_tp.parallel import parallelize
-from gpt_tp.ranks import build_mesh
+from gpt_tp.ranks import Layout, build_mesh
 from gpt_tp.sizing.memory import GIB, USABLE_FRACTION, Memory, fits, memory_per_device
 from gpt_tp.train.optim import OptimizerSettings
 from gpt_tp.train.run import Run
@@ -62,8 +62,7 @@ class CollectiveCounts(TorchDispatchMode):
 
 @dataclass
 class Simulation:
-    dp: int
-    tp: int
+    layout: Layout
     rank: int
     device: str
     peak: dict[str, int]  # bytes by KINDS at the step's peak, and "total"
@@ -138,12 +137,12 @@ def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSet
     if tp > 1 and config.vocab_size % tp == 0:
         notes.append(f"every rank holds its own 1/{tp} of wte/lm_head's vocabulary and of each block's heads; the "
                      "sizes are the same on every rank")
-    return Simulation(dp, tp, rank, device, peak, planned, dict(comms.counts), notes)
+    return Simulation(run.layout, rank, device, peak, planned, dict(comms.counts), notes)
 
 
 def format_simulation(s: Simulation, memory_gib: float | None) -> str:
     """The table `--simulate` prints."""
-    lines = [f"simulated rank {s.rank} of {s.dp * s.tp} (DP={s.dp} x TP={s.tp}) on fake '{s.device}' tensors",
+    lines = [f"simulated rank {s.rank} of {s.layout.world} ({s.layout}) on fake '{s.device}' tensors",
              f"{'':<12}" + "".join(f"{k:>12}" for k in (*KINDS, "total GiB"))]
     lines += [f"{name:<12}" + "".join(f"{row[k] / GIB:12.2f}" for k in (*KINDS, "total"))
               for name, row in (("simulated", s.peak), ("planner", s.planned))]

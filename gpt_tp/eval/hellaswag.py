@@ -47,10 +47,9 @@ class HellaSwagCallback(StepCallback):
         self.examples = read_examples(resolve_path(self.path, self.cache_dir), self.limit)
 
     def compute(self, trainer, pl_module) -> dict:
-        layout = layout_of(trainer, pl_module)
         return evaluate(pl_module, self.examples, block_size=block_size_of(pl_module), batch_size=self.batch_size,
-                        tp=layout.tp, dp_rank=layout.dp_rank, dp_size=layout.dp, dp_group=layout.dp_group,
-                        device=pl_module.device, forward_context=trainer.precision_plugin.forward_context, pad_to=self.pad_to)
+                        layout=layout_of(trainer, pl_module), device=pl_module.device,
+                        forward_context=trainer.precision_plugin.forward_context, pad_to=self.pad_to)
 
     def run(self, trainer, pl_module) -> dict:
         res = super().run(trainer, pl_module)  # on every rank; rank 0 logs
@@ -139,11 +138,9 @@ def main(argv=None) -> dict:
     tp = args.tp or world
     if tp < 1:
         raise HellaSwagError(f"--tp {tp} must be >= 1")
-    mesh, dp_rank, dp_size, dp_group = None, 0, 1, None
+    mesh = None
     if world > 1 or tp > 1:  # under torchrun: a (data_parallel, tensor_parallel) mesh of world // tp x tp
         mesh, device = torchrun_mesh(max(world // tp, 1), tp, args.device)
-        dp_mesh = mesh["data_parallel"]
-        dp_rank, dp_size, dp_group = dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group()
     else:
         device = pick_device(args.device)
     model = load_model(args).to(device).eval()  # a wrong weights path is named before any download is tried
@@ -153,8 +150,8 @@ def main(argv=None) -> dict:
     if mesh is not None:
         parallelize(model, mesh)
     ctx = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if args.dtype == "bfloat16" else nullcontext
-    res = evaluate(model, examples, block_size=model.config.block_size, batch_size=args.batch_size, tp=tp,
-                   dp_rank=dp_rank, dp_size=dp_size, dp_group=dp_group, device=device, forward_context=ctx)
+    res = evaluate(model, examples, block_size=model.config.block_size, batch_size=args.batch_size,
+                   layout=layout_of(mesh=mesh), device=device, forward_context=ctx)
 
     def report():
         print(f"HellaSwag: acc_norm {res['correct_norm']}/{res['total']} = {res['acc_norm']:.4f}, "

@@ -14,7 +14,7 @@ from gpt_tp.data.shards import check_token_ids
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.eval.hellaswag_data import render_example
 from gpt_tp.parallel.vocab import mask_padded_vocab, vocab_shard_offset
-from gpt_tp.ranks import model_vocab
+from gpt_tp.ranks import Layout, model_vocab
 
 
 def fit_rows(rows: list[list[int]], masks: list[list[int]], max_len: int) -> tuple[list[list[int]], list[list[int]], bool]:
@@ -76,20 +76,21 @@ class HellaSwagCounts(Metric):
 
 
 @torch.no_grad()
-def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 4, tp: int = 1, dp_rank: int = 0,
-             dp_size: int = 1, dp_group=None, device: torch.device | str = "cpu", forward_context=nullcontext,
-             pad_to: int = 1, details: bool = False, enc=None) -> dict:
+def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 4, layout: Layout = Layout(1, 1),
+             device: torch.device | str = "cpu", forward_context=nullcontext, pad_to: int = 1, details: bool = False,
+             enc=None) -> dict:
     """Score `examples` with model(idx (B, T)) -> logits (B, T, V), plain or a vocab-sharded DTensor. Call it on every
-    rank of the job (every forward is collective). This DP rank scores examples dp_rank, dp_rank + dp_size, ...;
-    counts are summed over dp_group (None: the default group). Rows are padded to a multiple of lcm(tp, pad_to); ids
-    the tokenizer lacks are masked. Returns acc, acc_norm and HellaSwagCounts' global sums; "examples" if details."""
+    rank of the job (every forward is collective). This DP rank scores examples dp_rank, dp_rank + dp, ... of `layout`;
+    counts are summed over its dp_group (None: the default group). Rows are padded to a multiple of lcm(tp, pad_to);
+    ids the tokenizer lacks are masked. Returns acc, acc_norm and HellaSwagCounts' global sums; "examples" if details."""
     enc = enc or get_encoding()
     vocab_size = model_vocab(model) or enc.n_vocab
+    tp, dp = layout.tp, layout.dp
     multiple = math.lcm(tp, pad_to)
     max_len = block_size - block_size % tp  # sequence parallelism: T % tp == 0
-    mine = list(range(dp_rank, len(examples), dp_size))
-    n_batches = math.ceil(math.ceil(len(examples) / dp_size) / batch_size)  # the same on every DP rank
-    counts = HellaSwagCounts(process_group=dp_group, sync_on_compute=dp_size > 1).to(device)
+    mine = list(range(layout.dp_rank, len(examples), dp))
+    n_batches = math.ceil(math.ceil(len(examples) / dp) / batch_size)  # the same on every DP rank
+    counts = HellaSwagCounts(process_group=layout.dp_group, sync_on_compute=dp > 1).to(device)
     out = []
     for b in range(n_batches):
         idx = mine[b * batch_size : (b + 1) * batch_size]

@@ -22,6 +22,7 @@ from gpt_tp.eval.hellaswag_score import ending_losses, evaluate, pad_batch
 from gpt_tp.infer.generate import sample_texts
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import parallelize
+from gpt_tp.ranks import layout_of
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hellaswag_small.jsonl"
 
@@ -36,8 +37,7 @@ def main():
     dp, tp = args.dp, int(os.environ["WORLD_SIZE"]) // args.dp
     mesh, _ = torchrun_mesh(dp, tp, "cpu")
     rank = mesh.get_rank()
-    dp_mesh = mesh["data_parallel"]
-    layout = dict(tp=tp, dp_rank=dp_mesh.get_local_rank(), dp_size=dp, dp_group=dp_mesh.get_group())
+    layout = layout_of(mesh=mesh)
 
     torch.manual_seed(1234)
     config = GPTConfig.from_name("tiny")
@@ -45,7 +45,7 @@ def main():
     model = parallelize(copy.deepcopy(ref), mesh).eval()
     enc = get_encoding()
     examples = read_examples(FIXTURE)
-    res = {"rank": rank, "dp_rank": layout["dp_rank"], "tp_rank": mesh["tensor_parallel"].get_local_rank(), "n": len(examples)}
+    res = {"rank": rank, "dp_rank": layout.dp_rank, "tp_rank": mesh["tensor_parallel"].get_local_rank(), "n": len(examples)}
 
     if not args.sample_only:
         res.update(score(model, ref, examples, enc, config, tp, layout))
@@ -59,9 +59,9 @@ def main():
 
 def score(model, ref, examples, enc, config, tp, layout) -> dict:
     res = {}
-    res["par"] = evaluate(model, examples, block_size=config.block_size, batch_size=5, details=True, enc=enc, **layout)
+    res["par"] = evaluate(model, examples, block_size=config.block_size, batch_size=5, details=True, enc=enc, layout=layout)
     res["ref"] = evaluate(ref, examples, block_size=config.block_size, batch_size=5, details=True, enc=enc)
-    res["par_one"] = evaluate(model, examples[:1], block_size=config.block_size, batch_size=5, details=True, enc=enc, **layout)
+    res["par_one"] = evaluate(model, examples[:1], block_size=config.block_size, batch_size=5, details=True, enc=enc, layout=layout)
     # the collectives of the per-token losses on vocab-sharded logits: all-reduces of (rows, T), no all-gather
     rows, masks, _ = render_example(examples[0], enc)
     tokens, mask = pad_batch(rows, masks, tp, config.block_size)
