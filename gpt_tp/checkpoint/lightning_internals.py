@@ -3,9 +3,9 @@ tests/test_lightning_internals.py guards. Lightning's ModelCheckpoint does not r
 so with gradient accumulation the loaded step would be saved again as `<step>-v1.ckpt` (mark_saved); it saves a step
 only from its own hooks (save_step: the final step, a stopped run's step) and names a second checkpoint of a name
 `<name>-v1.ckpt` (replace_same_names); and it moves last.ckpt by deleting and remaking the link (a kill between leaves
-none): AtomicModelCheckpoint renames a new one over it. ModelParallelStrategy makes its DeviceMesh inside
-setup_environment, from its private sizes (setup_with_mesh: gpt_tp's one mesh builder instead). Also Lightning's private names of a distributed checkpoint's
-non-tensor file (META) and of the step `cli.py validate` logs at (show_step)."""
+none): AtomicModelCheckpoint renames a new one over it. ModelParallelStrategy builds its DeviceMesh inside
+setup_environment from private sizes (setup_with_mesh: with gpt_tp's one builder). Also Lightning's private names of a
+distributed checkpoint's non-tensor file (META) and of the step `cli.py validate` logs at (show_step)."""
 
 import os
 import shutil
@@ -34,7 +34,6 @@ def setup_with_mesh(strategy: ModelParallelStrategy, build) -> None:
     if dp * tp != strategy.world_size:  # Lightning's words
         raise RuntimeError(f"The sizes `data_parallel_size={dp}` and `tensor_parallel_size={tp}` multiplied should "
                            f"equal the world size ({strategy.world_size}).")
-    strategy._data_parallel_size, strategy._tensor_parallel_size = dp, tp
     strategy._device_mesh = strategy.lightning_module._device_mesh = build(dp, tp)
 
 

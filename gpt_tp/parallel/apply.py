@@ -13,6 +13,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT
 from gpt_tp.parallel.plan import TP_PLAN
+from gpt_tp.ranks import layout_of
 from gpt_tp.sizing import AC_MODES, validate_layout
 
 
@@ -61,13 +62,13 @@ def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False, para
     param_dtype (bf16-mixed): FSDP2 gathers parameters in it, reduces gradients in float32. Idempotent."""
     if is_parallelized(model):
         return model
-    tp_size, dp_size = (mesh["tensor_parallel"].size(), mesh["data_parallel"].size()) if mesh is not None else (1, 1)
-    validate_layout(model.config, tp=tp_size, dp=dp_size)
-    check_compiled_ac(activation_checkpointing, compile, tp_size)
+    layout = layout_of(mesh=mesh)
+    validate_layout(model.config, tp=layout.tp, dp=layout.dp)
+    check_compiled_ac(activation_checkpointing, compile, layout.tp)
 
     # 1. Tensor parallelism. parallelize_module registers new Parameters, which unties wte and lm_head:
     #    both are Shard(0) over the vocabulary, so the tie is restored by pointing lm_head at wte's new DTensor.
-    if tp_size > 1:
+    if layout.tp > 1:
         parallelize_module(model, mesh["tensor_parallel"], plan)
         model.tie_weights()
 
@@ -78,7 +79,7 @@ def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False, para
             block.compile()
 
     # 4. FSDP2 over the data-parallel dim: each block is a unit, the root takes embeddings, ln_f and lm_head.
-    if dp_size > 1:
+    if layout.dp > 1:
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
         for module in (*model.transformer.h, model):
             fully_shard(module, mesh=mesh["data_parallel"], mp_policy=mp)
