@@ -13,6 +13,8 @@ import shutil
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from gpt_tp.ranks import Layout, build_mesh
+
 CHECKED = ("2.6",)  # lightning.__version__ prefixes this module was checked against
 META = "meta.pt"  # a distributed checkpoint's non-tensor part, by Lightning's name (fabric's _METADATA_FILENAME)
 
@@ -25,8 +27,8 @@ def mark_saved(callback: LightningModelCheckpoint, step: int) -> None:
     callback._last_global_step_saved = step
 
 
-def setup_with_mesh(strategy: ModelParallelStrategy, build) -> None:
-    """ModelParallelStrategy.setup_environment with the DeviceMesh `build(dp, tp)` makes ("auto": Lightning's sizes)."""
+def setup_with_mesh(strategy: ModelParallelStrategy) -> None:
+    """ModelParallelStrategy.setup_environment with build_mesh's DeviceMesh ("auto" sizes resolved as Lightning does)."""
     super(ModelParallelStrategy, strategy).setup_environment()
     strategy._setup_distributed()
     dp, tp = strategy._data_parallel_size, strategy._tensor_parallel_size
@@ -34,7 +36,7 @@ def setup_with_mesh(strategy: ModelParallelStrategy, build) -> None:
     if dp * tp != strategy.world_size:  # Lightning's words
         raise RuntimeError(f"The sizes `data_parallel_size={dp}` and `tensor_parallel_size={tp}` multiplied should "
                            f"equal the world size ({strategy.world_size}).")
-    strategy._device_mesh = strategy.lightning_module._device_mesh = build(dp, tp)
+    strategy._device_mesh = strategy.lightning_module._device_mesh = build_mesh(Layout(dp, tp), strategy.root_device.type)
 
 
 def show_step(trainer, step: int) -> None:

@@ -21,7 +21,6 @@ from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PART
                                      check_same_optimizer, human_bytes, is_space_error, publish,
                                      recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
-from gpt_tp.ranks import Layout, build_mesh
 from gpt_tp.sizing.sizes import checkpoint_bytes
 
 
@@ -63,9 +62,7 @@ class ModelParallel(ModelParallelStrategy):
                          process_group_backend=process_group_backend, timeout=timeout)
         self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
 
-    def setup_environment(self) -> None:
-        """Lightning's, the mesh made by gpt_tp.ranks.build_mesh, every command's one mesh builder."""
-        setup_with_mesh(self, lambda dp, tp: build_mesh(Layout(dp, tp), self.root_device.type))
+    setup_environment = setup_with_mesh  # Lightning's, its mesh made by gpt_tp.ranks.build_mesh (every path's)
 
     def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:
         """Run `action` on every rank (one_does, a barrier): a failure on any rank raises one CheckpointError on all."""

@@ -85,12 +85,11 @@ def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 
     ids the tokenizer lacks are masked. Returns acc, acc_norm and HellaSwagCounts' global sums; "examples" if details."""
     enc = enc or get_encoding()
     vocab_size = model_vocab(model) or enc.n_vocab
-    tp, dp = layout.tp, layout.dp
-    multiple = math.lcm(tp, pad_to)
-    max_len = block_size - block_size % tp  # sequence parallelism: T % tp == 0
-    mine = list(range(layout.dp_rank, len(examples), dp))
-    n_batches = math.ceil(math.ceil(len(examples) / dp) / batch_size)  # the same on every DP rank
-    counts = HellaSwagCounts(process_group=layout.dp_group, sync_on_compute=dp > 1).to(device)
+    multiple = math.lcm(layout.tp, pad_to)
+    max_len = block_size - block_size % layout.tp  # sequence parallelism: T % tp == 0
+    mine = list(range(layout.dp_rank, len(examples), layout.dp))
+    n_batches = math.ceil(math.ceil(len(examples) / layout.dp) / batch_size)  # the same on every DP rank
+    counts = HellaSwagCounts(process_group=layout.dp_group, sync_on_compute=layout.dp > 1).to(device)
     out = []
     for b in range(n_batches):
         idx = mine[b * batch_size : (b + 1) * batch_size]

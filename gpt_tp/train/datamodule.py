@@ -120,8 +120,7 @@ class GPTDataModule(L.LightningDataModule):
         """(rank, size) of this process among data-parallel replicas (TP ranks share a rank)."""
         if self.dp_rank is not None or self.dp_size is not None:
             return self.dp_rank or 0, self.dp_size or 1
-        layout = layout_of(getattr(self, "trainer", None))
-        return layout.dp_rank, layout.dp
+        return (layout := layout_of(getattr(self, "trainer", None))).dp_rank, layout.dp
 
     def setup(self, stage: str | None = None) -> None:
         """Build this rank's datasets. Every rank checks every shard's ids (below the model's vocabulary, else 50257)

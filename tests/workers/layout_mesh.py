@@ -10,7 +10,7 @@ import torch.distributed as dist
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from gpt_tp.checkpoint import ModelParallel, strategy
+from gpt_tp.checkpoint import ModelParallel, lightning_internals
 from gpt_tp.entry import run, torchrun_mesh
 from gpt_tp.ranks import build_mesh, layout_of
 
@@ -30,7 +30,7 @@ def main():
     trainer = Trainer(accelerator="cpu", devices=dist.get_world_size(), strategy=ModelParallel(2, 2), logger=False,
                       enable_checkpointing=False, enable_progress_bar=False)
     trainer.strategy.connect(BoringModel())
-    with mock.patch.object(strategy, "build_mesh", wraps=build_mesh) as built:
+    with mock.patch.object(lightning_internals, "build_mesh", wraps=build_mesh) as built:
         trainer.strategy.setup_environment()  # what Trainer.fit does first
     res["lightning"] = described(layout_of(trainer))
     res["lightning_built"] = [str(c.args[0]) for c in built.call_args_list]
