@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 from gpt_tp.errors import UserError
 from gpt_tp.ranks import Layout, build_mesh
 
