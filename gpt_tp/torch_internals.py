@@ -1,7 +1,6 @@
-"""The one place gpt_tp touches torch internals (no public API does the job), checked on the versions in CHECKED, which
-tests/test_torch_internals.py guards: the functional collectives sequence parallelism runs (traceable by torch.compile,
-the ops Inductor's async-TP pass matches), async TP's switches, and --simulate's fake tensors, dispatch mode and
-memory trackers. (--simulate's fake process group is public: dist.init_process_group("fake") makes its own store.)"""
+"""The one place gpt_tp uses torch internals (no public API does their job), checked on the versions in CHECKED by
+tests/test_torch_internals.py: sequence parallelism's functional collectives (traced by torch.compile, matched by
+Inductor's async-TP pass), async TP's switches, --simulate's fake tensors, dispatch mode and memory trackers."""
 
 import warnings
 
@@ -10,15 +9,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 
 CHECKED = ("2.13",)  # torch.__version__ prefixes this module was checked against
-# all_gather_into_tensor(x, n, group_name), reduce_scatter_tensor(x, "sum", n, group_name), wait_tensor(x)
-FUNCTIONAL = torch.ops._c10d_functional
+FUNCTIONAL = torch.ops._c10d_functional  # all_gather_into_tensor, reduce_scatter_tensor, wait_tensor; groups by name
 
 
 def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool):
-    """A tracker of the memory `model` and `optimizer` hold, by kind: FSDPMemTracker for an FSDP2 model, else MemTracker
-    (imported here: a second or two that only --simulate spends)."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
+    """FSDPMemTracker of an FSDP2 model and its optimizer, else MemTracker (imported here, for --simulate only)."""
+    from torch.distributed._tools import FSDPMemTracker, MemTracker
 
     if fsdp:
         return FSDPMemTracker(model, optimizer)
@@ -28,8 +24,7 @@ def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsd
 
 
 def enable_micro_pipeline_tp(group_name: str) -> None:
-    """Inductor's micro-pipelining of TP collectives with their matmuls over symmetric memory, for `group_name`
-    (torchtitan does the same)."""
+    """Inductor's micro-pipelining of TP collectives with their matmuls over symmetric memory (as torchtitan does)."""
     import torch._inductor.config as inductor_config
     from torch.distributed import _symmetric_memory
 

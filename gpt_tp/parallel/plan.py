@@ -73,8 +73,7 @@ TP_PLAN: dict[str, ParallelStyle] = {
 
 
 def enable_async_tp(tp_mesh) -> None:
-    """Turn on Inductor's micro-pipelining of TP collectives with their matmuls over symmetric memory
-    (gpt_tp.torch_internals) before the first compiled forward; refused without CUDA or at TP=1."""
+    """Async TP on (gpt_tp.torch_internals) before the first compiled forward; refused without CUDA or at TP=1."""
     if tp_mesh.device_type != "cuda":
         raise RuntimeError(f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on "
                            f"'{tp_mesh.device_type}'. Leave async TP off on CPU.")
