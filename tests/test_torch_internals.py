@@ -69,7 +69,7 @@ def test_fake_tensors_allocate_nothing():
     assert y.shape == (3,) and y.dtype == torch.float32 and huge.nbytes == 1 << 41
 
 
-def test_the_fake_process_group_and_simulates_collective_counts():
+def test_the_fake_process_group_and_collective_counts():
     """The public fake process group (its own store) at rank 3 of 8; --simulate's TorchDispatchMode counts the functional
     collectives (by their group name) and c10d's (their group boxed) that run under it."""
     from gpt_tp.cli.simulate import CollectiveCounts
