@@ -3,11 +3,11 @@ and Muon send for a layout (from gpt_tp.sizing.sizes' TP-local shapes), and Coll
 issued as a step runs, with its process group and the bytes of its full tensor."""
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.model import GPTConfig
 from gpt_tp.sizing import sizes
 from gpt_tp.sizing.memory import precision_bytes
+from gpt_tp.torch_internals import TorchDispatchMode
 
 TP, DP = "tensor_parallel", "data_parallel"
 

@@ -41,7 +41,7 @@ def fit_config(args, optimizer: str, lr: float, run_dir: Path) -> dict:
             "log_every_n_steps": 1, "val_check_interval": args.val_every, "check_val_every_n_epoch": None,
             "num_sanity_val_steps": 0, "enable_checkpointing": False, "enable_progress_bar": False,
             "inference_mode": False, "gradient_clip_val": 1.0,
-            "callbacks": [{"class_path": "gpt_tp.cluster.malloc.HeapSplit", "init_args": {"policy": "split"}}],
+            "callbacks": [{"class_path": "gpt_tp.train.malloc.HeapSplit", "init_args": {"policy": "split"}}],
             "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger",
                         "init_args": {"save_dir": str(run_dir), "name": "fit", "version": 0}}],
         },

@@ -1,7 +1,7 @@
 """Reference tensor-parallel plans that gpt_tp's TP_PLAN is measured against, and the MLP with its collectives
 overlapped. They sit beside the package: the product trains with TP_PLAN only. Each plan is a dict of module
 path -> ParallelStyle, loaded by `--plan benchmarks.plans:<name>`, the door a user's own plan goes through
-(python -m gpt_tp.eval.paritycheck --plan, benchmarks/fit.py --plan, tests/workers/parity.py --plan):
+(python -m gpt_tp.cli.paritycheck --plan, benchmarks/fit.py --plan, tests/workers/parity.py --plan):
 
     ordered       gpt_tp's layout with every activation gathered in (B, T) order and every partial sum rearranged
                   before its reduce-scatter (a copy each, as DTensor does): what token-major order saves

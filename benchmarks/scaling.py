@@ -12,7 +12,7 @@ over its processes. Reported per variant: the TP=2 / TP=1 ratios of step time an
 as min / median / max, and the TP=2 step time and peak RSS themselves. Goal (GPT-2 124M, 4 x 256, eager): step
 ratio <= 0.60, peak-RSS ratio <= 0.60. A variant is gpt_tp (cli.py with TP_PLAN) or a plan module:attribute
 (benchmarks.plans; run through `python -m benchmarks.fit --plan`), with an optional allocator suffix: @split (the
-default) or @mmap list gpt_tp.cluster.malloc.HeapSplit with that policy, @glibc lists no callback. Its TP=1 side
+default) or @mmap list gpt_tp.train.malloc.HeapSplit with that policy, @glibc lists no callback. Its TP=1 side
 runs cli.py with the same allocator.
 """
 
@@ -31,12 +31,12 @@ from gpt_tp.errors import UserError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-ALLOCATORS = ("split", "mmap", "glibc")  # gpt_tp.cluster.malloc.HeapSplit's policies, or no callback (glibc's own)
+ALLOCATORS = ("split", "mmap", "glibc")  # gpt_tp.train.malloc.HeapSplit's policies, or no callback (glibc's own)
 
 
 def parse_variant(text: str) -> tuple[str | None, str]:
     """"gpt_tp[@alloc]" or "module:attribute[@alloc]" -> (the plan's spec, None for gpt_tp's TP_PLAN; the
-    allocator: split or mmap for gpt_tp.cluster.malloc.HeapSplit's policy, glibc for no callback), checked."""
+    allocator: split or mmap for gpt_tp.train.malloc.HeapSplit's policy, glibc for no callback), checked."""
     from benchmarks.fit import load
 
     spec, at, alloc = text.partition("@")
@@ -62,7 +62,7 @@ def fit_config(args, tp: int, alloc: str, run_dir: Path) -> dict:
     """The cli.py fit config of one run (JSON is YAML: cli.py --config reads it)."""
     strategy = "auto" if tp == 1 else {"class_path": "gpt_tp.checkpoint.ModelParallel",
                                        "init_args": {"data_parallel_size": 1, "tensor_parallel_size": tp}}
-    callbacks = [] if alloc == "glibc" else [{"class_path": "gpt_tp.cluster.malloc.HeapSplit", "init_args": {"policy": alloc}}]
+    callbacks = [] if alloc == "glibc" else [{"class_path": "gpt_tp.train.malloc.HeapSplit", "init_args": {"policy": alloc}}]
     return {
         "seed_everything": 1337,
         "trainer": {

@@ -95,9 +95,9 @@ FLAGS = {
     "n-head-not-dividing": (["--model.model.n_head", "3"], "model.n_embd=64 must be divisible by model.n_head=3"),
     "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
     "ac-mode": (["--model.activation_checkpointing", "some"], "model.activation_checkpointing='some': use one of none, full, selective"),
-    "malloc-removed": (["--model.malloc", "split"], "model.malloc is no longer a model option: list gpt_tp.cluster.malloc.HeapSplit"),
+    "malloc-removed": (["--model.malloc", "split"], "model.malloc is no longer a model option: list gpt_tp.train.malloc.HeapSplit"),
     "tp-plan-removed": (["--model.tp_plan", "torch"], "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN"),
-    "heap-split-policy": (["--trainer.callbacks", "gpt_tp.cluster.malloc.HeapSplit", "--trainer.callbacks.policy", "glibc"],
+    "heap-split-policy": (["--trainer.callbacks", "gpt_tp.train.malloc.HeapSplit", "--trainer.callbacks.policy", "glibc"],
                           "HeapSplit(policy='glibc'): choose one of split, mmap"),
     "full-ac-compiled-at-tp2": (["--trainer.devices", "2", "--trainer.strategy.init_args.tensor_parallel_size", "2",
                                  "--model.compile", "true", "--model.activation_checkpointing", "full"],
@@ -107,7 +107,7 @@ FLAGS = {
                                  "HellaSwagCallback every_n_steps=-1 must be >= 0"),
     "hellaswag-batch-0": (["--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback", "--trainer.callbacks.batch_size", "0"],
                           "HellaSwagCallback batch_size=0 and pad_to=32 must be >= 1"),
-    "sampler-every-negative": (["--trainer.callbacks", "gpt_tp.eval.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "-2"],
+    "sampler-every-negative": (["--trainer.callbacks", "gpt_tp.infer.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "-2"],
                                "TextSampleCallback every_n_steps=-2 must be >= 0"),
 }
 
@@ -122,7 +122,7 @@ def test_nested_flag_on_the_callback_list_is_one_short_line(user_run):
     """--trainer.callbacks.dirpath on cpu.yaml's list sets the last entry (HeapSplit): jsonargparse's Union error
     (600+ characters, one error per subtype) becomes its first error and what the flag did."""
     line = user_run(cli_main("fit", "--config", CPU, "--trainer.callbacks.dirpath", "elsewhere"))
-    assert line == ("error: trainer.callbacks: Problem with given class_path 'gpt_tp.cluster.malloc.HeapSplit': Option 'dirpath' "
+    assert line == ("error: trainer.callbacks: Problem with given class_path 'gpt_tp.train.malloc.HeapSplit': Option 'dirpath' "
                     "is not accepted (--trainer.callbacks.dirpath sets dirpath on the last entry of trainer.callbacks; set it "
                     "in that entry of your config file instead) (see python cli.py fit --help)")
 
@@ -327,7 +327,7 @@ def test_checkpoint_folder_under_a_file(user_run, tmp_path):
 # ---- an output that names a folder: refused, the folder unchanged ------------------------------------------------
 def test_outputs_naming_a_folder(user_run, tmp_path):
     from gpt_tp.eval.hellaswag import main as hellaswag_main
-    from gpt_tp.eval.plot import main as plot_main
+    from gpt_tp.train.plot import main as plot_main
 
     folder = tmp_path / "results"
     folder.mkdir()
@@ -352,7 +352,7 @@ def test_a_callback_refusing_on_every_rank_prints_once():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("OMP_NUM_THREADS", None)
     proc = subprocess.run([sys.executable, "cli.py", "fit", "--config", CPU, "--trainer.logger", "false", "--trainer.max_steps", "2",
-                           "--trainer.callbacks", "gpt_tp.eval.sampling.TextSampleCallback", "--trainer.callbacks.max_length", "2"],
+                           "--trainer.callbacks", "gpt_tp.infer.sampling.TextSampleCallback", "--trainer.callbacks.max_length", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "TextSampleCallback max_length=2 must exceed the prompt's token count: raise max_length" in one_error_line(proc)
 

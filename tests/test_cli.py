@@ -174,7 +174,7 @@ def test_cpu_demo_trains_and_resumes_exactly(demo):
     assert part1 == {k: full[k] for k in range(6)}
     assert part2 == {k: full[k] for k in range(6, 9)}  # bit-identical after --ckpt_path last
     # the plot's lineage: the resumed run continues the stopped one by its TP=2 checkpoint, not the uninterrupted one
-    from gpt_tp.eval.plot import run_csvs
+    from gpt_tp.train.plot import run_csvs
 
     csvs = [d / "metrics.csv" for d in runs]
     assert run_csvs(csvs[2]) == csvs[1:] and run_csvs(csvs[0]) == csvs[:1]

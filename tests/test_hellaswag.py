@@ -116,7 +116,7 @@ def test_failed_download_leaves_nothing(tmp_path, monkeypatch):
 def test_callbacks_in_tp2_fit_match_single_device(tmp_path, monkeypatch):
     """Trainer + ModelParallelStrategy(TP=2) + SyntheticDataModule, 4 steps, HellaSwagCallback and
     TextSampleCallback every 2 steps: what they log equals a single-device evaluation of the gathered weights."""
-    from gpt_tp.eval.plot import main as plot_main, read_metrics
+    from gpt_tp.train.plot import main as plot_main, read_metrics
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     run_torchrun("hellaswag_fit.py", 2, "--tp", "2", "--steps", "4", "--out", str(tmp_path / "fit"))

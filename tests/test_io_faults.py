@@ -232,7 +232,7 @@ def test_failed_samples_write_stops_every_rank_alike(tmp_path, tmpfs):
     fs = tmpfs("4m")
     broken = fit(tmp_path, tmp_path / "ckpt", "--trainer.callbacks+=tests.workers.io_faults.BreakFolder", "--trainer.callbacks.path",
                  str(fs), "--trainer.callbacks.step", "4", "--trainer.callbacks.how", "read-only",
-                 "--trainer.callbacks+=gpt_tp.eval.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "4", logs=fs)
+                 "--trainer.callbacks+=gpt_tp.infer.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "4", logs=fs)
     assert broken.returncode == 2, broken.stderr[-3000:]
     (line,) = errors(broken)
     assert line == (f"error: Read-only file system while writing {fs}/run/version_0/samples.txt; remount it read-write, "
@@ -291,7 +291,7 @@ def test_export_on_a_full_disk_leaves_nothing(user_run, tmpfs, ckpt):
 
 
 def test_plot_onto_a_read_only_disk(user_run, tmpfs, tmp_path):
-    from gpt_tp.eval.plot import main as plot_main
+    from gpt_tp.train.plot import main as plot_main
 
     run = tmp_path / "logs" / "gpt_tp" / "version_0"
     run.mkdir(parents=True)

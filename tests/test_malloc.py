@@ -1,4 +1,4 @@
-"""HeapSplit (gpt_tp.cluster.malloc): where a CPU run's buffers live, read from /proc/self/maps in a fresh process."""
+"""HeapSplit (gpt_tp.train.malloc): where a CPU run's buffers live, read from /proc/self/maps in a fresh process."""
 
 import json
 import os

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ROOT, one_error_line
-from gpt_tp.eval.plot import PlotError, find_csv, join, main, plot, read_metrics, run_csvs
+from gpt_tp.train.plot import PlotError, find_csv, join, main, plot, read_metrics, run_csvs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -73,7 +73,7 @@ def test_missing_or_empty_csv_fails_clearly(tmp_path):
     with pytest.raises(PlotError, match=r"bad.csv:2: cannot read"):
         read_metrics(tmp_path / "bad.csv")
     # the command: one line, exit status 2, nothing written
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.plot", str(tmp_path / "empty.csv"), "-o", str(tmp_path / "x.png")],
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.train.plot", str(tmp_path / "empty.csv"), "-o", str(tmp_path / "x.png")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [f"error: {tmp_path / 'empty.csv'} is empty: no header "
                                                                   "row (has the run logged a step yet?)"]
@@ -111,9 +111,9 @@ def test_help_names_the_default_output(capsys):
 
 
 def test_bad_flag_is_one_error_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.plot", str(tmp_path), "--no-such-flag"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "gpt_tp.train.plot", str(tmp_path), "--no-such-flag"], cwd=ROOT,
                           capture_output=True, text=True)
-    assert one_error_line(proc) == "error: unrecognized arguments: --no-such-flag (see python -m gpt_tp.eval.plot --help)"
+    assert one_error_line(proc) == "error: unrecognized arguments: --no-such-flag (see python -m gpt_tp.train.plot --help)"
 
 
 def _fit(logs, ckpts, max_steps, ckpt_path=None, shift=0.0, lr=0.1):

@@ -5,7 +5,7 @@ import torch
 
 from conftest import read_json, run_torchrun
 from gpt_tp.errors import DataError
-from gpt_tp.eval.sampling import TextSampleCallback
+from gpt_tp.infer.sampling import TextSampleCallback
 from gpt_tp.infer.generate import PROMPT, generate, last_logits, sample_texts
 
 

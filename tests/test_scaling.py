@@ -34,7 +34,7 @@ def test_runs_cli_fit_side_by_side_and_pairs_the_ratios(tmp_path):
     config = json.loads((tmp_path / "pair0" / "benchmarks_plans_overlap2_glibc" / "config.yaml").read_text())
     assert config["trainer"]["devices"] == 2
     assert callbacks("benchmarks_plans_overlap2_glibc") == [] and callbacks("tp1_glibc") == []
-    heap_split = [{"class_path": "gpt_tp.cluster.malloc.HeapSplit", "init_args": {"policy": "split"}}]
+    heap_split = [{"class_path": "gpt_tp.train.malloc.HeapSplit", "init_args": {"policy": "split"}}]
     assert callbacks("gpt_tp") == heap_split and callbacks("tp1") == heap_split
     assert "| benchmarks.plans:overlap2@glibc |" in proc.stdout
 

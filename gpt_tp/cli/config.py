@@ -40,7 +40,7 @@ class TrainingParser(LightningArgumentParser):
 
 # settings that are no longer model options, and where they went
 REMOVED = {
-    "model.malloc": "model.malloc is no longer a model option: list gpt_tp.cluster.malloc.HeapSplit in trainer.callbacks "
+    "model.malloc": "model.malloc is no longer a model option: list gpt_tp.train.malloc.HeapSplit in trainer.callbacks "
                     "(configs/cpu.yaml does)",
     "model.tp_plan": "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN; the reference plans run "
                      "through python -m benchmarks.fit --plan",

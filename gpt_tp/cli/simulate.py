@@ -10,17 +10,13 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt_tp.model import GPT
 from gpt_tp.parallel import parallelize
 from gpt_tp.ranks import Layout, build_mesh
 from gpt_tp.sizing.memory import GIB, USABLE_FRACTION, Memory, fits, memory_per_device
+from gpt_tp.torch_internals import FUNCTIONAL, FakeTensorMode, TorchDispatchMode, memory_tracker
 from gpt_tp.train.optim import OptimizerSettings
 from gpt_tp.train.run import Run
 from gpt_tp.train.step import TrainStep
@@ -49,13 +45,13 @@ class CollectiveCounts(TorchDispatchMode):
         if any(t is DTensor for t in types):
             return NotImplemented  # DTensor first turns the op into local ops and its collectives
         out = func(*args, **(kwargs or {}))
-        if getattr(func, "namespace", None) in ("c10d", "_c10d_functional"):
+        if getattr(func, "namespace", None) in ("c10d", FUNCTIONAL.name):
             # the group: functional collectives name it last; c10d's take it boxed, as their first script object
             names = [a for a in args if isinstance(a, str)]
             boxed = [a for a in args if isinstance(a, torch.ScriptObject)]
             group = names[-1] if names else dist.ProcessGroup.unbox(boxed[0]).group_name if boxed else None
             if group is not None:  # (wait_tensor and the like name no group)
-                op = func._overloadpacket.__name__
+                op = func.overloadpacket.__name__
                 self.counts[self.labels.get(group, group), COLLECTIVE_NAMES.get(op, op)] += 1
         return out
 
@@ -85,7 +81,7 @@ def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSet
     notes = [] if device == "cuda" else ["this torch has no CUDA: fake tensors on 'cpu' at the config's precision "
                                          "(FSDP2 asks torch.cuda.current_device() for 'cuda')"]
     notes.append("torch.compile skipped: the eager step's memory")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dp * tp)
+    dist.init_process_group("fake", rank=rank, world_size=dp * tp)  # torch makes its fake store
     try:
         mesh = build_mesh(run.layout, device)
         with torch.device("meta"):
@@ -103,7 +99,7 @@ def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSet
                 model.to(torch.bfloat16)
             train_step = TrainStep(model, settings)
 
-            def step(micro_batches: int, tracker: MemTracker | None = None) -> None:
+            def step(micro_batches: int, tracker=None) -> None:
                 x = torch.randint(0, config.vocab_size, (batch_size, seq_len), device=device)  # (B, T)
                 forwards = iter(range(micro_batches))
 
@@ -119,9 +115,7 @@ def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSet
             labels |= {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}  # a dimension spanning the world
             with CollectiveCounts(labels) as comms:
                 step(1)
-            tracker = FSDPMemTracker(model, train_step.optimizer) if dp > 1 else MemTracker()
-            if dp == 1:
-                tracker.track_external(model, train_step.optimizer)
+            tracker = memory_tracker(model, train_step.optimizer, fsdp=dp > 1)
             with tracker:
                 step(min(run.accumulate, 2), tracker)
             snapshot = tracker.get_tracker_snapshot("peak")

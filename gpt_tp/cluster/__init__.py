@@ -1,1 +1,1 @@
-"""The cluster room: running under Slurm (preemption, fail-fast) and a CPU run's memory placement (docs/structure.md)."""
+"""The cluster room: running under Slurm: preemption, fail-fast, the newest checkpoint (docs/structure.md)."""

@@ -1,1 +1,1 @@
-"""The evaluation room: HellaSwag, text samples, loss plots and the parity check (docs/structure.md)."""
+"""The evaluation room: HellaSwag's file, scoring under TP and DP, command and callback (docs/structure.md)."""

@@ -11,7 +11,7 @@ from gpt_tp.collective import one_does
 from gpt_tp.entry import ArgumentParser, pick_device, run, torchrun_mesh
 from gpt_tp.eval.hellaswag_data import DEFAULT_CACHE_DIR, HellaSwagError, read_examples, resolve_path
 from gpt_tp.eval.hellaswag_score import evaluate
-from gpt_tp.eval.sampling import StepCallback
+from gpt_tp.infer.sampling import StepCallback
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.parallel import parallelize
 from gpt_tp.ranks import block_size_of, layout_of

@@ -1,1 +1,1 @@
-"""The inference room: text generation, TP-aware, and cli.py predict's prompts and writer (docs/structure.md)."""
+"""The inference room: TP-aware text generation for cli.py predict and for samples in training (docs/structure.md)."""

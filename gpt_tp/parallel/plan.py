@@ -1,8 +1,6 @@
 """TP_PLAN: Megatron-style tensor parallelism with sequence parallelism for gpt_tp.model.GPT on the mesh's
 "tensor_parallel" dim; the model file knows nothing of it (docs/train.md, "How the model is split")."""
 
-import warnings
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -11,6 +9,7 @@ from torch.distributed.tensor import Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from gpt_tp.parallel.sp import colwise, rowwise, vocab_embedding, vocab_head
+from gpt_tp.torch_internals import enable_micro_pipeline_tp
 
 
 class _LocalLayerNorm(nn.LayerNorm):
@@ -74,17 +73,10 @@ TP_PLAN: dict[str, ParallelStyle] = {
 
 
 def enable_async_tp(tp_mesh) -> None:
-    """Turn on Inductor's micro-pipelining of TP collectives with their matmuls over symmetric memory
-    (torch._inductor.config._micro_pipeline_tp) before the first compiled forward; refused without CUDA or at TP=1."""
+    """Async TP on (gpt_tp.torch_internals) before the first compiled forward; refused without CUDA or at TP=1."""
     if tp_mesh.device_type != "cuda":
         raise RuntimeError(f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on "
                            f"'{tp_mesh.device_type}'. Leave async TP off on CPU.")
     if tp_mesh.size() < 2:
         raise RuntimeError("async TP needs tensor_parallel_size >= 2: there is nothing to overlap at TP=1")
-    import torch._inductor.config as inductor_config
-    from torch.distributed import _symmetric_memory  # no public API for this yet (torchtitan does the same)
-
-    inductor_config._micro_pipeline_tp = True
-    with warnings.catch_warnings():  # deprecated in recent torch, but the Inductor pass still checks for it
-        warnings.simplefilter("ignore", FutureWarning)
-        _symmetric_memory.enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    enable_micro_pipeline_tp(tp_mesh.get_group().group_name)

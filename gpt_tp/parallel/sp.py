@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-_C10D = torch.ops._c10d_functional
+from gpt_tp.torch_internals import FUNCTIONAL as _C10D
 
 
 def all_gather_rows(x: torch.Tensor, n: int, group: str) -> torch.Tensor:

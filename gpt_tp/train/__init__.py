@@ -1,1 +1,1 @@
-"""The training room: Lightning, checkpoints, Slurm and the training commands (docs/structure.md)."""
+"""The training room: the LightningModule, its step, data, logs and callbacks; a run's plot (docs/structure.md)."""

@@ -96,7 +96,7 @@ LINEAGE = "lineage.json"  # in each logger's log_dir: {"run": this run's id, "an
 
 
 class RunLineage(Callback):
-    """A run's identity through its checkpoints, for `python -m gpt_tp.eval.plot`: each run (one id from rank 0) saves
+    """A run's identity through its checkpoints, for `python -m gpt_tp.train.plot`: each run (one id from rank 0) saves
     its ancestors' ids and its own in every checkpoint and writes them to its log folder's lineage.json, so a run that
     resumes from or validates a checkpoint has as ancestors exactly the runs that trained it, wherever it lies."""
 

@@ -1,4 +1,4 @@
-"""Train a small GPTModule on one CPU process with gpt_tp.cluster.malloc.HeapSplit(POLICY) (glibc: without it) and
+"""Train a small GPTModule on one CPU process with gpt_tp.train.malloc.HeapSplit(POLICY) (glibc: without it) and
 report, as JSON, where glibc put its buffers: the share of the run-long tensors (weights and AdamW state; those of
 128 KiB and more) that lie in the main heap, the share of the gradients there after each step, whether each
 gradient kept its buffer from step to step, and whether a 1 MiB buffer
@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from gpt_tp.cluster.malloc import HeapSplit, trim_heap
+from gpt_tp.train.malloc import HeapSplit, trim_heap
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
 

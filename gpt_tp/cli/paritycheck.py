@@ -1,7 +1,7 @@
 """Parity check: is the tensor-parallel model the same model as the single-device one?
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.eval.paritycheck --config configs/cpu.yaml
-    torchrun --nproc_per_node=4 -m gpt_tp.eval.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.cli.paritycheck --config configs/cpu.yaml
+    torchrun --nproc_per_node=4 -m gpt_tp.cli.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
 
 One batch goes through the sharded model (gpt_tp's plan, or --plan module:attribute) and an unsharded copy built
 from the same seed, in float32; it prints both losses and the worst weight and gradient differences per parameter.
@@ -148,7 +148,7 @@ def settings(args, world: int) -> dict:
 
 
 def parser() -> ArgumentParser:
-    ap = ArgumentParser("torchrun --nproc_per_node=N -m gpt_tp.eval.paritycheck", __doc__)
+    ap = ArgumentParser("torchrun --nproc_per_node=N -m gpt_tp.cli.paritycheck", __doc__)
     ap.add_argument("--config", action="append", help="a training YAML (python cli.py fit --config ...): model, layout, "
                     "batch shape, read as the trainer reads it; repeat it to stack files as cli.py does")
     ap.add_argument("--model", help=f"a named size: {', '.join(SIZES)} (default tiny); replaces the --config's model")

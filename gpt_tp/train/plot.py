@@ -141,7 +141,7 @@ def plot(metrics: dict[str, list[tuple[int, float]]], out: str | Path, title: st
 
 
 def main(argv=None) -> Path:
-    ap = ArgumentParser("python -m gpt_tp.eval.plot", "Plot train/val loss and HellaSwag acc_norm from a CSVLogger log; "
+    ap = ArgumentParser("python -m gpt_tp.train.plot", "Plot train/val loss and HellaSwag acc_norm from a CSVLogger log; "
                         "a run resumed through cli.py is drawn with the runs it continues (their checkpoints).")
     ap.add_argument("run", help="metrics.csv, a run dir holding it, or a folder of runs (the newest metrics.csv is used)")
     ap.add_argument("-o", "--out", default="run.png", help="PNG to write (default: run.png in the current directory)")

@@ -1,0 +1,106 @@
+"""The torch internals gpt_tp.torch_internals relies on still work as it expects: a torch upgrade that changes one fails
+here, by name, before it breaks sequence parallelism, async TP or --simulate."""
+
+import inspect
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from gpt_tp.torch_internals import CHECKED, FUNCTIONAL, FakeTensorMode, enable_micro_pipeline_tp, memory_tracker
+
+
+@contextmanager
+def process_group(backend: str, rank: int = 0, world_size: int = 1):
+    """A process group in this process (gloo over a HashStore, or the fake one with its own store), destroyed after."""
+    dist.init_process_group(backend, store=dist.HashStore() if backend == "gloo" else None, rank=rank,
+                            world_size=world_size)
+    try:
+        yield dist.group.WORLD.group_name
+    finally:
+        dist.destroy_process_group()
+
+
+def test_checked_against_this_torch():
+    assert torch.__version__.startswith(CHECKED), (
+        f"torch {torch.__version__} is not among {CHECKED}: check gpt_tp/torch_internals.py against it")
+
+
+def test_functional_collectives_take_a_group_name():
+    """gpt_tp.parallel.sp calls the functional collectives positionally, the group by its name: their signatures, and
+    their numbers on a one-rank gloo group (the many-rank numbers: tests/test_tp_parity.py)."""
+    assert [str(getattr(FUNCTIONAL, op).default._schema) for op in ("all_gather_into_tensor", "reduce_scatter_tensor",
+                                                                    "wait_tensor")] == [
+        "_c10d_functional::all_gather_into_tensor(Tensor input, int group_size, Any group_name) -> Tensor",
+        "_c10d_functional::reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, Any group_name) -> Tensor",
+        "_c10d_functional::wait_tensor(Tensor tensor) -> Tensor"]
+    x = torch.arange(6.0).reshape(2, 3)
+    with process_group("gloo") as group:
+        gathered = FUNCTIONAL.wait_tensor(FUNCTIONAL.all_gather_into_tensor(x, 1, group))
+        scattered = FUNCTIONAL.wait_tensor(FUNCTIONAL.reduce_scatter_tensor(x, "sum", 1, group))
+    assert torch.equal(gathered, x) and torch.equal(scattered, x)
+
+
+def test_async_tp_switches_are_the_ones_inductor_reads():
+    """enable_micro_pipeline_tp sets the config flag Inductor's post-grad passes check and registers the group as the
+    micro-pipeline pass asks (is_symm_mem_enabled_for_group), which matches sequence parallelism's all-gather op."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.fx_passes import micro_pipeline_tp, post_grad
+    from torch.distributed._symmetric_memory import is_symm_mem_enabled_for_group
+
+    assert "if config._micro_pipeline_tp:" in inspect.getsource(post_grad.post_grad_passes)
+    assert "is_symm_mem_enabled_for_group(group_name)" in inspect.getsource(micro_pipeline_tp)
+    assert "c10d = torch.ops._c10d_functional" in inspect.getsource(micro_pipeline_tp)
+    assert inductor_config._micro_pipeline_tp is False
+    try:
+        with process_group("gloo") as group:
+            assert not is_symm_mem_enabled_for_group(group)
+            enable_micro_pipeline_tp(group)
+            assert inductor_config._micro_pipeline_tp is True and is_symm_mem_enabled_for_group(group)
+    finally:
+        inductor_config._micro_pipeline_tp = False
+
+
+def test_fake_tensors_allocate_nothing():
+    """--simulate builds the model and steps on fake tensors: shapes and dtypes without storage, real inputs allowed."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        huge = torch.ones(1 << 40, dtype=torch.bfloat16)  # 2 TiB, were it real
+        y = huge[:3] + torch.ones(3)
+    assert y.shape == (3,) and y.dtype == torch.float32 and huge.nbytes == 1 << 41
+
+
+def test_the_fake_process_group_and_collective_counts():
+    """The public fake process group (its own store) at rank 3 of 8; --simulate's TorchDispatchMode counts the functional
+    collectives (by their group name) and c10d's (their group boxed) that run under it."""
+    from gpt_tp.cli.simulate import CollectiveCounts
+
+    with process_group("fake", rank=3, world_size=8) as group:
+        assert (dist.get_rank(), dist.get_world_size()) == (3, 8)
+        with CollectiveCounts({group: "world"}) as comms:
+            FUNCTIONAL.wait_tensor(FUNCTIONAL.all_gather_into_tensor(torch.ones(2), 8, group))
+            FUNCTIONAL.wait_tensor(FUNCTIONAL.reduce_scatter_tensor(torch.ones(8), "sum", 8, group))
+            dist.all_reduce(torch.ones(2))
+            dist.all_reduce(torch.ones(2))
+    assert dict(comms.counts) == {("world", "all_gather"): 1, ("world", "reduce_scatter"): 1, ("world", "all_reduce"): 2}
+
+
+def test_memory_tracker_reports_by_the_kinds_simulate_reads():
+    """memory_tracker's peak snapshot: {device: {kind: bytes}}, a Linear's weights and gradients to the byte; every kind
+    --simulate sums (TRACKER_KINDS) is one of MemTracker's or FSDPMemTracker's."""
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    from gpt_tp.cli.simulate import TRACKER_KINDS
+
+    known = {t.name for t in _MemRefType} | {t.name for t in _FSDPRefType}
+    assert {k for keys in TRACKER_KINDS.values() for k in keys} <= known
+    model = torch.nn.Linear(64, 32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    tracker = memory_tracker(model, optimizer, fsdp=False)
+    with tracker:
+        model(torch.randn(8, 64)).sum().backward()
+        optimizer.step()
+    (device, peak), = tracker.get_tracker_snapshot("peak").items()
+    by_kind = {str(k).split(".")[-1]: v for k, v in peak.items()}
+    assert str(device) == "cpu" and by_kind["PARAM"] == by_kind["GRAD"] == (64 * 32 + 32) * 4
+    assert by_kind["OPT"] >= 2 * (64 * 32 + 32) * 4  # AdamW's two moments
