@@ -99,16 +99,12 @@ class GPTModule(L.LightningModule):
                     activation_checkpointing=run.activation_checkpointing, plan=self.tp_plan)
         materialize(self.model, self.device)
 
-    def _grad_scaler(self) -> torch.amp.GradScaler | None:
-        """fp16 (16-mixed)'s gradient scaler; None in every other precision."""
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        return scaler if scaler is not None and scaler.is_enabled() else None
-
     def configure_optimizers(self):
         """The training step's optimizer. No lr scheduler: each step sets its own lr (and the optimizer's other
         settings) from these hparams (TrainStep.begin), on a fresh or a resumed optimizer alike."""
-        h, fp16 = self.hparams, self._grad_scaler() is not None
-        optimizer = optimizer_from(h.optimizer)
+        h, optimizer = self.hparams, optimizer_from(self.hparams.optimizer)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # 16-mixed's gradient scaler
+        fp16 = scaler is not None and scaler.is_enabled()
         if fp16 and isinstance(optimizer, Muon):
             raise UserError("model.optimizer=Muon does not train with trainer.precision=16-mixed (its gradient "
                             "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
@@ -118,7 +114,7 @@ class GPTModule(L.LightningModule):
                             "or use trainer.precision=bf16-mixed")
         optimizer = dataclasses.replace(optimizer, fused=False) if fp16 else optimizer
         schedule = Schedule(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps)
-        self.step_fn = TrainStep(self.model, optimizer, schedule, loss_fn=self.compute_loss)
+        self.step_fn = TrainStep(self.model, optimizer, schedule, loss_fn=self.compute_loss, fp16=fp16)
         return self.step_fn.optimizer
 
     def configure_callbacks(self) -> list:
@@ -148,8 +144,7 @@ class GPTModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         _, _, dp, group = parallel_layout(self.trainer, self)
-        loss, norm = self.step_fn.check(self.global_step, self.trainer.accumulate_grad_batches, dp, group,
-                                        overflow_ok=self._grad_scaler() is not None)
+        loss, norm = self.step_fn.check(self.global_step, self.trainer.accumulate_grad_batches, dp, group)
         self.log_dict({"train/loss": loss, "train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": norm},
                       on_step=True, on_epoch=False, rank_zero_only=True)
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
