@@ -77,14 +77,19 @@ def optimizer_from(spec: "Optimizer | dict") -> "Optimizer":
 
 @dataclass(frozen=True)
 class AdamW(Optimizer):
-    """build-nanogpt's AdamW (the default), at the schedule's lr; checked when made."""
+    """build-nanogpt's AdamW (the default) at the schedule's lr; checked when made.
+
+    Args:
+        weight_decay: decoupled, on parameters of 2 or more dimensions only (matmul weights, embeddings).
+        betas: AdamW's.
+        eps: AdamW's.
+        fused: the fused kernel; None: where the device has it (never under trainer.precision=16-mixed).
+    """
 
     weight_decay: float = 0.1
-    """Decoupled weight decay, on >= 2-D parameters only (matmul weights, embeddings)."""
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     fused: bool | None = None
-    """The fused AdamW kernel; None: where the device has it (never under trainer.precision=16-mixed)."""
 
     def __post_init__(self):
         object.__setattr__(self, "betas", tuple(self.betas))  # a checkpoint's hparams may hold a list
@@ -118,13 +123,17 @@ class AdamW(Optimizer):
 
 @dataclass(frozen=True)
 class Muon(AdamW):
-    """torch.optim.Muon's update on the blocks' 2-D weights (is_muon_weight), sharded (gpt_tp.train.muon), with
-    AdamW (these same AdamW fields, at the schedule's lr) on the rest, in one optimizer."""
+    """Muon on the blocks' 2-D weights, AdamW (the fields above, at the schedule's lr) on the rest, in one optimizer.
+
+    torch.optim.Muon's update on the weights is_muon_weight names, sharded (gpt_tp.train.muon).
+
+    Args:
+        lr: Muon's peak lr, on the same warmup + cosine multiplier as model.max_lr.
+        fp32: Newton-Schulz in float32 rather than torch.optim.Muon's bfloat16 (for parity tests).
+    """
 
     lr: float = 0.02
-    """Muon's peak lr, on the same warmup + cosine multiplier as model.max_lr."""
     fp32: bool = False
-    """Newton-Schulz in float32 rather than torch.optim.Muon's bfloat16 (for parity tests)."""
 
     def __post_init__(self):
         super().__post_init__()
