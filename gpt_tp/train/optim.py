@@ -58,8 +58,7 @@ class Optimizer:
     chosen by name). A run's hparams and checkpoints record it as plain data (hparam, optimizer_from)."""
 
     @property
-    def kind(self) -> str:
-        """How gpt_tp.sizing names it ("adamw", "muon"): the state it counts per parameter."""
+    def kind(self) -> str:  # how gpt_tp.sizing names it ("adamw", "muon") to count its state
         return type(self).__name__.lower()
 
     def hparam(self) -> dict:
@@ -98,8 +97,7 @@ class AdamW(Optimizer):
                             f"{list(self.betas)}, model.optimizer.eps={self.eps}: AdamW needs weight_decay >= 0, each "
                             "beta in [0, 1) and eps > 0")
 
-    def groups(self, params: list) -> list[dict]:
-        """build-nanogpt's groups: weight decay on >= 2-D parameters only."""
+    def groups(self, params: list) -> list[dict]:  # build-nanogpt's: weight decay on >= 2-D parameters only
         return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": self.weight_decay},
                 {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
@@ -107,8 +105,7 @@ class AdamW(Optimizer):
         return all(p.device.type in ("cuda", "cpu", "xpu", "mps") for p in params) if self.fused is None else self.fused
 
     def build(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
-        """The run's one optimizer on the model's trainable parameters (the tied wte/lm_head once), plain or DTensor
-        parameters, not mixed."""
+        """The run's one optimizer on the trainable parameters (the tied wte/lm_head once), plain or DTensor."""
         params = [p for p in model.parameters() if p.requires_grad]
         return torch.optim.AdamW(self.groups(params), lr=lr, betas=self.betas, eps=self.eps, fused=self.is_fused(params))
 
