@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmarks.muon_comm --model gpt2 --layers 2
 
 On a DP x TP mesh (TP the rest of the processes), the model's block matrices get random gradients; then the two
-optimizer steps alternate, --steps times each, on the same parameters: Muon as model.optimizer=muon runs it (Newton-
+optimizer steps alternate, --steps times each, on the same parameters: Muon as --model.optimizer Muon runs it (Newton-
 Schulz on the long-side shards, Grams all-reduced) and the gather-everything baseline (gather_all: each matrix
 all-gathered whole in bf16, orthogonalized on every rank, its slice kept). Rank 0 prints, per scheme, the median
 step time (the slowest rank's) and the collectives recorded in one step with their bytes, beside
