@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=1, help="rows per data-parallel rank (default 1)")
     ap.add_argument("--seq-len", type=int, help="tokens per row (default 256, or the model's block_size if smaller; the "
                     "counts do not depend on it)")
-    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="model.optimizer (default adamw)")
+    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="adamw (default) or muon: model.optimizer AdamW or Muon")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
     if min(args.dp, args.batch_size, args.seq_len or 1, args.layers or 1) < 1:

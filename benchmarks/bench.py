@@ -289,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
                     f"{', '.join(p for p in PRECISIONS if runs(p))} (default bf16-mixed on GPU, 32-true on CPU)")
     ap.add_argument("--compile", default="off", help="torch.compile per block: off, on or off,on (default off)")
     ap.add_argument("--async-tp", action="store_true", help="async TP (GPU, TP>1, compile on only)")
-    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="model.optimizer (default adamw); "
+    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="adamw (default) or muon: model.optimizer AdamW or Muon; "
                     "muon also reports the Newton-Schulz share of the step")
     ap.add_argument("--batch-size", type=int, default=4, help="micro-batch rows per data-parallel rank (default 4)")
     ap.add_argument("--seq-len", type=int, help="tokens per row (default 256, or the model's block_size if smaller)")

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import gpt_tp.parallel.muon as muon
+import gpt_tp.train.muon as muon
 
 from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.step import build, peak_memory, stats, sync, train_step

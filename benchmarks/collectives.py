@@ -188,7 +188,7 @@ def norm_collective(dp: int, tp: int) -> list[dict]:
 
 
 def muon_collectives(config: GPTConfig, dp: int, tp: int, ns_steps: int = 5, ns_bytes: int = 2) -> list[dict]:
-    """Muon's optimizer step (gpt_tp.parallel.muon) on the 4L block matrices, each with short side C. c_attn and c_fc
+    """Muon's optimizer step (gpt_tp.train.muon) on the 4L block matrices, each with short side C. c_attn and c_fc
     are split along their long side over TP and DP, the c_projs along their long side over TP and their short side
     (FSDP2's dim 0) over DP. Per group of ranks that split long sides: one all-reduce of each matrix's squared norm
     and ns_steps of its C x C Gram, float32; at DP > 1 each c_proj all-gathered over DP in Newton-Schulz's dtype."""

@@ -1,9 +1,9 @@
-"""Muon's optimizer step, sharded (gpt_tp.parallel.muon) against gathering every matrix whole: bytes and time.
+"""Muon's optimizer step, sharded (gpt_tp.train.muon) against gathering every matrix whole: bytes and time.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmarks.muon_comm --model gpt2 --layers 2
 
 On a DP x TP mesh (TP the rest of the processes), the model's block matrices get random gradients; then the two
-optimizer steps alternate, --steps times each, on the same parameters: Muon as model.optimizer=muon runs it (Newton-
+optimizer steps alternate, --steps times each, on the same parameters: Muon as --model.optimizer Muon runs it (Newton-
 Schulz on the long-side shards, Grams all-reduced) and the gather-everything baseline (gather_all: each matrix
 all-gathered whole in bf16, orthogonalized on every rank, its slice kept). Rank 0 prints, per scheme, the median
 step time (the slowest rank's) and the collectives recorded in one step with their bytes, beside
@@ -24,7 +24,7 @@ from benchmarks.step import build
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.train.optim import Muon
 
 
 def step_time(opt) -> float:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     step = build(config, mesh, device, optimizer="muon")  # gpt_tp's training step: its model and optimizer
     model, sharded = step.model, step.optimizer
-    gathered = OptimizerSettings(fused=True, optimizer="muon").build(model)
+    gathered = Muon(fused=True).build(model, 6e-4)
     gathered.gather_all = True
     for p in model.parameters():
         local = torch.randn((p.to_local() if isinstance(p, DTensor) else p).shape)

@@ -4,7 +4,7 @@
 
 `python cli.py fit` at TP=2 (two processes, one thread each, fp32) on the bundled sample, a GPT whose blocks are
 not dwarfed by the 50k-vocabulary embedding (4 layers, 4 heads, n_embd 256, T 256), micro-batch 4, validation
-every --val-every steps on 4 batches. AdamW sweeps model.max_lr over --adamw-lrs; Muon sweeps model.muon_lr over
+every --val-every steps on 4 batches. AdamW sweeps model.max_lr over --adamw-lrs; Muon sweeps model.optimizer.lr over
 --muon-lrs with AdamW (on the embeddings, LayerNorms and biases) at --muon-adamw-lr. The runs alternate between
 the two optimizers so each sees the same machine load. A run's wall time at step s is the sum of its step times
 (B x T / the logged train/tokens_per_sec) up to s. Reported: each run's val losses; for each optimizer's best run
@@ -29,9 +29,10 @@ MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 256, "vocab_siz
 
 def fit_config(args, optimizer: str, lr: float, run_dir: Path) -> dict:
     """The cli.py fit config of one run (JSON is YAML: cli.py --config reads it)."""
-    model = {"model": MODEL, "total_batch_size": None, "warmup_steps": args.steps // 10, "optimizer": optimizer}
+    model = {"model": MODEL, "total_batch_size": None, "warmup_steps": args.steps // 10}
     model |= {"max_lr": lr, "min_lr": lr / 10} if optimizer == "adamw" else {
-        "muon_lr": lr, "max_lr": args.muon_adamw_lr, "min_lr": args.muon_adamw_lr / 10}
+        "optimizer": {"class_path": "gpt_tp.train.optim.Muon", "init_args": {"lr": lr}},
+        "max_lr": args.muon_adamw_lr, "min_lr": args.muon_adamw_lr / 10}
     return {
         "seed_everything": 1337,
         "trainer": {
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val-every", type=int, default=30, help="validate every this many steps")
     ap.add_argument("--batch-size", type=int, default=4, help="micro-batch rows (T is 256)")
     ap.add_argument("--adamw-lrs", type=float, nargs=3, default=[1e-3, 3e-3, 1e-2], help="AdamW's max_lr sweep")
-    ap.add_argument("--muon-lrs", type=float, nargs=3, default=[0.01, 0.02, 0.05], help="Muon's muon_lr sweep")
+    ap.add_argument("--muon-lrs", type=float, nargs=3, default=[0.01, 0.02, 0.05], help="Muon's lr sweep (model.optimizer.lr)")
     ap.add_argument("--muon-adamw-lr", type=float, default=3e-3, help="max_lr of AdamW's part in the Muon runs")
     ap.add_argument("--out", default="muon_out", help="folder for the runs' configs, logs and muon_sweep.json")
     args = ap.parse_args(argv)

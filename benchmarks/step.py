@@ -13,7 +13,7 @@ from benchmarks.plans import reduce_dtensor_partial_grads
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import TP_PLAN, materialize, parallelize, sync_grads
 from gpt_tp.sizing.sizes import PRECISIONS
-from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.train.optim import AdamW, Muon, Schedule
 from gpt_tp.train.step import TrainStep
 
 
@@ -47,7 +47,7 @@ def build(config: GPTConfig, mesh, device: torch.device, compile: bool = False, 
                 plan=plan)
     materialize(model, device)
     model.train()
-    return TrainStep(model, OptimizerSettings(warmup_steps=0, optimizer=optimizer), sync=_sync)
+    return TrainStep(model, Muon() if optimizer == "muon" else AdamW(), Schedule(warmup_steps=0), sync=_sync)
 
 
 def train_step(step: TrainStep, x, y, precision: str = "32-true", max_norm: float = 1.0, phase=None) -> torch.Tensor:

@@ -3,7 +3,7 @@
 # Runs the benchmark at TP=1, and with several GPUs also TP=2 and DP=2 (and TP=N when there are N > 2), then
 # prints tokens/s and MFU per layout. With several GPUs it also runs TP=2 eager with gpt_tp's plan and with the
 # overlapped MLP (--plan benchmarks.plans:overlap2, eager only), to see whether the overlap earns a place.
-# Then Muon (model.optimizer=muon, compiled) at TP=1, and TP=2 with several GPUs: tok/s, MFU and the share of the
+# Then Muon (model.optimizer=Muon, compiled) at TP=1, and TP=2 with several GPUs: tok/s, MFU and the share of the
 # step Newton-Schulz takes; a Muon run that fails or reports no share fails the check (exit 1).
 # Results: gpu_check_out/bench.{md,json,png}, gpu_check_out/overlap/... and gpu_check_out/muon/....
 #   bash scripts/gpu_check.sh                 # defaults

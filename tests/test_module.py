@@ -11,7 +11,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
 from gpt_tp.train.module import GPTModule
-from gpt_tp.train.optim import get_lr
+from gpt_tp.train.optim import AdamW, get_lr
 from synthetic_data import SyntheticDataModule
 
 
@@ -128,8 +128,8 @@ def test_fp16_trains_with_its_gradient_scaler():
 
 def test_fp16_refuses_fused_adamw():
     plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]
-    with pytest.raises(UserError, match=r"model.fused=true cannot train with trainer.precision=16-mixed.*bf16-mixed"):
-        trainer(2, plugins=plugins).fit(GPTModule("tiny", fused=True, total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
+    with pytest.raises(UserError, match=r"model.optimizer.fused=true cannot train with trainer.precision=16-mixed.*bf16-mixed"):
+        trainer(2, plugins=plugins).fit(GPTModule("tiny", optimizer=AdamW(fused=True), total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
 
 
 def test_the_schedule_is_the_trainers_length():
@@ -164,12 +164,13 @@ def test_resume_applies_the_optimizer_settings_it_is_given(tmp_path):
     first.fit(GPTModule("tiny", max_lr=1e-3, warmup_steps=1, total_batch_size=None), data)
     first.save_checkpoint(tmp_path / "two.ckpt")
     second = trainer(4, callbacks=[rec := GroupRecord()])
-    model = GPTModule("tiny", max_lr=2e-3, warmup_steps=1, weight_decay=0.0, betas=(0.5, 0.6), eps=1e-3,
+    model = GPTModule("tiny", max_lr=2e-3, warmup_steps=1, optimizer=AdamW(weight_decay=0.0, betas=(0.5, 0.6), eps=1e-3),
                       total_batch_size=None)
     second.fit(model, data, ckpt_path=tmp_path / "two.ckpt")
     assert sorted(rec.groups) == [2, 3]
     for step, groups in rec.groups.items():
         lr = get_lr(step, 2e-3, 6e-5, 1, 4)
         assert groups == [(pytest.approx(lr), (0.5, 0.6), 1e-3, 0.0)] * 2, step
-    assert (model.hparams.betas, model.hparams.eps, model.hparams.weight_decay) == ((0.5, 0.6), 1e-3, 0.0)
+    assert model.hparams.optimizer == {"class_path": "gpt_tp.train.optim.AdamW", "init_args": {
+        "weight_decay": 0.0, "betas": (0.5, 0.6), "eps": 1e-3, "fused": None}}
     assert all(s["step"] == 4 for s in model.optimizers().optimizer.state.values())  # the saved moments went on

@@ -1,4 +1,4 @@
-"""model.optimizer=muon: torch.optim.Muon's update on the block matrices, sharded over TP and FSDP2, against one device
+"""--model.optimizer Muon: torch.optim.Muon's update on the block matrices, sharded over TP and FSDP2, against one device
 running torch.optim.Muon itself (tests/workers/muon_parity.py), its communication against gpt_tp.sizing, its
 checkpoints (tests/workers/ckpt_fit.py) and its mistakes."""
 
@@ -19,19 +19,19 @@ from benchmarks import collectives
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.module import GPTModule
-from gpt_tp.train.optim import OptimizerSettings, is_muon_weight
+from gpt_tp.train.optim import Muon, is_muon_weight
 from synthetic_data import SyntheticDataModule
 from test_checkpoint import check_exact, check_resume_at, check_resumed, exact_resume_args, fits, straight_runs
 from test_module import trainer
 
 
 def test_one_device_is_torch_muon_and_adamw_bit_for_bit():
-    """Unsharded, OptimizerSettings(optimizer="muon").build is torch.optim.Muon on the 8 block matrices (c_attn one
+    """Unsharded, Muon(fused=True).build is torch.optim.Muon on the 8 block matrices (c_attn one
     [3C, C] matrix) plus build-nanogpt's fused AdamW on the rest: the same parameters after 3 steps, to the bit."""
     torch.manual_seed(0)
     ref = GPT(GPTConfig.from_name("tiny"))
     model = copy.deepcopy(ref)
-    opt = OptimizerSettings(3e-3, fused=True, optimizer="muon").build(model)
+    opt = Muon(fused=True).build(model, 3e-3)
     assert [(len(g["params"]), g["muon"], g["lr"]) for g in opt.param_groups] == [(2, False, 3e-3), (18, False, 3e-3),
                                                                                    (8, True, 0.02)]
     matrices = [p for n, p in ref.named_parameters() if is_muon_weight(n)]
@@ -59,7 +59,7 @@ def test_step_closure_sees_every_group():
     gradients are that step's alone."""
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name("tiny"))
-    opt = OptimizerSettings(weight_decay=0.0, optimizer="muon", muon_lr=0.0).build(model)
+    opt = Muon(weight_decay=0.0, lr=0.0).build(model, 6e-4)
     for group in opt.param_groups:
         group["lr"] = 0.0
     x = torch.randint(0, 1000, (2, 16))
@@ -183,18 +183,18 @@ def test_resume_that_switches_optimizer_is_refused(muon_straight, tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
-    assert errors[0] == (f"error: checkpoint {saved} holds model.optimizer=muon's state, but this run has "
-                         "model.optimizer=adamw: resume with --model.optimizer muon, or start a new run")
+    assert errors[0] == (f"error: checkpoint {saved} holds model.optimizer=Muon's state, but this run has "
+                         "model.optimizer=AdamW: resume with --model.optimizer Muon, or start a new run")
     assert sorted((f.name, f.stat().st_size) for f in saved.iterdir()) == before
 
 
 def test_muon_needs_block_matrices():
-    with pytest.raises(UserError, match=r"model.optimizer=muon: this model has no 2-D block weights"):
-        OptimizerSettings(optimizer="muon").build(nn.Sequential(nn.Linear(4, 4)))
+    with pytest.raises(UserError, match=r"model.optimizer=Muon: this model has no 2-D block weights"):
+        Muon().build(nn.Sequential(nn.Linear(4, 4)), 6e-4)
 
 
 def test_fp16_refuses_muon():
     plugins = [MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))]
-    with pytest.raises(UserError, match=r"model.optimizer=muon does not train with trainer.precision=16-mixed"):
-        trainer(2, plugins=plugins).fit(GPTModule("tiny", optimizer="muon", total_batch_size=None),
+    with pytest.raises(UserError, match=r"model.optimizer=Muon does not train with trainer.precision=16-mixed"):
+        trainer(2, plugins=plugins).fit(GPTModule("tiny", optimizer=Muon(), total_batch_size=None),
                                         SyntheticDataModule(batch_size=2, seq_len=32))

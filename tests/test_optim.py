@@ -1,11 +1,12 @@
-"""get_lr as a pure function, and AdamW's parameter groups (OptimizerSettings.build)."""
+"""get_lr as a pure function, AdamW's parameter groups (AdamW.build), and the optimizer recorded as plain data."""
 
 import math
 
 import pytest
+import torch
 
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.train.optim import OptimizerSettings, get_lr
+from gpt_tp.train.optim import AdamW, Muon, get_lr, optimizer_from
 
 
 def test_get_lr_build_nanogpt_values():
@@ -27,7 +28,7 @@ def test_get_lr_shape():
 
 def test_adamw_groups_and_fused():
     m = GPT(GPTConfig.from_name("tiny"))
-    opt = OptimizerSettings(1e-3).build(m)
+    opt = AdamW().build(m, 1e-3)
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
@@ -36,7 +37,17 @@ def test_adamw_groups_and_fused():
     assert sum(p is m.transformer.wte.weight for p in decay["params"]) == 1
     assert opt.defaults["fused"] is True  # CPU has a fused AdamW kernel
     assert (opt.defaults["betas"], opt.defaults["eps"]) == ((0.9, 0.95), 1e-8)
-    assert OptimizerSettings(1e-3, fused=False).build(m).defaults["fused"] is False
+    assert AdamW(fused=False).build(m, 1e-3).defaults["fused"] is False
+
+
+@pytest.mark.parametrize("optimizer", [AdamW(), Muon(lr=0.03, fp32=True, betas=(0.8, 0.9))])
+def test_optimizer_hparam_is_plain_data_and_comes_back(optimizer, tmp_path):
+    """A checkpoint's hparams hold the optimizer as {"class_path", "init_args"}: loadable with weights_only=True,
+    and the same optimizer again."""
+    torch.save({"optimizer": optimizer.hparam()}, tmp_path / "meta.pt")
+    saved = torch.load(tmp_path / "meta.pt", weights_only=True)["optimizer"]
+    assert saved["class_path"] == f"gpt_tp.train.optim.{type(optimizer).__name__}"
+    assert optimizer_from(saved) == optimizer and type(optimizer_from(saved)) is type(optimizer)
 
 
 @pytest.mark.parametrize("warmup,max_steps", [(10, 10), (10, 5), (10, 0), (0, 0)])

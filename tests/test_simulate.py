@@ -150,14 +150,14 @@ def test_a_config_that_cannot_work_fails_as_a_launch_does(user_run):
 
 
 def test_muon_simulates_with_one_buffer_per_matrix(simulated_auto):
-    """configs/tp2.yaml with model.optimizer=muon: the simulated optimizer state equals the planner's (one momentum
+    """configs/tp2.yaml with --model.optimizer Muon: the simulated optimizer state equals the planner's (one momentum
     buffer per block matrix, AdamW's two moments for the rest), below AdamW's, and the step's collectives add Muon's
     (benchmarks.collectives.step_collectives with optimizer="muon"). AdamW's side: tp2.yaml as shipped (its optimizer
     is AdamW), the run test_shipped_configs_simulate reads, with the same DP=1 x TP=2."""
     from gpt_tp.model import GPTConfig
     from benchmarks.collectives import step_collectives
 
-    muon, adamw = simulate("--config", "configs/tp2.yaml", "--model.optimizer", "muon"), simulated_auto("tp2.yaml")
+    muon, adamw = simulate("--config", "configs/tp2.yaml", "--model.optimizer", "Muon"), simulated_auto("tp2.yaml")
     assert muon.returncode == 0, muon.stderr[-3000:]
     assert adamw.returncode == 0, adamw.stderr[-3000:]
     for proc in (muon, adamw):

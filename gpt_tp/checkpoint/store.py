@@ -93,12 +93,16 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
                               f"size it was trained with: {problems[0]}{more}")
 
 
-def check_same_optimizer(path: Path, optimizer: str) -> None:
-    """A checkpoint resumes only with the optimizer that wrote its state (AdamW's moments are not Muon's buffers)."""
-    saved = (torch.load(path / META, weights_only=True).get("hyper_parameters") or {}).get("optimizer", "adamw")
-    if saved != optimizer:
+def check_same_optimizer(path: Path, optimizer) -> None:
+    """A checkpoint resumes only with the optimizer class that wrote its state (AdamW's moments are not Muon's
+    buffers). optimizer: a run's hparam, {"class_path": ...} (an older checkpoint's "adamw" or "muon"; none: AdamW)."""
+    def name(o) -> str:
+        return o["class_path"].rpartition(".")[2] if isinstance(o, dict) else {"muon": "Muon"}.get(o, "AdamW")
+    saved = name((torch.load(path / META, weights_only=True).get("hyper_parameters") or {}).get("optimizer"))
+    if saved != name(optimizer):
         raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
-                              f"model.optimizer={optimizer}: resume with --model.optimizer {saved}, or start a new run")
+                              f"model.optimizer={name(optimizer)}: resume with --model.optimizer {saved}, or start a "
+                              "new run")
 
 
 def _fsync(path: Path) -> None:

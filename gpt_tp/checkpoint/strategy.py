@@ -106,7 +106,7 @@ class ModelParallel(ModelParallelStrategy):
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
         state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
         check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
-        check_same_optimizer(path, self.lightning_module.hparams.get("optimizer", "adamw"))
+        check_same_optimizer(path, self.lightning_module.hparams.get("optimizer"))
         sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
         checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
         _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint, path)

@@ -48,6 +48,10 @@ REMOVED = {
                        "schedule's); set --trainer.max_steps only",
     "model.tp_overlap_chunks": "model.tp_overlap_chunks is gone: the overlapped MLP is a benchmark plan, "
                                "python -m benchmarks.fit --plan benchmarks.plans:overlap2",
+    "model.muon_lr": "model.muon_lr is now Muon's lr: --model.optimizer Muon --model.optimizer.lr 0.02",
+    "model.muon_fp32": "model.muon_fp32 is now Muon's fp32: --model.optimizer Muon --model.optimizer.fp32 true",
+    **{f"model.{k}": f"model.{k} is now the optimizer's: --model.optimizer.{k}"
+       for k in ("weight_decay", "betas", "eps", "fused")},
 }
 
 
@@ -100,6 +104,10 @@ def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | No
         removed = next((hint for key, hint in REMOVED.items() if key in message), None)
         if removed:
             raise UserError(removed) from None
+        unknown = re.match(r'Parser key "model.optimizer": .*Expected a dot import path string: (\S+)$', message)
+        if unknown:  # a class_path of gpt_tp.train.optim's, or a lowercase name of the old flag
+            raise UserError(f"model.optimizer={unknown[1]}: use one of AdamW, Muon (--model.optimizer Muon "
+                            "--model.optimizer.lr 0.02)") from None
         sub = sub or next((a for a in argv if a in TrainingCLI.subcommands()), None)
         raise UserError(f"{message} (see python cli.py {sub + ' ' if sub else ''}--help)") from None
 

@@ -31,7 +31,7 @@ from gpt_tp.cli.config import TrainingCLI, built_config, check_config, device_co
 from gpt_tp.cli.lifecycle import (CKPT_ALIASES, callbacks_replaced_by, check_launch, check_not_complete, check_unused,
                                     remove_checkpoints, resume_checkpoint, saved_state)
 from gpt_tp.train.logs import CheckpointStep, LogWriteCheck, RunLineage, quiet_writer_threads
-from gpt_tp.train.optim import OptimizerSettings, get_lr
+from gpt_tp.train.optim import Schedule, get_lr, optimizer_from
 from gpt_tp.infer.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
 from gpt_tp.train.run import Run, layout_flags, resolve_run
@@ -96,7 +96,7 @@ class GPTCLI(TrainingCLI):
                 dp=init.data_parallel_size, tp=init.tensor_parallel_size, ac=cfg.model.activation_checkpointing,
                 accum=cfg.trainer.accumulate_grad_batches or 1,
                 total_batch_size=cfg.model.total_batch_size if self.subcommand == "fit" else None,
-                optimizer=cfg.model.optimizer)
+                optimizer=optimizer_from(cfg.model.optimizer.as_dict()).kind)
             init.data_parallel_size, init.tensor_parallel_size = dp, tp
             print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)", file=sys.stderr)
         if self.subcommand == "fit" and cfg.get("simulate"):
@@ -116,9 +116,9 @@ class GPTCLI(TrainingCLI):
         run = self._resolve(built_config(cfg.model.model, cfg.model.init_from), devices, nodes, cuda=False)
         if not 0 <= cfg.simulate_rank < run.world:
             raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{run.world - 1}")
-        fields = dataclasses.fields(OptimizerSettings)  # GPTModule's hparams of the same names (max_steps: linked)
-        settings = OptimizerSettings(**{f.name: getattr(cfg.model, f.name) for f in fields})
-        sim = simulate(run, cfg.simulate_rank, settings)
+        m = cfg.model  # GPTModule's optimizer and schedule (max_steps: linked to trainer.max_steps), checked
+        schedule = Schedule(m.max_lr, m.min_lr, m.warmup_steps, m.max_steps)
+        sim = simulate(run, cfg.simulate_rank, optimizer_from(m.optimizer.as_dict()), schedule)
         memory = cfg.simulate_memory_gib if cfg.simulate_memory_gib is not None else detect_device_memory_gib()
         print(format_simulation(sim, memory), flush=True)
         if not sim.fits(memory):

@@ -13,6 +13,7 @@ from gpt_tp.sizing.planner import refusal
 def training_settings(args: list[str]) -> dict:
     """Model, batch and device settings of `python cli.py fit *args`, read by the trainer's own parser."""
     from gpt_tp.cli.config import read_training_config  # imports Lightning: only when a training config is given
+    from gpt_tp.train.optim import optimizer_from
     t = read_training_config(args)
     trainer, model, precision = t.fit.trainer, t.fit.model, t.fit.trainer.precision
     return {"config": t.model, "devices_per_node": t.devices, "num_nodes": int(trainer.num_nodes),
@@ -20,7 +21,7 @@ def training_settings(args: list[str]) -> dict:
             "precision": "32-true" if precision is None else str(precision), "ac": model.activation_checkpointing,
             # a numeric TP fixes DP (the devices over TP), which the plan derives from its own devices, flags included
             "dp": t.dp if t.tp == "auto" else "auto", "tp": t.tp, "accum": trainer.accumulate_grad_batches or 1,
-            "total_batch_size": model.total_batch_size, "optimizer": model.optimizer}
+            "total_batch_size": model.total_batch_size, "optimizer": optimizer_from(model.optimizer.as_dict()).kind}
 
 
 def main(argv: list[str] | None = None) -> Plan:

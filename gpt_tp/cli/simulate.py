@@ -17,7 +17,7 @@ from gpt_tp.parallel import parallelize
 from gpt_tp.ranks import Layout, build_mesh
 from gpt_tp.sizing.memory import GIB, USABLE_FRACTION, Memory, fits, memory_per_device
 from gpt_tp.torch_internals import FUNCTIONAL, FakeTensorMode, TorchDispatchMode, memory_tracker
-from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.train.optim import AdamW, Schedule
 from gpt_tp.train.run import Run
 from gpt_tp.train.step import TrainStep
 
@@ -71,7 +71,7 @@ class Simulation:
         return fits(Memory(*(self.peak[k] for k in KINDS), 0), memory_gib)
 
 
-def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSettings()) -> Simulation:
+def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Schedule = Schedule()) -> Simulation:
     """Rank `rank` of the run's world takes two TrainSteps on fake storage: the first's collectives are counted, the
     second's peak memory measured (AdamW's moments exist by then). With accumulation that step takes two micro-batches,
     the second (like every later one) holding the first's gradients (FSDP2 reduces each backward's)."""
@@ -97,7 +97,7 @@ def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSet
             model.to_empty(device=device)
             if precision == "bf16-true":
                 model.to(torch.bfloat16)
-            train_step = TrainStep(model, settings)
+            train_step = TrainStep(model, optimizer, schedule)
 
             def step(micro_batches: int, tracker=None) -> None:
                 x = torch.randint(0, config.vocab_size, (batch_size, seq_len), device=device)  # (B, T)
@@ -125,7 +125,7 @@ def simulate(run: Run, rank: int = 0, settings: OptimizerSettings = OptimizerSet
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
     m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing,
-                          optimizer=settings.optimizer)
+                          optimizer=optimizer.kind)
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"] = sum(planned.values())
     if tp > 1 and config.vocab_size % tp == 0:

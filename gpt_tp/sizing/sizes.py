@@ -67,7 +67,7 @@ def numel(params: list[LocalParam], dp: int = 1) -> int:
     return sum(math.ceil(p.shape[0] / dp) * math.prod(p.shape[1:]) for p in params)
 
 
-# the weights model.optimizer=muon gives Muon (one momentum buffer each); AdamW keeps two moments of the rest
+# the weights --model.optimizer Muon gives Muon (one momentum buffer each); AdamW keeps two moments of the rest
 MUON_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 

@@ -1,7 +1,6 @@
 """The LightningModule: GPT-2 trained the build-nanogpt way, tensor-parallel under ModelParallelStrategy."""
 
 import dataclasses
-import math
 from contextlib import nullcontext
 
 import lightning as L
@@ -12,9 +11,8 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
-from gpt_tp.train.optim import OptimizerSettings
-from gpt_tp.parallel import (TP_PLAN, check_ac_mode, clip_grad_norm, enable_async_tp, grad_norm, materialize,
-                             parallelize)
+from gpt_tp.train.optim import AdamW, Muon, Schedule, optimizer_from
+from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
 from gpt_tp.ranks import layout_of
 from gpt_tp.infer.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
@@ -27,20 +25,17 @@ class GPTModule(L.LightningModule):
     tp_plan = TP_PLAN  # the plan configure_model applies; benchmarks/plans.py subclasses name the reference plans
 
     def __init__(self, model: str | GPTConfig = "gpt2", max_lr: float = 6e-4, min_lr: float = 6e-5,
-                 warmup_steps: int = 715, max_steps: int | None = None, weight_decay: float = 0.1,
-                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, fused: bool | None = None,
+                 warmup_steps: int = 715, max_steps: int | None = None, optimizer: AdamW = AdamW(),
                  total_batch_size: int | None = 524288, compile: bool = False, async_tp: bool = False,
                  meta_init: bool = False, init_from: str | None = None, peak_flops: float | None = None,
-                 activation_checkpointing: str = "none", optimizer: str = "adamw", muon_lr: float = 0.02,
-                 muon_fp32: bool = False):
+                 activation_checkpointing: str = "none"):
         """
         Args:
             model: a named size (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny) or the GPTConfig fields.
             max_lr, min_lr, warmup_steps, max_steps: the warmup + cosine schedule, per optimizer step; max_steps is
                 trainer.max_steps (None: taken from the trainer; another number is refused).
-            weight_decay: applied to >= 2-D parameters only.
-            betas, eps: AdamW's.
-            fused: fused AdamW; None picks it where the device has it, except under 16-mixed (where true is refused).
+            optimizer: AdamW (build-nanogpt's, the default) or Muon on the blocks' 2-D weights with AdamW on the
+                rest, with their fields (gpt_tp.train.optim): --model.optimizer Muon --model.optimizer.lr 0.02.
             total_batch_size: tokens per optimizer step, to equal batch_size x seq_len x DP x accumulation; None: any.
             compile: torch.compile each block (after TP, before FSDP2).
             async_tp: overlap TP collectives with the matmuls (Inductor micro-pipelining); CUDA, TP > 1, compile only.
@@ -49,16 +44,12 @@ class GPTModule(L.LightningModule):
             peak_flops: the device's peak FLOP/s for MFU; None detects known GPUs (MFU is NaN on CPU).
             activation_checkpointing: per block, "none", "full" (recompute the block in backward) or "selective" (keep
                 matmul and attention outputs); the same losses and gradients in every mode.
-            optimizer: "adamw" (build-nanogpt's), or "muon": torch.optim.Muon's update on the blocks' 2-D weights
-                (c_attn, attn.c_proj, c_fc, mlp.c_proj), sharded (gpt_tp.parallel.muon), AdamW on the rest.
-            muon_lr: Muon's peak lr, on the same warmup + cosine multiplier as max_lr.
-            muon_fp32: Newton-Schulz in float32 instead of torch.optim.Muon's bfloat16 (for parity tests).
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
-        OptimizerSettings(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps, weight_decay, betas, eps,
-                          optimizer=optimizer, muon_lr=muon_lr)  # checked when made
+        Schedule(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps)  # checked when made
         check_peak_flops(peak_flops)
+        optimizer = optimizer_from(optimizer).hparam()  # hparams as plain data: checkpoints load with weights_only
         self.save_hyperparameters()
         self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
         hf_state = None
@@ -71,7 +62,6 @@ class GPTModule(L.LightningModule):
             self.model = GPT(self.config)
         if hf_state is not None:
             self.model.load_state_dict(hf_state)
-        self._loss_sum = None  # sum of micro-batch losses since the last optimizer step
         self.step_fn: TrainStep | None = None  # the training step, made with the optimizer
         self.run: Run | None = None  # the resolved run: cli.py's (use_run), or resolved from the trainer at setup
 
@@ -97,7 +87,7 @@ class GPTModule(L.LightningModule):
         if own is not None and own != steps:
             raise UserError(f"model.max_steps={own} but trainer.max_steps={steps}: one number is the run's length and "
                             "its learning-rate schedule's; leave model.max_steps unset (None) or equal")
-        OptimizerSettings(max_steps=steps)  # refuses trainer.max_steps < 1 (model.max_steps >= 1 was checked at init)
+        Schedule(max_steps=steps)  # refuses trainer.max_steps < 1 (model.max_steps >= 1 was checked at init)
         self.hparams.max_steps = steps  # recorded in hparams.yaml and checkpoints as trained
 
     def configure_model(self) -> None:
@@ -109,25 +99,22 @@ class GPTModule(L.LightningModule):
                     activation_checkpointing=run.activation_checkpointing, plan=self.tp_plan)
         materialize(self.model, self.device)
 
-    def _grad_scaler(self) -> torch.amp.GradScaler | None:
-        """fp16 (16-mixed)'s gradient scaler; None in every other precision."""
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        return scaler if scaler is not None and scaler.is_enabled() else None
-
     def configure_optimizers(self):
-        """The training step's optimizer. No lr scheduler: each step sets its own lr (and AdamW's other settings)
-        from these hparams (TrainStep.begin), on a fresh or a resumed optimizer alike."""
-        h, fp16 = self.hparams, self._grad_scaler() is not None
-        if fp16 and h.optimizer == "muon":
-            raise UserError("model.optimizer=muon does not train with trainer.precision=16-mixed (its gradient "
+        """The training step's optimizer. No lr scheduler: each step sets its own lr (and the optimizer's other
+        settings) from these hparams (TrainStep.begin), on a fresh or a resumed optimizer alike."""
+        h, optimizer = self.hparams, optimizer_from(self.hparams.optimizer)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)  # 16-mixed's gradient scaler
+        fp16 = scaler is not None and scaler.is_enabled()
+        if fp16 and isinstance(optimizer, Muon):
+            raise UserError("model.optimizer=Muon does not train with trainer.precision=16-mixed (its gradient "
                             "scaler is not supported); use trainer.precision=bf16-mixed or 32-true")
-        if fp16 and h.fused:  # never fused under fp16: Lightning would clip a fused AdamW's scaled gradients
-            raise UserError("model.fused=true cannot train with trainer.precision=16-mixed: the gradients would be "
-                            "clipped before the gradient scaler unscales them; set model.fused=null, or use "
-                            "trainer.precision=bf16-mixed")
-        settings = OptimizerSettings(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps, h.weight_decay, h.betas, h.eps,
-                                     False if fp16 else h.fused, h.optimizer, h.muon_lr, h.muon_fp32)
-        self.step_fn = TrainStep(self.model, settings, loss_fn=self.compute_loss)
+        if fp16 and optimizer.fused:  # never fused under fp16: Lightning would clip a fused AdamW's scaled gradients
+            raise UserError("model.optimizer.fused=true cannot train with trainer.precision=16-mixed: the gradients "
+                            "would be clipped before the gradient scaler unscales them; set model.optimizer.fused=null, "
+                            "or use trainer.precision=bf16-mixed")
+        optimizer = dataclasses.replace(optimizer, fused=False) if fp16 else optimizer
+        schedule = Schedule(h.max_lr, h.min_lr, h.warmup_steps, h.max_steps)
+        self.step_fn = TrainStep(self.model, optimizer, schedule, loss_fn=self.compute_loss, fp16=fp16)
         return self.step_fn.optimizer
 
     def configure_callbacks(self) -> list:
@@ -137,6 +124,7 @@ class GPTModule(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
+    # The step (gpt_tp/train/step.py draws it in order): each hook hands over to its phase of TrainStep.
     def training_step(self, batch, batch_idx):
         x, y = batch
         if self.run.batch_size is None:  # a data module without batch_size and seq_len: its first batch tells them
@@ -147,44 +135,27 @@ class GPTModule(L.LightningModule):
         # Lightning's accumulation rule (its batch_idx restored on resume): the last micro-batch syncs the gradients
         self._last_micro_batch = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
         self.step_fn.begin(self.global_step)
-        loss = self.step_fn.loss(x, y)
-        self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
-        return loss
+        return self.step_fn.loss(x, y)
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
-        """The backward, then after the step's last micro-batch the gradient sync, so every hook after it (a
-        callback's on_after_backward or on_before_optimizer_step included) reads the model's true gradients."""
         loss.backward(*args, **kwargs)
         if self._last_micro_batch:
-            self.step_fn.sync(self.model)
-
-    def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(logits, y)
+            self.step_fn.sync()
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Per optimizer step: the global grad norm, the DP-mean loss, their finite check (before the step, a save)."""
-        self._grad_norm = grad_norm(self.model)
-        loss = self._loss_sum / self.trainer.accumulate_grad_batches
-        self._loss_sum = None
         dp, group = (layout := layout_of(self.trainer, self)).dp, layout.dp_group
-        if dp > 1:
-            torch.distributed.all_reduce(loss, group=group)  # in place: `loss` is this step's own tensor
-            loss = loss / dp
-        loss, norm = torch.stack([loss, self._grad_norm.float()]).tolist()  # the step's one host sync
-        # fp16: an inf norm is the scaler's overflow: it skips the step, lowers its scale; a non-finite loss fails
-        if not (math.isfinite(loss) and (math.isfinite(norm) or self._grad_scaler() is not None)):
-            raise RuntimeError(f"non-finite training at step {self.global_step}: loss={loss}, grad_norm={norm}. The "
-                               "run is stopped so no checkpoint holds NaNs; resume from the last good checkpoint "
-                               "with a lower model.max_lr, check the data, or use bf16 rather than fp16 precision.")
+        loss, norm = self.step_fn.check(self.global_step, self.trainer.accumulate_grad_batches, dp, group)
         self.log_dict({"train/loss": loss, "train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": norm},
                       on_step=True, on_epoch=False, rank_zero_only=True)
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Clipping at trainer.gradient_clip_val, by the norm on_before_optimizer_step took."""
         if gradient_clip_algorithm not in (None, "norm"):
             raise UserError("gpt_tp clips by norm only: set trainer.gradient_clip_algorithm=norm")
-        clip_grad_norm(self.model, gradient_clip_val, self._grad_norm)
+        self.step_fn.clip(gradient_clip_val)
+
+    def compute_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(logits, y)
 
     def predict_step(self, batch: dict, batch_idx: int) -> list[dict]:
         return continue_prompt(self, batch)

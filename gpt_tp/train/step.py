@@ -1,51 +1,87 @@
-"""gpt_tp's training step: the one GPTModule runs through Lightning's hooks, `--simulate` on fake tensors and the
-benchmarks without Lightning (docs/train.md, "The training step")."""
+"""gpt_tp's training step, read top to bottom (docs/train.md, "The training step"): TrainStep's methods in the order
+one optimizer step runs them, and the GPTModule hook that hands over to each under Lightning.
 
+    begin(step)       this step's lr and optimizer settings            training_step
+    loss(x, y)        per micro-batch; Lightning runs backward(loss/n)  training_step (fp16: the loss scaled)
+    sync()            the gradient sync, after the last backward        backward
+    check(...)        the global norm and the DP-mean loss in one host  on_before_optimizer_step (then logged)
+                      sync; a non-finite one stops the run
+    clip(max_norm)    by that norm, at trainer.gradient_clip_val        configure_gradient_clipping
+    optimizer.step()                                                    Lightning's (fp16: the scaler's)
+
+__call__ runs them without Lightning (--simulate, the benchmarks), but for check's host sync."""
+
+import math
 from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
-from gpt_tp.parallel import clip_grad_norm, sync_grads
+from gpt_tp.parallel import clip_grad_norm, grad_norm, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
-from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.train.optim import AdamW, Schedule
 
 
 class TrainStep:
-    """The step's parts on one model and its optimizer (settings.build). sync: the gradient sync after the last
-    backward (from then on every gradient is the model's true one); loss_fn: (logits, targets) -> loss, the
-    vocab-parallel cross-entropy unless given (GPTModule passes its compute_loss hook)."""
+    """The step's phases on one model and the optimizer `optimizer.build` makes. sync: the gradient sync; loss_fn:
+    (logits, targets) -> loss, the vocab-parallel cross-entropy unless given; fp16: an inf norm is the gradient
+    scaler's overflow (it skips the step, lowers its scale), no failure."""
 
-    def __init__(self, model: nn.Module, settings: OptimizerSettings,
-                 sync: Callable[[nn.Module], object] = sync_grads, loss_fn: Callable = cross_entropy):
-        self.model, self.settings, self.sync, self._loss_fn = model, settings, sync, loss_fn
-        self.optimizer = settings.build(model)
+    def __init__(self, model: nn.Module, optimizer: AdamW = AdamW(), schedule: Schedule = Schedule(),
+                 sync: Callable[[nn.Module], object] = sync_grads, loss_fn: Callable = cross_entropy, fp16: bool = False):
+        self.model, self.settings, self.schedule, self.fp16 = model, optimizer, schedule, fp16
+        self._sync, self._loss_fn = sync, loss_fn
+        self.optimizer = optimizer.build(model, schedule.max_lr)
+        self._loss_sum, self._norm = None, None  # this step's micro-batch losses, summed; its grad norm (check's)
 
     def begin(self, step: int) -> None:
-        """Optimizer step `step` starts: its hyper-parameters go on the optimizer."""
-        self.settings.apply(self.optimizer, step)
+        self.settings.apply(self.optimizer, self.schedule.lr(step), self.schedule.max_lr)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self._loss_fn(self.model(x), y)  # the logits go as soon as the loss is taken
+        loss = self._loss_fn(self.model(x), y)  # the logits go as soon as the loss is taken
+        self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
+        return loss
+
+    def sync(self) -> None:
+        """From here every gradient is the model's true one (so is what a callback's hook reads)."""
+        self._sync(self.model)
+
+    def check(self, step: int, micro_batches: int, dp: int = 1, dp_group=None) -> tuple[float, float]:
+        """(mean loss over the micro-batches and the `dp` ranks of dp_group, global grad norm): floats."""
+        self._norm = grad_norm(self.model)
+        loss, self._loss_sum = self._loss_sum / micro_batches, None
+        if dp > 1:
+            dist.all_reduce(loss, group=dp_group)  # in place: `loss` is this step's own tensor
+            loss = loss / dp
+        loss, norm = torch.stack([loss, self._norm.float()]).tolist()  # the step's one host sync
+        if not (math.isfinite(loss) and (math.isfinite(norm) or self.fp16)):
+            raise RuntimeError(f"non-finite training at step {step}: loss={loss}, grad_norm={norm}. The run is stopped "
+                               "so no checkpoint holds NaNs; resume from the last good checkpoint with a lower "
+                               "model.max_lr, check the data, or use bf16 rather than fp16 precision.")
+        return loss, norm
+
+    def clip(self, max_norm: float | None) -> torch.Tensor:
+        """Returns the norm: check's, or taken here."""
+        norm, self._norm = clip_grad_norm(self.model, max_norm, self._norm), None
+        return norm
 
     def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], step: int, max_norm: float | None = 1.0,
                  autocast=nullcontext, phase=lambda name: nullcontext()) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole step without Lightning, as Lightning runs it: gradients zeroed, the micro-batches' mean loss
-        backward, sync, clip, step. Returns (mean loss, grad norm) as tensors (no host sync); the gradients stay.
+        """The whole step, gradients zeroed first. Returns (mean loss, grad norm) as tensors; the gradients stay.
         `phase(name)` is entered around "forward", "backward", "grad_sync_and_clip" and "optimizer"."""
         self.optimizer.zero_grad(set_to_none=True)
         self.begin(step)
-        total = 0.0
         for x, y in batches:
             with phase("forward"), autocast():
                 loss = self.loss(x, y) / len(batches)  # Lightning's accumulation: each micro-batch's share
             with phase("backward"):
                 loss.backward()
-            total = total + loss.detach()
         with phase("grad_sync_and_clip"):
-            self.sync(self.model)
-            norm = clip_grad_norm(self.model, max_norm)
+            self.sync()
+            norm = self.clip(max_norm)
         with phase("optimizer"):
             self.optimizer.step()
-        return total, norm
+        loss, self._loss_sum = self._loss_sum / len(batches), None
+        return loss, norm

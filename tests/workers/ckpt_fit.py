@@ -26,6 +26,7 @@ from gpt_tp.checkpoint import ModelParallel
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.model import GPTConfig
 from gpt_tp.train.module import GPTModule
+from gpt_tp.train.optim import AdamW, Muon
 
 
 class Record(Callback):
@@ -98,8 +99,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--die-on-save", type=int, default=0)
     ap.add_argument("--die-on-aside", type=int, default=0)
     ap.add_argument("--fail-fsync", default=None, help="rank 0's fsync fails; the time it failed goes to this file")
-    ap.add_argument("--optimizer", default="adamw", help="model.optimizer")
-    ap.add_argument("--muon-fp32", action="store_true", help="model.muon_fp32: Newton-Schulz in float32")
+    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="model.optimizer: AdamW or Muon")
+    ap.add_argument("--muon-fp32", action="store_true", help="Muon's fp32: Newton-Schulz in float32")
     ap.add_argument("--out", required=True)
     return ap
 
@@ -133,7 +134,7 @@ def fit(args) -> None:
     L.seed_everything(1234, verbose=False)
     config = GPTConfig(n_layer=2, n_head=4, n_embd=args.n_embd, block_size=64, dropout=args.dropout)
     model = GPTModule(config, max_lr=3e-3, min_lr=3e-4, warmup_steps=2, max_steps=12, total_batch_size=None,
-                      optimizer=args.optimizer, muon_fp32=args.muon_fp32)
+                      optimizer=Muon(fp32=args.muon_fp32) if args.optimizer == "muon" else AdamW())
     data = GPTDataModule("data/sample", batch_size=args.batch_size, seq_len=64, val_batches=0)
     trainer.fit(model, data, ckpt_path=args.resume)
     if trainer.global_rank == 0:

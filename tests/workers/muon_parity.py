@@ -1,4 +1,4 @@
-"""Run under torchrun (gloo, CPU): Muon on the sharded model (gpt_tp.train.optim.OptimizerSettings.build) against one
+"""Run under torchrun (gloo, CPU): Muon on the sharded model (gpt_tp.train.optim.Muon.build) against one
 device running torch.optim.Muon itself on the block matrices and torch.optim.AdamW on the rest, inside each rank.
 
 Same init, same global batch (each DP rank its slice), clip 1.0 by the global norm, the warmup + cosine multiplier on
@@ -26,7 +26,7 @@ from runs import run_all
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import clip_grad_norm, parallelize, sync_grads
 from gpt_tp.parallel.loss import cross_entropy
-from gpt_tp.train.optim import OptimizerSettings, get_lr, is_muon_weight
+from gpt_tp.train.optim import Muon, get_lr, is_muon_weight
 from parity import dp_mean, mesh_of
 
 MAX_LR, MUON_LR = 3e-3, 0.02
@@ -62,7 +62,7 @@ def one_run(argv: list[str]) -> None:
     torch.manual_seed(1234)
     ref = GPT(GPTConfig.from_name("tiny"))
     model = parallelize(copy.deepcopy(ref), mesh)
-    opt = OptimizerSettings(MAX_LR, fused=True, optimizer="muon", muon_lr=MUON_LR, muon_fp32=args.fp32).build(model)
+    opt = Muon(fused=True, lr=MUON_LR, fp32=args.fp32).build(model, MAX_LR)
     matrices = [p for n, p in ref.named_parameters() if is_muon_weight(n)]
     rest = [p for p in ref.parameters() if all(p is not q for q in matrices)]
     ref_opts = [torch.optim.Muon(matrices, lr=MUON_LR, weight_decay=0.1, adjust_lr_fn="original"),

@@ -28,7 +28,7 @@ from gpt_tp.entry import run
 from runs import run_all
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel.loss import cross_entropy
-from gpt_tp.train.optim import OptimizerSettings, get_lr
+from gpt_tp.train.optim import AdamW, get_lr
 from gpt_tp.cli.paritycheck import load_plan
 from gpt_tp.parallel import TP_PLAN, clip_grad_norm, parallelize, sync_grads
 from benchmarks.collectives import CollectiveRecorder, groups_of
@@ -65,7 +65,7 @@ def naive_errors(config, mesh):
     errors = []
     for fn in (
         lambda: torch.nn.utils.get_total_norm([p.grad for p in model.parameters()], foreach=True).full_tensor(),
-        lambda: OptimizerSettings(1e-3, fused=True).build(model).step(),
+        lambda: AdamW(fused=True).build(model, 1e-3).step(),
     ):
         try:
             fn()
@@ -125,7 +125,7 @@ def one_run(argv: list[str]) -> None:
         "init_diff": max(rel(full(p), q) for p, q in zip(model.parameters(), ref.parameters())),
     }
 
-    opt_ref, opt = (OptimizerSettings(3e-3, fused=True).build(m) for m in (ref, model))
+    opt_ref, opt = (AdamW(fused=True).build(m, 3e-3) for m in (ref, model))
     init = [q.detach().clone() for q in ref.parameters()]
     B, T = 4, 32  # B rows in the global batch, split over dp
     data = SyntheticTokens(B, T, vocab=1024, seed=99)  # learnable sequences: the loss falls within a few steps

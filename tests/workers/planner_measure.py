@@ -28,7 +28,7 @@ from benchmarks.audit import measure_state_bytes
 from gpt_tp.entry import run, torchrun_mesh
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig
-from gpt_tp.train.optim import OptimizerSettings
+from gpt_tp.train.optim import AdamW
 from gpt_tp.parallel import parallelize, sync_grads
 
 
@@ -94,7 +94,7 @@ def measure(mesh, dp: int, tp: int, precision: str, ac: str, layers: int, n_embd
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         # as GPTModule.configure_model builds it for training: FSDP2 gathers in bf16 under bf16-mixed
         model = parallelize(GPT(config), mesh, param_dtype=torch.bfloat16 if bf16 else None, activation_checkpointing=ac)
-        opt = OptimizerSettings(1e-3).build(model)
+        opt = AdamW().build(model, 1e-3)
         saved = SavedBytes(model)
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), cast:
             loss = cross_entropy(model(x), y)

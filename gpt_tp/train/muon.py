@@ -1,5 +1,5 @@
-"""Muon on sharded matrices: torch.optim.Muon's update for DTensor weights split by TP and FSDP2, with no rank
-holding a whole matrix where its split allows (docs/train.md, "Muon")."""
+"""ShardedMuon, the optimizer --model.optimizer Muon builds: torch.optim.Muon's update for DTensor weights split by
+TP and FSDP2, with no rank holding a whole matrix where its split allows (docs/train.md, "Muon")."""
 
 import inspect
 import math
@@ -97,7 +97,7 @@ def newton_schulz(xs: list[torch.Tensor], keys: list, dtype: torch.dtype) -> lis
     return xs
 
 
-class Muon(torch.optim.AdamW):
+class ShardedMuon(torch.optim.AdamW):
     """One optimizer for the whole model: groups with "muon": True get torch.optim.Muon's update (momentum, Nesterov,
     Newton-Schulz over the shards, decoupled weight decay, lr x sqrt(max(1, rows/cols))), the others AdamW's.
     Per-parameter state as the two torch optimizers keep it (Muon's momentum_buffer a DTensor like its parameter),
