@@ -71,8 +71,7 @@ def check_launch(trainer) -> None:
                     "start the run under torchrun")
 
 
-def checkpoint_folders(trainer) -> set[str]:
-    """Every ModelCheckpoint's dirpath."""
+def checkpoint_folders(trainer) -> set[str]:  # every ModelCheckpoint's dirpath
     return {cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)}
 
 
@@ -96,23 +95,17 @@ def resumed(cfg) -> tuple[str | None, Contents | None]:
 
 def recover_saves(folders: set[str], ckpt: str | None) -> None:
     """A save killed while overwriting a name: its `.old` folder back first, in the checkpoint folders and --ckpt_path's."""
-    named = {os.path.dirname(os.path.abspath(ckpt))} if ckpt and ckpt not in CKPT_ALIASES else set()
-    for folder in folders | named:
+    for folder in folders | ({os.path.dirname(os.path.abspath(ckpt))} if ckpt and ckpt not in CKPT_ALIASES else set()):
         recover_interrupted_saves(folder)
 
 
-def check_not_a_file(ckpt: str | None) -> None:
-    """A file given to --ckpt_path is refused (checkpoints are folders), before Lightning unpickles it."""
-    if ckpt and os.path.isfile(ckpt):
-        check_checkpoint(ckpt)  # raises CheckpointError: a file, not a distributed checkpoint folder
-
-
-def check_ckpt_path(ckpt: str | None) -> None:
-    """--ckpt_path names a complete checkpoint folder, before any rank starts (shapes: at load)."""
-    if ckpt is not None and ckpt not in CKPT_ALIASES:
+def check_ckpt_path(ckpt: str | None, parsed: bool = False) -> None:
+    """--ckpt_path names a complete checkpoint folder, before any rank starts (shapes: at load); `parsed`: just parsed,
+    before interrupted saves are recovered, only a file is refused (before Lightning unpickles it)."""
+    if ckpt is not None and ckpt not in CKPT_ALIASES and not (parsed and not os.path.isfile(ckpt)):
         if not os.path.exists(ckpt):
             raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
-        check_checkpoint(ckpt)
+        check_checkpoint(ckpt)  # a file: CheckpointError, not a distributed checkpoint folder
 
 
 def check_not_complete(cfg, max_steps: int) -> None:
@@ -164,11 +157,9 @@ def check_space(folder: str, config) -> None:
 
 
 def check_last(folders: set[str], ckpt: str | None, subcommand: str) -> None:
-    """--ckpt_path last with no last.ckpt: linked again to the newest checkpoint (a kill between Lightning's unlink and
-    relink), else a fit starts from step 0 and validate or predict is refused."""
-    if ckpt != "last" or not folders or any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders):
-        return
-    if relink_last(folders):
+    """--ckpt_path last with no last.ckpt: linked to the newest checkpoint again (a kill between Lightning's unlink and
+    relink), else fit starts from step 0 and validate or predict is refused."""
+    if ckpt != "last" or not folders or any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders) or relink_last(folders):
         return
     if subcommand != "fit":
         raise UserError(f"--ckpt_path last: no checkpoint in {', '.join(sorted(folders))} yet; give a "
@@ -199,8 +190,7 @@ def check_shards(cfg, subcommand: str) -> None:
 
 
 def check_trainer_values(cfg, trainer) -> None:
-    """trainer.* values Lightning takes but a gpt_tp run cannot use; a warning for a run that ends inside its warmup,
-    or whose validation interval is beyond its end."""
+    """trainer.* values a gpt_tp run cannot use; a warning if it ends inside its warmup, or before it would validate."""
     if (interval := cfg.trainer.val_check_interval) is not None and not interval > 0:
         raise UserError(f"trainer.val_check_interval={interval} must be > 0 (micro-batches, or a fraction of an "
                         "epoch); set data.val_batches=0 to train without validation")

@@ -15,7 +15,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gpt_tp.checkpoint.contents import Contents
-from gpt_tp.cli.checks import check_not_a_file
+from gpt_tp.cli.checks import check_ckpt_path
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.model import GPTConfig
@@ -53,16 +53,13 @@ MAX_STEPS = ("model.max_steps follows trainer.max_steps (one number: the run's l
 
 
 class ConfigFile(ActionConfigFile):
-    """--config, jsonargparse's, refusing a file that sets model.max_steps: the link from trainer.max_steps would
-    overwrite it silently (a link target has no default, so only a config file puts it in the namespace)."""
+    """--config, refusing a file that sets model.max_steps: the link from trainer.max_steps would overwrite it silently
+    (a link target has no default: only a config file puts it in the namespace, at the top or under `fit:`)."""
 
     def __call__(self, parser, cfg, values, option_string=None) -> None:
-        def sets_max_steps() -> bool:  # at the top or under a subcommand's key (fit: model: max_steps:)
-            return any(k.split(".")[-2:] == ["model", "max_steps"] for k in cfg.keys())
-
-        before = sets_max_steps()
+        had = [k for k in cfg.keys() if k.endswith("model.max_steps")]
         super().__call__(parser, cfg, values, option_string)
-        if sets_max_steps() and not before:
+        if [k for k in cfg.keys() if k.endswith("model.max_steps")] != had:
             raise UserError(f"{values}: {MAX_STEPS}")
 
 
@@ -151,7 +148,7 @@ class TrainingCLI(LightningCLI):
         """Parsed; a file given to --ckpt_path is refused here (checkpoints are folders), before Lightning unpickles it."""
         self.config = parse(parser, args)
         if sub := self.config.get("subcommand"):
-            check_not_a_file(self.config[sub].get("ckpt_path"))
+            check_ckpt_path(self.config[sub].get("ckpt_path"), parsed=True)
 
 
 def model_parallel(strategy) -> bool:
