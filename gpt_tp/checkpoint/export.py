@@ -10,7 +10,6 @@ import os
 import shutil
 from pathlib import Path
 
-
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
 from gpt_tp.model import hf_config_dict, to_hf_state_dict

@@ -84,7 +84,6 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader: `PromptBatches`")
 
 
-
 class LogWriteCheck(Callback):
     """Every rank stops with rank 0's logger write error, at the next training batch or at the end of training."""
 
