@@ -98,8 +98,6 @@ FLAGS = {
     "n-head-not-dividing": (["--model.model.n_head", "3"], "model.n_embd=64 must be divisible by model.n_head=3"),
     "dropout-2": (["--model.model.dropout", "2.0"], "model.dropout=2.0 must be in [0, 1)"),
     "ac-mode": (["--model.activation_checkpointing", "some"], "model.activation_checkpointing='some': use one of none, full, selective"),
-    "malloc-removed": (["--model.malloc", "split"], "model.malloc is no longer a model option: list gpt_tp.train.malloc.HeapSplit"),
-    "tp-plan-removed": (["--model.tp_plan", "torch"], "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN"),
     "heap-split-policy": (["--trainer.callbacks", "gpt_tp.train.malloc.HeapSplit", "--trainer.callbacks.policy", "glibc"],
                           "HeapSplit(policy='glibc'): choose one of split, mmap"),
     "full-ac-compiled-at-tp2": (["--trainer.devices", "2", "--trainer.strategy.init_args.tensor_parallel_size", "2",
@@ -355,7 +353,8 @@ def test_a_callback_refusing_on_every_rank_prints_once():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("OMP_NUM_THREADS", None)
     proc = subprocess.run([sys.executable, "cli.py", "fit", "--config", CPU, "--trainer.logger", "false", "--trainer.max_steps", "2",
-                           "--trainer.callbacks", "gpt_tp.infer.sampling.TextSampleCallback", "--trainer.callbacks.max_length", "2"],
+                           "--trainer.enable_checkpointing", "false", "--trainer.callbacks",
+                           "gpt_tp.infer.sampling.TextSampleCallback", "--trainer.callbacks.max_length", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "TextSampleCallback max_length=2 must exceed the prompt's token count: raise max_length" in one_error_line(proc)
 

@@ -179,7 +179,7 @@ def test_missing_last_ckpt_is_linked_again(tmp_path, capsys):
     """What Lightning's own ModelCheckpoint leaves after a kill between deleting last.ckpt and linking it again:
     complete checkpoints and no last.ckpt. cli.py's relink_last (run before `--ckpt_path last` resolves) links it
     to the newest complete one and says so; an unfinished save (no meta.pt) is passed over."""
-    from gpt_tp.cli.main import relink_last
+    from gpt_tp.checkpoint.last import relink_last
 
     for name, complete in (("step0000003.ckpt", True), ("step0000006.ckpt", True), ("step0000009.ckpt", False)):
         (tmp_path / name).mkdir()

@@ -21,7 +21,8 @@ import cli  # imported here, not under capsys: Lightning's log handlers keep the
 from conftest import ROOT, one_error_line
 from test_bad_inputs import CPU, ONE_DEVICE, cli_main, snapshot
 
-from gpt_tp.cli import lifecycle
+from gpt_tp.cli import checks
+from gpt_tp.cli.main import GPTCLI
 
 
 def checkpointing(dirpath: Path, *, every: int = 3) -> str:
@@ -160,7 +161,7 @@ def test_stray_torchrun_variables(user_run, monkeypatch):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setattr(lifecycle, "RENDEZVOUS_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(checks, "RENDEZVOUS_TIMEOUT_S", 1.0)
     monkeypatch.setattr("gpt_tp.entry._leave", sys.exit)  # with RANK set it would os._exit this test process
     stray = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "old",
@@ -175,15 +176,24 @@ def test_stray_torchrun_variables(user_run, monkeypatch):
                     "under torchrun")
 
 
-def test_config_that_replaced_the_callbacks(user_run, tmp_path):
+def test_callback_list_that_replaced_the_checkpoint(user_run, tmp_path, monkeypatch):
+    """jsonargparse replaces a whole list: a trainer.callbacks with no ModelCheckpoint, from a second --config or the
+    command line, drops configs/cpu.yaml's and is refused before launch; `callbacks+:` adds to the list instead."""
     mine = tmp_path / "mine.yaml"
     mine.write_text("trainer:\n  callbacks:\n  - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n")
-    line = user_run(cli_main("fit", "--config", CPU, "--config", str(mine), "--trainer.logger", "false",
-                             "--trainer.devices", "1", "--trainer.strategy.init_args.tensor_parallel_size", "1"))
-    assert line.startswith(f"error: trainer.callbacks has no ModelCheckpoint: {mine} lists trainer.callbacks, which "
-                           "replaces the whole list (jsonargparse's rule)") and "`callbacks+:`" in line
+    layout = ("--trainer.logger", "false", "--trainer.devices", "1", "--trainer.strategy.init_args.tensor_parallel_size", "1")
+    refused = ("error: trainer.callbacks has no ModelCheckpoint: the last trainer.callbacks given (a --config file's list, "
+               "or the command line's) replaces the whole list (jsonargparse's rule)")
+    line = user_run(cli_main("fit", "--config", CPU, "--config", str(mine), *layout))
+    assert line.startswith(refused) and "`callbacks+:`" in line, line
+    line = user_run(cli_main("fit", "--config", CPU, *layout, "--trainer.callbacks", "lightning.pytorch.callbacks.LearningRateMonitor"))
+    assert line.startswith(refused), line
     mine.write_text("trainer:\n  callbacks+:\n  - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n")
-    assert lifecycle.callbacks_replaced_by(["--config", CPU, "--config", str(mine)]) == CPU  # appended: cpu.yaml's list
+    monkeypatch.chdir(ROOT)
+    kept = GPTCLI(args=["--config", CPU, "--config", str(mine), *layout[:4], "--trainer.strategy", "auto"], run=False)
+    checks.check_checkpoint_listed(kept.listed_callbacks, kept.trainer)  # appended: cpu.yaml's list, its checkpoint kept
+    assert [type(c).__name__ for c in kept.trainer.checkpoint_callbacks] == ["AtomicModelCheckpoint"]
+    assert type(kept.listed_callbacks[-1]).__name__ == "LearningRateMonitor"
 
 
 def test_fresh_run_into_a_used_folder_and_a_complete_run(user_run, ckpt, tmp_path):

@@ -31,7 +31,7 @@ def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return proc
 
 
-# Lightning's and torch's lines that say nothing about a gpt_tp run (gpt_tp.cli.main.quiet_lightning and friends)
+# Lightning's and torch's lines that say nothing about a gpt_tp run (gpt_tp.train.logs.quiet_lightning and friends)
 NOISE = ("litlogger", "litmodels", "LeafSpec", "Total FLOPs", "exists and is not empty", "`Trainer.fit` stopped", "torch.distributed is disabled",
          "Trainer already configured")
 

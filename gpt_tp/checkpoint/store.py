@@ -7,12 +7,12 @@ import re
 import shutil
 from pathlib import Path
 
-import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from gpt_tp.checkpoint.lightning_internals import META
 from gpt_tp.errors import UserError
+from gpt_tp.sizing.sizes import checkpoint_bytes
 
 PARTIAL = ".partial"
 OLD = ".old"  # a checkpoint being replaced under its name
@@ -42,6 +42,12 @@ def root_cause(e: BaseException) -> str:
 
 def human_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def checkpoint_space(folder: str | os.PathLike, config) -> tuple[int, int]:
+    """(free bytes in `folder`, bytes a checkpoint of a model of GPTConfig `config` needs): the one measure of room to
+    save, before a run (gpt_tp.cli.checks.check_space) and after a save that failed (ModelParallel)."""
+    return shutil.disk_usage(folder).free, checkpoint_bytes(config)
 
 
 class CheckpointError(UserError):
@@ -91,18 +97,6 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise CheckpointError(f"checkpoint {p} does not fit this model (another model size?); set model.model to the "
                               f"size it was trained with: {problems[0]}{more}")
-
-
-def check_same_optimizer(path: Path, optimizer) -> None:
-    """A checkpoint resumes only with the optimizer class that wrote its state (AdamW's moments are not Muon's
-    buffers). optimizer: a run's hparam, {"class_path": ...} (an older checkpoint's "adamw" or "muon"; none: AdamW)."""
-    def name(o) -> str:
-        return o["class_path"].rpartition(".")[2] if isinstance(o, dict) else {"muon": "Muon"}.get(o, "AdamW")
-    saved = name((torch.load(path / META, weights_only=True).get("hyper_parameters") or {}).get("optimizer"))
-    if saved != name(optimizer):
-        raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
-                              f"model.optimizer={name(optimizer)}: resume with --model.optimizer {saved}, or start a "
-                              "new run")
 
 
 def _fsync(path: Path) -> None:

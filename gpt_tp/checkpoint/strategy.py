@@ -17,11 +17,10 @@ from torch.distributed.constants import default_pg_timeout
 from torch.distributed.tensor import DTensor
 
 from gpt_tp.checkpoint.lightning_internals import META, mark_saved, setup_with_mesh
-from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint,
-                                     check_same_optimizer, human_bytes, is_space_error, publish,
-                                     recover_interrupted_saves, root_cause)
+from gpt_tp.checkpoint.contents import Contents, optimizer_name, read_contents
+from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint, checkpoint_space,
+                                     human_bytes, is_space_error, publish, recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
-from gpt_tp.sizing.sizes import checkpoint_bytes
 
 
 def _continue_checkpointing(callbacks: list, checkpoint: dict, path: Path) -> None:
@@ -29,11 +28,11 @@ def _continue_checkpointing(callbacks: list, checkpoint: dict, path: Path) -> No
     state with an empty last_model_path gets `<dirpath>/last.ckpt` (its unversioned last name) in the same folder; and
     a checkpoint resumed from a copy of its folder (`path` in the callback's dirpath, the state naming another) has
     its state's paths moved to the copy, so the copy keeps its newest K and its own last.ckpt."""
-    states = checkpoint.get("callbacks") or {}
+    saved = Contents.of(checkpoint)
     for cb in (c for c in callbacks if isinstance(c, LightningModelCheckpoint)):
-        if "global_step" in checkpoint:
-            mark_saved(cb, checkpoint["global_step"])  # not restored by Lightning (gpt_tp.checkpoint.lightning_internals)
-        state = states.get(cb.state_key)
+        if saved.step is not None:
+            mark_saved(cb, saved.step)  # not restored by Lightning (gpt_tp.checkpoint.lightning_internals)
+        state = saved.callbacks.get(cb.state_key)
         if not (isinstance(state, dict) and cb.dirpath):
             continue
         old = state.get("dirpath")
@@ -93,7 +92,7 @@ class ModelParallel(ModelParallelStrategy):
             self._on_every_rank(f"removing {tmp}", lambda: zero and shutil.rmtree(tmp, ignore_errors=True))
             # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer
             # turns a short write into "unexpected pos" with no errno)
-            need, free = checkpoint_bytes(self.lightning_module.config), shutil.disk_usage(final.parent).free
+            free, need = checkpoint_space(final.parent, self.lightning_module.config)
             if not (is_space_error(e) or free < need):
                 raise
             raise CheckpointSpaceError(
@@ -106,7 +105,10 @@ class ModelParallel(ModelParallelStrategy):
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
         state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
         check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
-        check_same_optimizer(path, self.lightning_module.hparams.get("optimizer"))
+        saved, optimizer = read_contents(path).optimizer, optimizer_name(self.lightning_module.hparams.get("optimizer"))
+        if saved != optimizer:  # AdamW's moments are not Muon's buffers
+            raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
+                                  f"model.optimizer={optimizer}: resume with --model.optimizer {saved}, or start a new run")
         sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
         checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
         _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint, path)

@@ -1,5 +1,7 @@
 """TrainingCLI, gpt_tp's LightningCLI, and read_training_config: `cli.py fit`'s settings without running it."""
 
+import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import re
@@ -7,17 +9,26 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-from jsonargparse import ArgumentError, Namespace
+from jsonargparse import ActionConfigFile, ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 
+from gpt_tp.checkpoint.contents import Contents
+from gpt_tp.cli.checks import check_ckpt_path
 from gpt_tp.errors import UserError
+from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.model import GPTConfig
 from gpt_tp.model.hf import read_hf_config
+from gpt_tp.sizing import LayoutError, resolve_layout
+from gpt_tp.train.optim import optimizer_from
+from gpt_tp.train.run import Run, layout_flags, resolve_run
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.train.module import GPTModule
 from gpt_tp.infer.predict import PROMPT_FLAGS, Prompts, PromptWriter
+
+
+SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size")  # what a Hugging Face folder's config.json decides
 
 
 def default_loggers(save_dir: str = "logs") -> list:
@@ -38,21 +49,19 @@ class TrainingParser(LightningArgumentParser):
         self.for_subcommand = for_subcommand
 
 
-# settings that are no longer model options, and where they went
-REMOVED = {
-    "model.malloc": "model.malloc is no longer a model option: list gpt_tp.train.malloc.HeapSplit in trainer.callbacks "
-                    "(configs/cpu.yaml does)",
-    "model.tp_plan": "model.tp_plan is gone: gpt_tp trains with gpt_tp.parallel.TP_PLAN; the reference plans run "
-                     "through python -m benchmarks.fit --plan",
-    "model.max_steps": "model.max_steps follows trainer.max_steps (one number: the run's length and its learning-rate "
-                       "schedule's); set --trainer.max_steps only",
-    "model.tp_overlap_chunks": "model.tp_overlap_chunks is gone: the overlapped MLP is a benchmark plan, "
-                               "python -m benchmarks.fit --plan benchmarks.plans:overlap2",
-    "model.muon_lr": "model.muon_lr is now Muon's lr: --model.optimizer Muon --model.optimizer.lr 0.02",
-    "model.muon_fp32": "model.muon_fp32 is now Muon's fp32: --model.optimizer Muon --model.optimizer.fp32 true",
-    **{f"model.{k}": f"model.{k} is now the optimizer's: --model.optimizer.{k}"
-       for k in ("weight_decay", "betas", "eps", "fused")},
-}
+MAX_STEPS = ("model.max_steps follows trainer.max_steps (one number: the run's length and its learning-rate schedule's); "
+             "set --trainer.max_steps only")
+
+
+class ConfigFile(ActionConfigFile):
+    """--config, refusing a file that sets model.max_steps: the link from trainer.max_steps would overwrite it silently
+    (a link target has no default: only a config file puts it in the namespace, at the top or under `fit:`)."""
+
+    def __call__(self, parser, cfg, values, option_string=None) -> None:
+        had = [k for k in cfg.keys() if k.endswith("model.max_steps")]
+        super().__call__(parser, cfg, values, option_string)
+        if [k for k in cfg.keys() if k.endswith("model.max_steps")] != had:
+            raise UserError(f"{values}: {MAX_STEPS}")
 
 
 def _short_union_error(message: str) -> str:
@@ -75,35 +84,15 @@ def _short_union_error(message: str) -> str:
     return f"{m['key']}: {m['first']}{hint}"
 
 
-def check_removed_keys(argv: list[str]) -> None:
-    """A REMOVED key in a --config file is refused as on the command line (a link would overwrite it silently)."""
-    files = [v for f, v in zip(argv, argv[1:]) if f in ("--config", "-c")]
-    files += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-    for path in files:
-        try:
-            with open(path) as f:
-                root = yaml.safe_load(f)
-        except (OSError, yaml.YAMLError):
-            continue  # the parser names a missing or broken file itself
-        nodes = [root, *(root.get(sub) for sub in ("fit", "validate", "predict"))] if isinstance(root, dict) else []
-        for node in nodes:
-            for key, hint in REMOVED.items():
-                group, _, name = key.partition(".")
-                if isinstance(node, dict) and isinstance(node.get(group), dict) and name in node[group]:
-                    raise UserError(f"{path}: {hint}")
-
-
 def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | None = None):
     """parser.parse_args (None: the command line); a mistake is a UserError naming it and `cli.py <sub> --help`."""
     argv = sys.argv[1:] if args is None else args
-    check_removed_keys(argv)
     try:
         return parser.parse_args(args)
     except ArgumentError as e:
         message = _short_union_error(" ".join(str(e).split()))
-        removed = next((hint for key, hint in REMOVED.items() if key in message), None)
-        if removed:
-            raise UserError(removed) from None
+        if "model.max_steps" in message:  # a link target: jsonargparse's own refusal, said plainly
+            raise UserError(MAX_STEPS) from None
         unknown = re.match(r'Parser key "model.optimizer": .*Expected a dot import path string: (\S+)$', message)
         if unknown:  # a class_path of gpt_tp.train.optim's, or a lowercase name of the old flag
             raise UserError(f"model.optimizer={unknown[1]}: use one of AdamW, Muon (--model.optimizer Muon "
@@ -123,6 +112,12 @@ class TrainingCLI(LightningCLI):
                          parser_kwargs={sub: {"for_subcommand": sub} for sub in ("fit", "validate", "predict")},
                          auto_configure_optimizers=False,  # GPTModule.configure_optimizers: AdamW + warmup/cosine
                          parser_class=TrainingParser, args=args, run=run, **kwargs)
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        """LightningCLI's parser with gpt_tp's --config (ConfigFile)."""
+        parser = self.parser_class(**kwargs)
+        parser.add_argument("-c", "--config", action=ConfigFile, help="Path to a configuration file in json or yaml format.")
+        return parser
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -155,7 +150,10 @@ class TrainingCLI(LightningCLI):
             parser.link_arguments("overwrite_output", "prompt_writer.overwrite")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """Parsed; a file given to --ckpt_path is refused here (checkpoints are folders), before Lightning unpickles it."""
         self.config = parse(parser, args)
+        if sub := self.config.get("subcommand"):
+            check_ckpt_path(self.config[sub].get("ckpt_path"), parsed=True)
 
 
 def model_parallel(strategy) -> bool:
@@ -213,6 +211,64 @@ def device_count(devices) -> int | None:
             return len([d for d in devices.split(",") if d.strip()])
         devices = int(devices) if devices.lstrip("-").isdigit() else None
     return devices if isinstance(devices, int) and devices > 0 else None
+
+
+def counted_devices(cfg, to: str) -> tuple[int, int]:
+    """(devices per node, nodes) of a config that must name a number of devices `to` plan or simulate."""
+    devices = device_count(cfg.trainer.devices)
+    if devices is None:
+        raise LayoutError(f"trainer.devices={cfg.trainer.devices!r}: give a number of devices per node to {to}")
+    return devices, cfg.trainer.num_nodes
+
+
+def resolve_model(cfg, saved: Contents | None) -> None:
+    """cfg.model.model becomes the model the run builds: a resumed fine-tune's (`saved`: what its checkpoint holds),
+    not init_from's again; or init_from's config.json's, a warning naming the model.model fields it does not use."""
+    model = cfg.model
+    if model.init_from is None and saved is not None and saved.hparams.get("init_from") is not None and saved.model:
+        model.model = Namespace(**dataclasses.asdict(saved.model))
+    elif model.init_from is not None:
+        with contextlib.suppress(UserError):  # a folder GPTModule refuses: its loader names what is wrong with it
+            built = built_config(model.model, model.init_from)  # its config.json decides the shape
+            asked = GPTConfig.resolve(model.model)  # the run records the model built
+            unused = [f"{k}={getattr(asked, k)}" for k in SHAPE_FIELDS if getattr(asked, k) != getattr(built, k)]
+            if unused and not isinstance(model.model, str):
+                rank_zero_warn(f"model.init_from={model.init_from} builds its config.json's model ("
+                               f"{', '.join(f'{k}={getattr(built, k)}' for k in SHAPE_FIELDS)}); model.model's "
+                               f"{', '.join(unused)} are not used, and the run records the model built")
+            model.model = Namespace(**dataclasses.asdict(built))
+
+
+def plan_layout(cfg, fit: bool) -> None:
+    """trainer.strategy's `auto` data- and tensor-parallel sizes planned (gpt_tp.sizing.resolve_layout) and set."""
+    init = getattr(cfg.trainer.strategy, "init_args", None)
+    if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
+        return
+    devices, nodes = counted_devices(cfg, "plan an 'auto' layout")
+    dp, tp = resolve_layout(
+        built_config(cfg.model.model, cfg.model.init_from), devices * nodes, devices, nodes,
+        cfg.data.batch_size, cfg.data.seq_len, detect_device_memory_gib(), str(cfg.trainer.precision),
+        dp=init.data_parallel_size, tp=init.tensor_parallel_size, ac=cfg.model.activation_checkpointing,
+        accum=cfg.trainer.accumulate_grad_batches or 1, total_batch_size=cfg.model.total_batch_size if fit else None,
+        optimizer=optimizer_from(cfg.model.optimizer.as_dict()).kind)
+    init.data_parallel_size, init.tensor_parallel_size = dp, tp
+    print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)", file=sys.stderr)
+
+
+def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int, cuda: bool) -> Run:
+    """The Run of a subcommand's parsed arguments: the same checks and lines for a launch and for --simulate."""
+    fit = subcommand == "fit"
+    dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))
+    seq_len = cfg.data.seq_len if subcommand != "predict" else None
+    model = cfg.model
+    source = (f"model.init_from={model.init_from}" if model.init_from is not None
+              else f"model.model={model.model}" if isinstance(model.model, str) else None)
+    return resolve_run(config, dp, tp, str(cfg.trainer.precision), model.activation_checkpointing, model.compile,
+                       model.async_tp, seq_len, cfg.data.batch_size if fit else None,
+                       1 if (acc := cfg.trainer.accumulate_grad_batches) is None else acc,
+                       model.total_batch_size if fit else None,
+                       world_size=devices * nodes, devices_per_node=devices, cuda=cuda,
+                       flags=layout_flags(dp, tp, devices, nodes, seq_len, config, source))
 
 
 @dataclass

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from gpt_tp.checkpoint import CheckpointError, load_model
 from gpt_tp.collective import one_does
 from gpt_tp.entry import ArgumentParser, pick_device, run, torchrun_mesh
 from gpt_tp.eval.hellaswag_data import DEFAULT_CACHE_DIR, HellaSwagError, read_examples, resolve_path
@@ -74,35 +75,16 @@ class HellaSwagCallback(StepCallback):
             self.run(trainer, pl_module)
 
 
-def load_model(args):
+def build_model(args) -> GPT:
     """A GPT from --hf-dir, --ckpt_path (a checkpoint folder, a .ckpt file or an exported model.pt) or --model."""
     torch.manual_seed(args.seed)
     if args.hf_dir:
         config, sd = load_hf_dir(args.hf_dir)
     elif args.ckpt_path:
-        p = Path(args.ckpt_path)
-        if p.is_dir():  # a distributed checkpoint (ModelParallelStrategy): consolidated in this one process
-            from gpt_tp.checkpoint import CheckpointError, load_consolidated
-
-            try:
-                config, sd = load_consolidated(p)
-            except CheckpointError as e:
-                raise HellaSwagError(str(e)) from e
-        elif not p.is_file():
-            raise HellaSwagError(f"--ckpt_path {p} not found: give a Lightning checkpoint (.ckpt file or distributed checkpoint folder)")
-        else:
-            try:
-                ckpt = torch.load(p, map_location="cpu", weights_only=False)
-            except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
-                raise HellaSwagError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
-            if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-                raise HellaSwagError(f"{p} has no 'state_dict': not a Lightning checkpoint of GPTModule or an exported "
-                                     "model.pt")
-            if "config" in ckpt:  # python -m gpt_tp.checkpoint.export's model.pt: the GPTConfig fields and the GPT's weights
-                config, sd = GPTConfig(**ckpt["config"]), ckpt["state_dict"]
-            else:
-                config = GPTConfig.resolve(ckpt.get("hyper_parameters", {}).get("model", "gpt2"))
-                sd = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        try:
+            config, sd = load_model(args.ckpt_path)
+        except CheckpointError as e:
+            raise HellaSwagError(str(e)) from e
     else:
         config, sd = GPTConfig.from_name(args.model), None
     model = GPT(config)
@@ -143,7 +125,7 @@ def main(argv=None) -> dict:
         mesh, device = torchrun_mesh(max(world // tp, 1), tp, args.device)
     else:
         device = pick_device(args.device)
-    model = load_model(args).to(device).eval()  # a wrong weights path is named before any download is tried
+    model = build_model(args).to(device).eval()  # a wrong weights path is named before any download is tried
     # one process per node downloads, before the other ranks read; a failure ends every rank with it
     one_does(lambda: resolve_path(args.path, args.cache_dir), doer=int(os.environ.get("LOCAL_RANK", "0")) == 0)
     examples = read_examples(resolve_path(args.path, args.cache_dir), args.limit)

@@ -1,14 +1,19 @@
-"""Logging that fails every rank alike (docs/train.md, "What is logged"); the run's lineage and checkpoint step."""
+"""Logging that fails every rank alike (docs/train.md, "What is logged"), Lightning's lines a run does without; the
+run's lineage and checkpoint step."""
 
 import json
+import logging
 import os
+import threading
 import traceback
 import uuid
+import warnings
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger, TensorBoardLogger as LightningTensorBoardLogger
 
 from gpt_tp.collective import one_does
+from gpt_tp.checkpoint.contents import Contents
 from gpt_tp.checkpoint.lightning_internals import show_step
 
 
@@ -63,6 +68,22 @@ def quiet_writer_threads(previous):
     return hook
 
 
+# Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
+QUIET_INFO = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
+              "Trainer already configured with model summary callbacks")  # the last: cli.py adds GPTSummary
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's lines a gpt_tp user can do nothing about; every rank runs this (gpt_tp.cli.main)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: not record.getMessage().startswith(QUIET_INFO))
+    threading.excepthook = quiet_writer_threads(threading.excepthook)  # TensorBoard's thread: its error comes back
+    # Lightning 2.6's own pytree code on torch 2.13, once per rank
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # predict's prompts are a plain iterable on purpose (every rank runs every prompt): no batch indices to infer
+    warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from your dataloader: `PromptBatches`")
+
+
 class LogWriteCheck(Callback):
     """Every rank stops with rank 0's logger write error, at the next training batch or at the end of training."""
 
@@ -88,8 +109,8 @@ class CheckpointStep(Callback):
     """`cli.py validate` labels its results (metrics.csv's step, the HellaSwag line) with the checkpoint's step."""
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        if trainer.state.fn == "validate" and "global_step" in checkpoint:
-            show_step(trainer, checkpoint["global_step"])
+        if trainer.state.fn == "validate" and (step := Contents.of(checkpoint).step) is not None:
+            show_step(trainer, step)
 
 
 LINEAGE = "lineage.json"  # in each logger's log_dir: {"run": this run's id, "ancestors": the runs it continues}

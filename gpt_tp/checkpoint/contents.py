@@ -1,0 +1,101 @@
+"""What a checkpoint holds, read in one place: Contents (its model, optimizer, step) and the model's weights from any
+saved format (load_model). Lightning's key names of a checkpoint live here only."""
+
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint import load as dcp_load
+
+from gpt_tp.checkpoint.lightning_internals import META
+from gpt_tp.checkpoint.store import CheckpointError, check_checkpoint
+from gpt_tp.model import GPT, GPTConfig
+
+HPARAMS, WEIGHTS, STEP, CALLBACKS = "hyper_parameters", "state_dict", "global_step", "callbacks"  # Lightning's keys
+CONFIG = "config"  # export's model.pt: {"config": the GPTConfig fields, "state_dict": the single-device GPT's}
+
+
+@dataclass(frozen=True)
+class Contents:
+    """What a checkpoint holds beside its tensors: Lightning's checkpoint dict, or a distributed checkpoint's meta.pt."""
+
+    hparams: dict  # GPTModule's hyper-parameters as saved ({}: none)
+    step: int | None  # the optimizer steps trained (None: not a training checkpoint)
+    callbacks: dict  # each callback's saved state by its state_key (the checkpoint's own dict: changes go into it)
+
+    @classmethod
+    def of(cls, checkpoint: dict) -> "Contents":
+        """The contents of Lightning's checkpoint dict (a hook's, or a loaded file's)."""
+        return cls(checkpoint.get(HPARAMS) or {}, checkpoint.get(STEP), checkpoint.get(CALLBACKS) or {})
+
+    @property
+    def model(self) -> GPTConfig | None:  # the model its GPTModule built; None: no gpt_tp hyper-parameters
+        return GPTConfig.resolve(self.hparams["model"]) if "model" in self.hparams else None
+
+    @property
+    def optimizer(self) -> str:  # the class of model.optimizer, whose state it holds
+        return optimizer_name(self.hparams.get("optimizer"))
+
+
+def optimizer_name(optimizer) -> str:
+    """The optimizer class of a model.optimizer hyper-parameter: {"class_path": ...}, or an older checkpoint's "adamw"
+    or "muon" (none: AdamW)."""
+    if isinstance(optimizer, dict):
+        return optimizer["class_path"].rpartition(".")[2]
+    return {"muon": "Muon"}.get(optimizer, "AdamW")
+
+
+def read_contents(path: str | os.PathLike) -> Contents:
+    """The contents of the distributed checkpoint folder `path` (its meta.pt); CheckpointError if unreadable."""
+    try:
+        return Contents.of(torch.load(Path(path) / META, weights_only=True, map_location="cpu"))
+    except Exception as e:  # noqa: BLE001 - any unreadable meta.pt is the same mistake
+        raise CheckpointError(f"{Path(path) / META} is unreadable ({type(e).__name__}: {e})") from e
+
+
+def load_consolidated(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """(the model's GPTConfig, its full single-device GPT state dict) from a distributed checkpoint, in one process
+    without a process group, whatever layout saved it."""
+    check_checkpoint(path)
+    config = read_contents(path).model
+    if config is None:
+        raise CheckpointError(f"{path}/{META} holds no gpt_tp hyper-parameters: not a gpt_tp checkpoint")
+    with torch.device("meta"):
+        gpt = GPT(config)
+    gpt.to_empty(device="cpu")
+    gpt.tie_weights()
+    state = {WEIGHTS: {f"model.{k}": v for k, v in gpt.state_dict().items()}}
+    check_checkpoint(path, {k: tuple(v.shape) for k, v in state[WEIGHTS].items()})
+    with warnings.catch_warnings():  # one process by design: DCP's "torch.distributed is disabled" is no news here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp_load(state, checkpoint_id=Path(path))  # in place: into gpt's own tensors
+    return config, gpt.state_dict()
+
+
+def load_model(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """(GPTConfig, single-device GPT state dict) of a distributed checkpoint folder, a Lightning checkpoint file of
+    GPTModule, or export's model.pt."""
+    p = Path(path)
+    if p.is_dir():
+        return load_consolidated(p)
+    if not p.is_file():
+        raise CheckpointError(f"--ckpt_path {p} not found: give a Lightning checkpoint (.ckpt file or distributed "
+                              "checkpoint folder)")
+    try:
+        saved = torch.load(p, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
+        raise CheckpointError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(saved, dict) or WEIGHTS not in saved:
+        raise CheckpointError(f"{p} has no '{WEIGHTS}': not a Lightning checkpoint of GPTModule or an exported model.pt")
+    if CONFIG in saved:
+        return GPTConfig(**saved[CONFIG]), saved[WEIGHTS]
+    config = Contents.of(saved).model or GPTConfig.resolve("gpt2")
+    return config, {k.removeprefix("model."): v for k, v in saved[WEIGHTS].items() if k.startswith("model.")}
+
+
+def save_model(path: str | os.PathLike, config: GPTConfig, state: dict[str, torch.Tensor]) -> None:
+    """Write export's model.pt: the GPTConfig's fields and the single-device GPT state dict, read by load_model."""
+    torch.save({CONFIG: dataclasses.asdict(config), WEIGHTS: state}, path)
