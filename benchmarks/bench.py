@@ -18,7 +18,7 @@ and <out>/bench.png.
 
 Layouts are DPxTP: "1x2" is TP=2, "2x1" is DP=2 (FSDP2), "2x2" both. --batch-size is the micro-batch per
 data-parallel rank, so every layout gives each TP group the same work. --plan takes module:attribute plans (a dict
-of module path -> ParallelStyle, as for python -m gpt_tp.cli.paritycheck --plan), default gpt_tp's TP_PLAN;
+of module path -> ParallelStyle, as for python -m benchmarks.paritycheck --plan), default gpt_tp's TP_PLAN;
 the plans of benchmarks/plans.py that overlap their collectives (overlap2, overlap3) run eager only.
 """
 
@@ -37,7 +37,7 @@ from benchmarks.step import runs
 from gpt_tp.entry import ArgumentParser
 from gpt_tp.entry import run as run_command
 from gpt_tp.errors import UserError
-from gpt_tp.cli.paritycheck import load_plan
+from benchmarks.paritycheck import load_plan
 from gpt_tp.hardware import PEAK_FLOPS, detect_peak_flops
 from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.sizing import LayoutError, validate_layout

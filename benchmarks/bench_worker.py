@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc_per_node=<dp x tp> -m benchmarks.bench_worker <spec.json>
 
-The model is parallelized with the spec's `plan` (module:attribute, gpt_tp.cli.paritycheck.load_plan), then
+The model is parallelized with the spec's `plan` (module:attribute, benchmarks.paritycheck.load_plan), then
 `warmup` untimed steps, then `steps` timed ones on generated tokens; the step time is the slowest rank's. One
 more step runs under a CollectiveRecorder. Rank 0 writes the result to the spec's `result` file; a rank that fails
 writes its error next to it (<result>.rank<N>.error) for the launcher, then raises.
@@ -24,7 +24,7 @@ from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.step import build, peak_memory, stats, sync, train_step
 from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
-from gpt_tp.cli.paritycheck import load_plan
+from benchmarks.paritycheck import load_plan
 from gpt_tp.hardware import mfu
 from gpt_tp.model import GPTConfig
 from gpt_tp.parallel import enable_async_tp

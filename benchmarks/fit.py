@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor.parallel import loss_parallel
 
-from benchmarks.plans import reduce_dtensor_partial_grads, torch_recipe
-from gpt_tp.entry import import_attribute, run
+from benchmarks.plans import import_attribute, reduce_dtensor_partial_grads, torch_recipe
+from gpt_tp.entry import run
 from gpt_tp.errors import UserError
 from gpt_tp.cli.main import main as cli_main
 from gpt_tp.train.module import GPTModule

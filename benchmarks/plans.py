@@ -1,7 +1,7 @@
 """Reference tensor-parallel plans that gpt_tp's TP_PLAN is measured against, and the MLP with its collectives
 overlapped. They sit beside the package: the product trains with TP_PLAN only. Each plan is a dict of module
 path -> ParallelStyle, loaded by `--plan benchmarks.plans:<name>`, the door a user's own plan goes through
-(python -m gpt_tp.cli.paritycheck --plan, benchmarks/fit.py --plan, tests/workers/parity.py --plan):
+(python -m benchmarks.paritycheck --plan, benchmarks/fit.py --plan, tests/workers/parity.py --plan):
 
     ordered       gpt_tp's layout with every activation gathered in (B, T) order and every partial sum rearranged
                   before its reduce-scatter (a copy each, as DTensor does): what token-major order saves
@@ -20,6 +20,8 @@ one piece; the weight gradients are summed chunk by chunk. The collectives keep 
 count. Eager only: the async handles are not traceable by torch.compile.
 """
 
+from importlib import import_module
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -34,12 +36,27 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from gpt_tp.errors import UserError
 from gpt_tp.model import MLP
 from gpt_tp.parallel import TP_PLAN, SequenceReplicated
 from gpt_tp.parallel.sp import (
     LocalStyle, RowwiseLinear, VocabParallelEmbedding, _local, all_gather_rows, autocast_dtype_of, cast_for_matmul,
     colwise, reduce_scatter_rows, to_sequence_order, to_token_major,
 )
+
+
+def import_attribute(spec: str, flag: str, example: str):
+    """`module:attribute` (a flag's value) -> the object; a UserError naming the flag when it cannot be had."""
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise UserError(f"{flag}={spec!r} must be module:attribute, e.g. {example}")
+    try:
+        mod = import_module(mod_name)
+    except ImportError as e:
+        raise UserError(f"{flag}={spec!r}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    if not hasattr(mod, attr):
+        raise UserError(f"{flag}={spec!r}: module {mod_name!r} has no attribute {attr!r}")
+    return getattr(mod, attr)
 
 
 # ---- ordered: gpt_tp's layout, every activation in (B, T) order -------------------------------------------------

@@ -12,7 +12,6 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from importlib import import_module
 from pathlib import Path
 
 import torch
@@ -22,20 +21,6 @@ from gpt_tp.errors import UserError
 from gpt_tp.ranks import Layout, build_mesh
 
 EXIT_USER_ERROR = 2  # argparse's code for a bad command line; used for every user mistake
-
-
-def import_attribute(spec: str, flag: str, example: str):
-    """`module:attribute` (a flag's value) -> the object; a UserError naming the flag when it cannot be had."""
-    mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise UserError(f"{flag}={spec!r} must be module:attribute, e.g. {example}")
-    try:
-        mod = import_module(mod_name)
-    except ImportError as e:
-        raise UserError(f"{flag}={spec!r}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
-    if not hasattr(mod, attr):
-        raise UserError(f"{flag}={spec!r}: module {mod_name!r} has no attribute {attr!r}")
-    return getattr(mod, attr)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -1,4 +1,4 @@
-"""The parity command (python -m gpt_tp.cli.paritycheck under torchrun, gloo): passes gpt_tp's plan, catches broken ones."""
+"""The parity command (python -m benchmarks.paritycheck under torchrun, gloo): passes gpt_tp's plan, catches broken ones."""
 
 import json
 import os
@@ -9,13 +9,13 @@ import pytest
 
 from conftest import ROOT, one_error_line
 from gpt_tp.model import GPTConfig
-from gpt_tp.cli.paritycheck import ParityInputError, load_plan, parser, settings
+from benchmarks.paritycheck import ParityInputError, load_plan, parser, settings
 
 
 def paritycheck(nproc: int, *args: str, tmp_path=None) -> tuple[int, str, dict | None]:
     out = None if tmp_path is None else tmp_path / "parity.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gpt_tp.cli.paritycheck", *args, *(["--json", str(out)] if out else [])]
+           "-m", "benchmarks.paritycheck", *args, *(["--json", str(out)] if out else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     res = json.loads(out.read_text()) if out is not None and out.exists() else None
@@ -89,9 +89,9 @@ def test_bad_input(command_here):
         settings(parser().parse_args(["--model", "tiny", "--layers", "0"]), world=2)
     with pytest.raises(ParityInputError, match="--dp 3 does not divide the 2 processes"):
         settings(parser().parse_args(["--model", "tiny", "--dp", "3"]), world=2)
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.cli.paritycheck"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.paritycheck"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("error: run this command under torchrun")
-    from gpt_tp.cli.paritycheck import main  # as its __main__ runs it, in this process (conftest's command_here)
+    from benchmarks.paritycheck import main  # as its __main__ runs it, in this process (conftest's command_here)
 
     assert "error: unrecognized arguments: --tpp 2" in one_error_line(command_here(lambda: main(["--tpp", "2"])))
 

@@ -1,1 +1,1 @@
-"""The command-line room: cli.py's parser and checks, --simulate, the planner and parity commands (docs/structure.md)."""
+"""The command-line room: cli.py's parser and checks, --simulate and the planner command (docs/structure.md)."""

@@ -29,7 +29,7 @@ from runs import run_all
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.train.optim import AdamW, get_lr
-from gpt_tp.cli.paritycheck import load_plan
+from benchmarks.paritycheck import load_plan
 from gpt_tp.parallel import TP_PLAN, clip_grad_norm, parallelize, sync_grads
 from benchmarks.collectives import CollectiveRecorder, groups_of
 from benchmarks.plans import reduce_dtensor_partial_grads

@@ -1,7 +1,7 @@
 """Parity check: is the tensor-parallel model the same model as the single-device one?
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m gpt_tp.cli.paritycheck --config configs/cpu.yaml
-    torchrun --nproc_per_node=4 -m gpt_tp.cli.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmarks.paritycheck --config configs/cpu.yaml
+    torchrun --nproc_per_node=4 -m benchmarks.paritycheck --model gpt2 --dp 2 --tp 2 --batch-size 2 --seq-len 256
 
 One batch goes through the sharded model (gpt_tp's plan, or --plan module:attribute) and an unsharded copy built
 from the same seed, in float32; it prints both losses and the worst weight and gradient differences per parameter.
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from gpt_tp.entry import ArgumentParser, import_attribute, run, torchrun_mesh, torchrun_world
+from benchmarks.plans import import_attribute
+from gpt_tp.entry import ArgumentParser, run, torchrun_mesh, torchrun_world
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, HF_VOCAB_SIZE, SIZES, GPTConfig
 from gpt_tp.parallel import TP_PLAN, parallelize, sync_grads
@@ -148,7 +149,7 @@ def settings(args, world: int) -> dict:
 
 
 def parser() -> ArgumentParser:
-    ap = ArgumentParser("torchrun --nproc_per_node=N -m gpt_tp.cli.paritycheck", __doc__)
+    ap = ArgumentParser("torchrun --nproc_per_node=N -m benchmarks.paritycheck", __doc__)
     ap.add_argument("--config", action="append", help="a training YAML (python cli.py fit --config ...): model, layout, "
                     "batch shape, read as the trainer reads it; repeat it to stack files as cli.py does")
     ap.add_argument("--model", help=f"a named size: {', '.join(SIZES)} (default tiny); replaces the --config's model")
