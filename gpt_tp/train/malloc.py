@@ -17,18 +17,17 @@ STEP_THRESHOLD = 64 * 1024 * 1024  # above glibc's 32 MiB ceiling: only the larg
 
 
 @functools.cache
-def _glibc() -> ctypes.CDLL | None:
-    """glibc, loaded at first use and kept (a training step calls into it); None where there is none."""
+def _glibc_fn(name: str):
+    """glibc's function `name`, loaded at first use and kept (a training step calls it); None off glibc or where it
+    lacks the function."""
     try:
-        return ctypes.CDLL("libc.so.6")
+        return getattr(ctypes.CDLL("libc.so.6"), name, None)
     except OSError:
         return None
 
 
 def _glibc_call(name: str, *args: int) -> int | None:
-    """glibc's `name(*args)`; None off glibc or where it lacks the function."""
-    fn = getattr(_glibc(), name, None)
-    return None if fn is None else fn(*args)
+    return None if (fn := _glibc_fn(name)) is None else fn(*args)
 
 
 def trim_heap() -> bool:
