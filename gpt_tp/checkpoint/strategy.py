@@ -14,13 +14,13 @@ from torch.distributed.checkpoint import CheckpointException, load as dcp_load
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.constants import default_pg_timeout
-from torch.distributed.tensor import DTensor
 
 from gpt_tp.checkpoint.lightning_internals import META, mark_saved, setup_with_mesh
 from gpt_tp.checkpoint.contents import Contents, optimizer_name, read_contents
 from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint, checkpoint_space,
                                      human_bytes, is_space_error, publish, recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
+from gpt_tp.parallel import is_parallelized
 
 
 def _continue_checkpointing(callbacks: list, checkpoint: dict, path: Path) -> None:
@@ -109,7 +109,7 @@ class ModelParallel(ModelParallelStrategy):
         if saved != optimizer:  # AdamW's moments are not Muon's buffers
             raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
                                   f"model.optimizer={optimizer}: resume with --model.optimizer {saved}, or start a new run")
-        sharded = any(isinstance(p, DTensor) for p in self.model.parameters())
+        sharded = is_parallelized(self.model)
         checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
         _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint, path)
         return checkpoint

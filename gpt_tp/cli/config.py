@@ -20,7 +20,8 @@ from gpt_tp.errors import UserError
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.model import GPTConfig
 from gpt_tp.model.hf import read_hf_config
-from gpt_tp.sizing import LayoutError, resolve_layout
+from gpt_tp.sizing import LayoutError
+from gpt_tp.sizing.planner import resolve_layout
 from gpt_tp.train.optim import optimizer_from
 from gpt_tp.train.run import Run, layout_flags, resolve_run
 from gpt_tp.train.datamodule import GPTDataModule
@@ -247,7 +248,7 @@ def resolve_model(cfg, saved: Contents | None) -> None:
 
 
 def plan_layout(cfg, fit: bool) -> None:
-    """trainer.strategy's `auto` data- and tensor-parallel sizes planned (gpt_tp.sizing.resolve_layout) and set."""
+    """trainer.strategy's `auto` data- and tensor-parallel sizes planned (gpt_tp.sizing.planner.resolve_layout) and set."""
     init = getattr(cfg.trainer.strategy, "init_args", None)
     if init is None or "auto" not in (init.get("data_parallel_size"), init.get("tensor_parallel_size")):
         return

@@ -6,8 +6,8 @@ from dataclasses import asdict
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.sizing import AC_MODES, PRECISIONS, LayoutError, Plan, PlanError, format_plan, plan
-from gpt_tp.sizing.planner import refusal
+from gpt_tp.sizing import AC_MODES, PRECISIONS, LayoutError, PlanError
+from gpt_tp.sizing.planner import Plan, format_plan, plan, refusal
 
 
 def training_settings(args: list[str]) -> dict:

@@ -5,12 +5,3 @@ from gpt_tp.sizing.layout import (  # noqa: F401
 )
 from gpt_tp.sizing.memory import Memory, PlanError, fits, memory_per_device  # noqa: F401
 from gpt_tp.sizing.sizes import AC_MODES, PRECISIONS, padded_vocab  # noqa: F401
-
-
-def __getattr__(name: str):
-    """The planner's names, imported on first use: `python -m gpt_tp.sizing.planner` then runs without runpy's
-    warning about a module imported before it runs."""
-    if name in ("Candidate", "Plan", "format_plan", "plan", "resolve_layout"):
-        from gpt_tp.sizing import planner
-        return getattr(planner, name)
-    raise AttributeError(f"module 'gpt_tp.sizing' has no attribute {name!r}")
