@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.model import GPT
 from gpt_tp.parallel import parallelize
 from gpt_tp.ranks import Layout, build_mesh
@@ -98,6 +99,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
             if precision == "bf16-true":
                 model.to(torch.bfloat16)
             train_step = TrainStep(model, optimizer, schedule)
+            train_step.sync_once = run.sync_once
 
             def step(micro_batches: int, tracker=None) -> None:
                 x = torch.randint(0, config.vocab_size, (batch_size, seq_len), device=device)  # (B, T)
@@ -125,7 +127,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
     m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing,
-                          optimizer=optimizer.kind)
+                          optimizer.kind, run.accumulate, detect_device_memory_gib())
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"] = sum(planned.values())
     if tp > 1 and config.vocab_size % tp == 0:

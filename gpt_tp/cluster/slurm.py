@@ -60,7 +60,7 @@ class Preemption(Callback):
         self.dirpath, self.requeue = dirpath, requeue
         self.requested = self.terminated = False  # signal_name arrived, SIGTERM arrived
         self._previous: dict = {}  # signal -> the handler ours replaced
-        self._last_step = None
+        self._last_step, self._sums = None, None  # sums: every rank's step_flags, summed
         self._leave_after: str | None = None  # once saved: "sigterm", or the Slurm job to requeue
 
     def _on_signal(self, signum, frame) -> None:  # only a flag: no I/O, no collectives inside a signal handler
@@ -85,6 +85,7 @@ class Preemption(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._install(signal.SIGTERM)  # replaces Lightning's, installed just before training
+        self._last_step = trainer.global_step  # the first step ends when global_step moves on
         if self.signum is None:
             return
         keys = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT")
@@ -98,12 +99,20 @@ class Preemption(Callback):
                 signal.signal(signum, previous)
         self._previous = {}
 
+    def step_flags(self, trainer) -> list[float]:
+        return [self.requested, self.terminated]
+
+    def flags_summed(self, trainer, sums: list[float]) -> None:
+        self._sums = sums  # every rank's, from the step's all-reduce (GPTModule.on_before_optimizer_step)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self._last_step:  # inside gradient accumulation: not a step boundary
             return
-        self._last_step = trainer.global_step
-        flags = torch.tensor([self.requested, self.terminated], dtype=torch.int32, device=trainer.strategy.root_device)
-        requested, terminated = (bool(v) for v in trainer.strategy.reduce(flags, reduce_op="sum").tolist())
+        self._last_step, sums, self._sums = trainer.global_step, self._sums, None
+        if sums is None:  # a LightningModule that does not share its step's all-reduce (GPTModule does)
+            flags = torch.tensor(self.step_flags(trainer), dtype=torch.int32, device=trainer.strategy.root_device)
+            sums = trainer.strategy.reduce(flags, reduce_op="sum").tolist()
+        requested, terminated = (v > 0 for v in sums)
         if not (requested or terminated):
             return
         name, step = "SIGTERM" if terminated else self.signum.name, trainer.global_step
