@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from gpt_tp.data.shards import check_token_ids
 from gpt_tp.errors import UserError
-from gpt_tp.parallel.vocab import mask_padded_vocab
+from gpt_tp.parallel.loss import mask_padded_vocab
 from gpt_tp.ranks import block_size_of, layout_of, model_vocab
 
 PROMPT = "Hello, I'm a language model,"
