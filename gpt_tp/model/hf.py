@@ -72,23 +72,19 @@ def hf_config_dict(config: GPTConfig) -> dict:
             "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True}
 
 
-def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
-    """GPTConfig from a transformers GPT-2 config.json dict; refuses other architectures."""
-    if hf.get("model_type") != "gpt2":
-        raise UserError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
-    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise UserError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
-    if missing := [k for k in ("n_positions", "n_layer", "n_head", "n_embd", "vocab_size") if k not in hf]:
-        raise UserError(f"GPT-2 config fields {', '.join(missing)} missing")
-    vocab = max(vocab_size, hf["vocab_size"])
-    return GPTConfig(block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"],
-                     n_embd=hf["n_embd"], vocab_used=hf["vocab_size"] if hf["vocab_size"] < vocab else None)
-
-
 def read_hf_config(cfg_file: Path, vocab_size: int = 50304) -> GPTConfig:
     """GPTConfig from a Hugging Face GPT-2 config.json file; a file that is not one is a UserError naming it."""
     try:
-        return config_from_hf(json.loads(Path(cfg_file).read_text()), vocab_size)
+        hf = json.loads(Path(cfg_file).read_text())
+        if hf.get("model_type") != "gpt2":
+            raise UserError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
+        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise UserError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
+        if missing := [k for k in ("n_positions", "n_layer", "n_head", "n_embd", "vocab_size") if k not in hf]:
+            raise UserError(f"GPT-2 config fields {', '.join(missing)} missing")
+        vocab = max(vocab_size, hf["vocab_size"])
+        return GPTConfig(block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"],
+                         n_embd=hf["n_embd"], vocab_used=hf["vocab_size"] if hf["vocab_size"] < vocab else None)
     except UserError as e:
         raise UserError(f"{cfg_file}: {e}") from e
     except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type
