@@ -54,8 +54,6 @@ class TokenBatches(IterableDataset):
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         end = math.inf if self.num_batches is None else self.start + self.num_batches
-        if self.num_batches is not None and self.start + self.num_batches > self.batches_per_epoch0:
-            raise DataError(f"{self.split}: asked for batches up to {end} but the split holds {self.batches_per_epoch0}")
         epoch, k0 = 0, 0  # the epoch holding global batch k, and its first global batch
         stream, offset, n = self.epoch_layout(epoch)
         for k in itertools.takewhile(lambda k: k < end, itertools.count(self.start + wid, nw)):
