@@ -21,13 +21,12 @@ import torch.distributed as dist
 import gpt_tp.train.muon as muon
 
 from benchmarks.collectives import CollectiveRecorder, groups_of
-from benchmarks.step import build, peak_memory, stats, sync, train_step
+from benchmarks.step import build, peak_memory, slowest, stats, sync, train_step
 from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from benchmarks.paritycheck import load_plan
 from gpt_tp.hardware import mfu
 from gpt_tp.model import GPTConfig
-from gpt_tp.parallel import enable_async_tp
 
 
 @contextmanager
@@ -63,8 +62,6 @@ def measure(spec: dict) -> None:
     torch.manual_seed(spec["seed"])
     step = build(config, mesh, device, spec["compile"], spec["precision"], load_plan(spec["plan"], config),
                  spec.get("optimizer", "adamw"))
-    if spec.get("async_tp"):
-        enable_async_tp(mesh["tensor_parallel"])
     dp_rank = mesh["data_parallel"].get_local_rank()
     B, T = spec["batch_size"], spec["seq_len"]
     data = SyntheticTokens(B, T, vocab=min(config.vocab_size, 50257), seed=spec["seed"], dp_rank=dp_rank, dp_size=dp)
@@ -83,10 +80,7 @@ def measure(spec: dict) -> None:
             else:
                 ns_times.clear()
             losses.append(loss)
-    # the step ends when the slowest rank ends
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    times = t.tolist()
+    times = slowest(times, device).tolist()  # the step ends when the slowest rank ends
     ns_share = statistics.median(ns_times) / statistics.median(times) if ns_times else None
     losses = [l.float().item() for l in (losses[0], losses[-1])]
     mem = peak_memory(device)
@@ -108,7 +102,6 @@ def measure(spec: dict) -> None:
         result = {
             **{k: spec[k] for k in ("name", "dp", "tp", "plan", "precision", "compile", "batch_size", "seq_len", "device",
                                     "threads")},
-            "async_tp": bool(spec.get("async_tp")),
             "model": spec["model"],
             "world_size": world,
             "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
