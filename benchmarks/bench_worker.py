@@ -67,7 +67,7 @@ def measure(spec: dict) -> None:
     data = SyntheticTokens(B, T, vocab=min(config.vocab_size, 50257), seed=spec["seed"], dp_rank=dp_rank, dp_size=dp)
     batches = [tuple(t.to(device) for t in data.batch(i)) for i in range(4)]
 
-    times, losses = [], []
+    times, warm, losses = [], [], []
     with timing(muon, "newton_schulz", device) as ns_times:  # Muon's Newton-Schulz, once per step
         for i in range(spec["warmup"] + spec["steps"]):
             x, y = batches[i % len(batches)]
@@ -75,9 +75,8 @@ def measure(spec: dict) -> None:
             t0 = time.perf_counter()
             loss = train_step(step, x, y, spec["precision"])
             sync(device)
-            if i >= spec["warmup"]:
-                times.append(time.perf_counter() - t0)
-            else:
+            (times if i >= spec["warmup"] else warm).append(time.perf_counter() - t0)
+            if i < spec["warmup"]:
                 ns_times.clear()
             losses.append(loss)
     times = slowest(times, device).tolist()  # the step ends when the slowest rank ends
@@ -108,6 +107,7 @@ def measure(spec: dict) -> None:
             "tokens_per_step": tokens,
             "step_time_s": stats(times),
             "step_times_s": times,
+            "first_step_s": warm[0] if warm else None,  # with compile: compilation's time beside the step's
             "tokens_per_s": tok_s,
             "flops_per_token": config.flops_per_token(T),
             "peak_flops": spec["peak_flops"],
