@@ -174,3 +174,17 @@ def test_resume_applies_the_optimizer_settings_it_is_given(tmp_path):
     assert model.hparams.optimizer == {"class_path": "gpt_tp.train.optim.AdamW", "init_args": {
         "weight_decay": 0.0, "betas": (0.5, 0.6), "eps": 1e-3, "fused": None}}
     assert all(s["step"] == 4 for s in model.optimizers().optimizer.state.values())  # the saved moments went on
+
+
+def test_float32_matmul_precision_is_set_at_setup():
+    """model.float32_matmul_precision: high (TF32 on CUDA) is torch's setting in the process that sets the module up."""
+    from gpt_tp.train.run import resolve_run
+
+    module = GPTModule("tiny", float32_matmul_precision="high")
+    module.use_run(resolve_run(module.config, 1, 1))
+    assert torch.get_float32_matmul_precision() == "highest"
+    try:
+        module.setup("validate")
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision("highest")
