@@ -212,3 +212,47 @@ def test_fresh_run_into_a_used_folder_and_a_complete_run(user_run, ckpt, tmp_pat
     assert line == (f"error: --ckpt_path last: the run is already complete ({used}/last.ckpt is at step 1 >= "
                     "trainer.max_steps 1); raise --trainer.max_steps to train further")
     assert snapshot(used) == before
+
+
+@pytest.mark.slow
+def test_damaged_checkpoint_is_refused_in_one_line_by_every_command(tmp_path, command_here):
+    """A TP=2 run saves steps 2 and 4; a copy of its folder with step 4's rank-1 shard cut short, and one with 20 kB of
+    rank 0's overwritten at the same size. fit --ckpt_path last (TP=2), validate (TP=2), predict (one process) and
+    export each refuse it in one line naming the file and step 2, the newest intact checkpoint beside it, and change
+    nothing."""
+    from gpt_tp.checkpoint.export import main as export_main
+
+    ck = tmp_path / "ck"
+    rc, out = finished(fit("--config", checkpointing(ck, every=2), "--trainer.max_steps", "4"))
+    assert rc == 0, out[-3000:]
+    cut, over = tmp_path / "cut", tmp_path / "over"
+    for copy in (cut, over):
+        shutil.copytree(ck, copy, symlinks=True)
+    shard = cut / "step0000004.ckpt" / "__1_0.distcp"
+    size = shard.stat().st_size
+    os.truncate(shard, size - 1000)
+    with open(over / "step0000004.ckpt" / "__0_0.distcp", "r+b") as f:
+        f.seek(size // 3)
+        f.write(os.urandom(20_000))
+    before = {d: snapshot(d) for d in (cut, over)}
+    short = (f"error: checkpoint {cut}/last.ckpt is damaged: {cut}/last.ckpt/__1_0.distcp is cut short ({size - 1000} "
+             f"bytes; its .metadata needs {size}); the newest intact checkpoint beside it is {cut}/step0000002.ckpt")
+    changed = (f"error: checkpoint {over}/step0000004.ckpt is damaged: {over}/step0000004.ckpt/__0_0.distcp does not "
+               f"match the CRC-32 its save recorded; the newest intact checkpoint beside it is {over}/step0000002.ckpt")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def cli_run(*args: str) -> str:
+        proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        return one_error_line(proc)
+
+    assert cli_run("fit", "--config", CPU, "--config", checkpointing(cut, every=2), "--ckpt_path", "last",
+                   "--trainer.max_steps", "6") == short
+    tp2 = ("--trainer.logger", "false", "--trainer.callbacks", "[]")
+    assert cli_run("validate", "--config", CPU, *tp2, "--ckpt_path", f"{over}/step0000004.ckpt") == changed
+    assert cli_run("predict", "--config", CPU, *ONE_DEVICE, "--ckpt_path", f"{over}/step0000004.ckpt",
+                   "--prompt", "ROMEO:", "--max_new_tokens", "2") == changed
+    for path, line in ((f"{cut}/last.ckpt", short), (f"{over}/step0000004.ckpt", changed)):
+        proc = command_here(lambda: export_main([path, "--out", str(tmp_path / "hf")]))
+        assert one_error_line(proc) == line
+    assert {d: snapshot(d) for d in (cut, over)} == before and not (tmp_path / "hf").exists()
