@@ -146,6 +146,41 @@ def test_sigterm_saves_the_step_reached_and_stops_every_rank(tmp_path, launch, t
     assert subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).stdout == b""
 
 
+@pytest.mark.slow
+def test_ctrl_c_saves_the_step_reached_and_a_second_one_keeps_the_checkpoints(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) after the step-5 save: the step reached is saved as
+    after SIGTERM, with the same closing line, and every rank exits 130; a second Ctrl-C as that save's partial folder
+    appears changes nothing: the save completes and step 5's checkpoint is as it was."""
+    ck = tmp_path / "ck"
+    proc = fit("--config", checkpointing(ck, every=5), "--trainer.max_steps", "400", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ck / "step0000005.ckpt" / "meta.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.05)
+        kept = snapshot(ck / "step0000005.ckpt")
+        os.killpg(proc.pid, signal.SIGINT)
+        while not list(ck.glob("*.partial")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        during = bool(list(ck.glob("*.partial")))
+        os.killpg(proc.pid, signal.SIGINT)
+        rc, out = finished(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 130, out[-3000:]
+    stop = re.search(r"gpt_tp fit: stopped by SIGINT at step (\d+); saved checkpoints in (\S+) \(last\.ckpt -> "
+                     r"(step\d+\.ckpt)\); resume with --ckpt_path last", out)
+    assert stop, out[-3000:]
+    step = int(stop[1])
+    print(f"Ctrl-C: stopped at step {step}; the second Ctrl-C came {'during' if during else 'after'} the save")
+    assert 5 < step < 10 and stop[2] == str(ck) and stop[3] == f"step{step:07d}.ckpt"
+    assert os.readlink(ck / "last.ckpt") == stop[3] and step_of(ck / "last.ckpt") == step
+    assert snapshot(ck / "step0000005.ckpt") == kept
+    assert sorted(re.findall(r"rank (\d): checkpoint saved after SIGINT: exiting", out)) == ["0", "1"], out[-3000:]
+    assert "KeyboardInterrupt" not in out and "Traceback" not in out and "graceful shutdown" not in out, out[-3000:]
+
+
 # ---- launch mistakes: one line before anything waits (in this process) ---------------------------------------------
 def test_slurm_allocation_of_another_size(user_run, monkeypatch):
     for k, v in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0",
