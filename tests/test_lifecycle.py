@@ -181,6 +181,30 @@ def test_ctrl_c_saves_the_step_reached_and_a_second_one_keeps_the_checkpoints(tm
     assert "KeyboardInterrupt" not in out and "Traceback" not in out and "graceful shutdown" not in out, out[-3000:]
 
 
+@pytest.mark.slow
+def test_a_rank_killed_leaves_one_line_naming_it(tmp_path):
+    """SIGKILL to rank 1 (a kill -9, the kernel's OOM killer) after the step-3 save: rank 0's next collective fails, and
+    instead of gloo's traceback it prints one line naming rank 1 and how it ended, and exits with code 75."""
+    ck = tmp_path / "ck"
+    proc = fit("--config", checkpointing(ck), "--trainer.max_steps", "400", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ck / "step0000003.ckpt" / "meta.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        os.kill(_children(proc.pid)[0], signal.SIGKILL)
+        rc, out = finished(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 75, out[-3000:]
+    lines = [line for line in out.splitlines() if "collective failed" in line]
+    assert len(lines) == 1 and re.fullmatch(
+        r"\[gpt_tp\] rank 0: a collective failed at step \d+: rank 1 died \(killed by SIGKILL\) \(\w+: .*\)\. "
+        r"Exiting with code 75; see the other ranks' logs, then resume from the latest checkpoint\.", lines[0]), out[-3000:]
+    assert "Traceback" not in out and "Connection closed" not in out.replace(lines[0], ""), out[-3000:]
+
+
 # ---- launch mistakes: one line before anything waits (in this process) ---------------------------------------------
 def test_slurm_allocation_of_another_size(user_run, monkeypatch):
     for k, v in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0",

@@ -161,7 +161,8 @@ def _exit_now(message: str, code: int) -> None:
 
 
 class FailFast(Callback):
-    """End this rank promptly and clearly when a peer rank dies or training stalls.
+    """End this rank promptly and clearly when a peer rank dies or training stalls. cli.py adds one without the
+    watchdog to every run that lists none.
 
     Args:
         stall_timeout_s: exit when no optimizer step or validation batch finishes for this long (cover the slowest
@@ -199,7 +200,7 @@ class FailFast(Callback):
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="gpt_tp-failfast", daemon=True)
             self._thread.start()
-        _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
+            _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, n = trainer.global_step, self.report_every_n_steps
@@ -217,9 +218,21 @@ class FailFast(Callback):
         self.on_train_end()
         if any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
             first = str(exception).strip().splitlines()[0][:300]
-            _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: another "
-                      f"rank died or hung ({type(exception).__name__}: {first}). Exiting with code {self.exit_code}; "
-                      "see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
+            _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: "
+                      f"{_dead_ranks(trainer) or 'another rank died or hung'} ({type(exception).__name__}: {first}). "
+                      f"Exiting with code {self.exit_code}; see the other ranks' logs, then resume from the latest "
+                      "checkpoint.", self.exit_code)
+
+
+def _dead_ranks(trainer, wait_s: float = 2.0) -> str:
+    """`rank 1 died (killed by SIGKILL)` for the ranks this process started (Lightning's launcher) that ended, waiting
+    up to wait_s for the kernel to report the one whose closed connection failed the collective; '' for none."""
+    procs, end = getattr(trainer.strategy.launcher, "procs", None) or [], time.monotonic() + wait_s
+    while procs and not any(p.poll() is not None for p in procs) and time.monotonic() < end:
+        time.sleep(0.05)
+    how = {r: f"killed by {signal.Signals(-c).name}" if c < 0 else f"exit code {c}"
+           for r, p in enumerate(procs, trainer.global_rank + 1) if (c := p.poll()) is not None}
+    return "; ".join(f"rank {r} died ({h})" for r, h in how.items())
 
 
 def main(argv: list[str] | None = None) -> int:
