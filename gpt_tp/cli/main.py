@@ -21,7 +21,7 @@ from gpt_tp.train.optim import Schedule, optimizer_from
 from gpt_tp.infer.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
 from gpt_tp.cli.simulate import format_simulation, simulate
-from gpt_tp.cluster.slurm import Preemption
+from gpt_tp.cluster.slurm import FailFast, Preemption
 
 
 class GPTCLI(TrainingCLI):
@@ -65,6 +65,8 @@ class GPTCLI(TrainingCLI):
                 callbacks = [*callbacks, default()]
         if not any(isinstance(c, Preemption) for c in callbacks):  # SIGTERM on every launch: save, stop together
             callbacks = [*callbacks, Preemption(dirpath=None, signal_name=None, requeue=False)]
+        if not any(isinstance(c, FailFast) for c in callbacks):  # a dead peer: one line, not gloo's traceback
+            callbacks = [*callbacks, FailFast(stall_timeout_s=None)]
         # a failed log write stops every rank; the final step saved; validate's rows' step; the plot's lineage
         trainer["callbacks"] = [*callbacks, LogWriteCheck(), FinalStep(), CheckpointStep(), RunLineage()]
         try:
