@@ -135,8 +135,15 @@ class GPTModule(L.LightningModule):
                                    x.shape[1], x.shape[0], run.accumulate, run.total_batch_size)
         # Lightning's accumulation rule (its batch_idx restored on resume): the last micro-batch syncs the gradients
         self._last_micro_batch = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
-        self.step_fn.begin(self.global_step)
         return self.step_fn.loss(x, y)
+
+    # the coming step's lr and settings are set before Lightning's callbacks read them (on_train_batch_start)
+    def on_train_start(self) -> None:
+        self.step_fn.begin(self.global_step)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.global_step < self.trainer.max_steps:  # the optimizer keeps the last trained step's lr
+            self.step_fn.begin(self.global_step)
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         loss.backward(*args, **kwargs)
