@@ -8,10 +8,9 @@ from pathlib import Path
 import torch
 
 from gpt_tp.errors import UserError
-from gpt_tp.model.gpt import GPT, GPTConfig
+from gpt_tp.model.gpt import BLOCK_MATRICES, GPT, GPTConfig
 
 HF_VOCAB_SIZE = 50257
-_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
 def qkv_to_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -31,7 +30,7 @@ def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
         k = k.removeprefix("transformer.")
         if k == "lm_head.weight" or k.endswith((".attn.bias", ".attn.masked_bias")):  # tied; old causal-mask buffers
             continue
-        if k.endswith(_CONV1D):
+        if k.endswith(BLOCK_MATRICES):
             v = v.t()
         if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias")):
             v = qkv_to_per_head(v, config.n_head)
@@ -53,7 +52,7 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
         k = name.removeprefix("transformer.")
         if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias")):
             v = qkv_from_per_head(v, config.n_head)
-        if k.endswith(_CONV1D):
+        if k.endswith(BLOCK_MATRICES):
             v = v.t()
         if k == "wte.weight":
             v = v[:HF_VOCAB_SIZE]
