@@ -20,7 +20,7 @@ from gpt_tp.checkpoint.last import checkpoints_line, latest_checkpoint
 from gpt_tp.checkpoint.lightning_internals import save_step
 
 PREFIX = "gpt_tp"
-EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM": the run did not finish
+STOPS = (signal.SIGTERM, signal.SIGINT)  # save the step reached, then exit 128 + the signal (the shell's "ended by")
 COLLECTIVE_FAILURES = (  # what an error says when another rank died or hung (gloo, NCCL, c10d timeouts)
     "Connection closed by peer", "Connection reset by peer", "Timed out waiting", "DistBackendError", "NCCL error",
     "ncclRemoteError", "Broken pipe", "Watchdog caught collective operation timeout", "DistNetworkError",
@@ -37,8 +37,9 @@ def _say(msg: str) -> None:
 
 
 class Preemption(Callback):
-    """At the next optimizer step after SIGTERM (or signal_name), save a checkpoint (all ranks together), then leave:
-    after SIGTERM exit 143, after signal_name requeue the Slurm job and exit 0. cli.py adds one to every run that
+    """At the next optimizer step after SIGTERM or SIGINT (Ctrl-C) (or signal_name), save a checkpoint (all ranks
+    together), then leave: after SIGTERM exit 143, after SIGINT 130 (a repeated one while waiting or saving changes
+    nothing), after signal_name requeue the Slurm job and exit 0. cli.py adds one to every run that
     lists none (dirpath None, signal_name None): Lightning's own SIGTERM handler runs a collective inside the handler,
     which hangs when not every rank got the signal.
 
@@ -58,14 +59,14 @@ class Preemption(Callback):
         if self.signum == signal.SIGTERM:
             raise ValueError("signal_name='SIGTERM': SIGTERM always saves and exits without requeue; use SIGUSR1 (#SBATCH --signal=USR1@90)")
         self.dirpath, self.requeue = dirpath, requeue
-        self.requested = self.terminated = False  # signal_name arrived, SIGTERM arrived
+        self.requested, self.terminated = False, 0  # signal_name arrived; the stop signal that arrived (0: none)
         self._previous: dict = {}  # signal -> the handler ours replaced
         self._last_step, self._sums = None, None  # sums: every rank's step_flags, summed
-        self._leave_after: str | None = None  # once saved: "sigterm", or the Slurm job to requeue
+        self._leave_after: str | None = None  # once saved: the stop signal's name, or the Slurm job to requeue
 
     def _on_signal(self, signum, frame) -> None:  # only a flag: no I/O, no collectives inside a signal handler
-        if signum == signal.SIGTERM:
-            self.terminated = True
+        if signum in STOPS:
+            self.terminated = max(self.terminated, signum)  # SIGTERM's name wins over SIGINT's
         else:
             self.requested = True
 
@@ -84,7 +85,8 @@ class Preemption(Callback):
         self._install(self.signum)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._install(signal.SIGTERM)  # replaces Lightning's, installed just before training
+        for signum in STOPS:  # replaces Lightning's SIGTERM handler (installed just before training) and KeyboardInterrupt
+            self._install(signum)
         self._last_step = trainer.global_step  # the first step ends when global_step moves on
         if self.signum is None:
             return
@@ -100,7 +102,7 @@ class Preemption(Callback):
         self._previous = {}
 
     def step_flags(self, trainer) -> list[float]:
-        return [self.requested, self.terminated]
+        return [self.requested, *(self.terminated == s for s in STOPS)]
 
     def flags_summed(self, trainer, sums: list[float]) -> None:
         self._sums = sums  # every rank's, from the step's all-reduce (GPTModule.on_before_optimizer_step)
@@ -112,10 +114,10 @@ class Preemption(Callback):
         if sums is None:  # a LightningModule that does not share its step's all-reduce (GPTModule does)
             flags = torch.tensor(self.step_flags(trainer), dtype=torch.int32, device=trainer.strategy.root_device)
             sums = trainer.strategy.reduce(flags, reduce_op="sum").tolist()
-        requested, terminated = (v > 0 for v in sums)
+        requested, terminated = sums[0] > 0, next((s for s, n in zip(STOPS, sums[1:]) if n > 0), 0)  # SIGTERM's first
         if not (requested or terminated):
             return
-        name, step = "SIGTERM" if terminated else self.signum.name, trainer.global_step
+        name, step = signal.Signals(terminated).name if terminated else self.signum.name, trainer.global_step
         if self.dirpath is None:  # the run's own checkpoints: last.ckpt names the step
             saved = [p for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)
                      if (p := save_step(cb, trainer))]
@@ -131,8 +133,8 @@ class Preemption(Callback):
         job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
         if terminated:
             if trainer.is_global_zero:  # the run's closing line (cli.py's after_fit does not run)
-                print(f"gpt_tp fit: stopped by SIGTERM at step {step}; {where}", flush=True)
-            self._leave_after = "sigterm"  # the job is ending: no requeue
+                print(f"gpt_tp fit: stopped by {name} at step {step}; {where}", flush=True)
+            self._leave_after = name  # the job is ending: no requeue
         elif self.requeue and job:
             self._leave_after = job
         else:
@@ -144,8 +146,9 @@ class Preemption(Callback):
             return
         for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
             logger.save()
-        if self._leave_after == "sigterm":
-            _exit_now(f"rank {trainer.global_rank}: checkpoint saved after SIGTERM: exiting", EXIT_SIGTERM)
+        if self._leave_after in (s.name for s in STOPS):
+            _exit_now(f"rank {trainer.global_rank}: checkpoint saved after {self._leave_after}: exiting",
+                      128 + signal.Signals[self._leave_after])
         job, self._leave_after = self._leave_after, None
         ok = True
         if trainer.is_global_zero:
@@ -167,7 +170,8 @@ def _exit_now(message: str, code: int) -> None:
 
 
 class FailFast(Callback):
-    """End this rank promptly and clearly when a peer rank dies or training stalls.
+    """End this rank promptly and clearly when a peer rank dies or training stalls. cli.py adds one without the
+    watchdog to every run that lists none.
 
     Args:
         stall_timeout_s: exit when no optimizer step or validation batch finishes for this long (cover the slowest
@@ -205,7 +209,7 @@ class FailFast(Callback):
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="gpt_tp-failfast", daemon=True)
             self._thread.start()
-        _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
+            _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, n = trainer.global_step, self.report_every_n_steps
@@ -223,9 +227,21 @@ class FailFast(Callback):
         self.on_train_end()
         if any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
             first = str(exception).strip().splitlines()[0][:300]
-            _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: another "
-                      f"rank died or hung ({type(exception).__name__}: {first}). Exiting with code {self.exit_code}; "
-                      "see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
+            _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: "
+                      f"{_dead_ranks(trainer) or 'another rank died or hung'} ({type(exception).__name__}: {first}). "
+                      f"Exiting with code {self.exit_code}; see the other ranks' logs, then resume from the latest "
+                      "checkpoint.", self.exit_code)
+
+
+def _dead_ranks(trainer, wait_s: float = 2.0) -> str:
+    """`rank 1 died (killed by SIGKILL)` for the ranks this process started (Lightning's launcher) that ended, waiting
+    up to wait_s for the kernel to report the one whose closed connection failed the collective; '' for none."""
+    procs, end = getattr(trainer.strategy.launcher, "procs", None) or [], time.monotonic() + wait_s
+    while procs and not any(p.poll() is not None for p in procs) and time.monotonic() < end:
+        time.sleep(0.05)
+    how = {r: f"killed by {signal.Signals(-c).name}" if c < 0 else f"exit code {c}"
+           for r, p in enumerate(procs, trainer.global_rank + 1) if (c := p.poll()) is not None}
+    return "; ".join(f"rank {r} died ({h})" for r, h in how.items())
 
 
 def main(argv: list[str] | None = None) -> int:
