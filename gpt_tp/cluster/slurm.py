@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -87,7 +86,6 @@ class Preemption(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         for signum in STOPS:  # replaces Lightning's SIGTERM handler (installed just before training) and KeyboardInterrupt
             self._install(signum)
-        self._last_step = trainer.global_step  # the first step ends when global_step moves on
         if self.signum is None:
             return
         keys = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT")
@@ -105,15 +103,12 @@ class Preemption(Callback):
         return [self.requested, *(self.terminated == s for s in STOPS)]
 
     def flags_summed(self, trainer, sums: list[float]) -> None:
-        self._sums = sums  # every rank's, from the step's all-reduce (GPTModule.on_before_optimizer_step)
+        self._sums = sums  # every rank's, summed in GPTModule's step (on_before_optimizer_step), which Preemption needs
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self._last_step:  # inside gradient accumulation: not a step boundary
             return
-        self._last_step, sums, self._sums = trainer.global_step, self._sums, None
-        if sums is None:  # a LightningModule that does not share its step's all-reduce (GPTModule does)
-            flags = torch.tensor(self.step_flags(trainer), dtype=torch.int32, device=trainer.strategy.root_device)
-            sums = trainer.strategy.reduce(flags, reduce_op="sum").tolist()
+        self._last_step, sums, self._sums = trainer.global_step, self._sums or [0] * 3, None
         requested, terminated = sums[0] > 0, next((s for s, n in zip(STOPS, sums[1:]) if n > 0), 0)  # SIGTERM's first
         if not (requested or terminated):
             return

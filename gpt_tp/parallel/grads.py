@@ -32,8 +32,7 @@ def grad_norm(model: nn.Module, carry: torch.Tensor | None = None) -> torch.Tens
     reads the gradients only. A plain scalar tensor, no host sync."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     world = dist.get_world_size() if dist.is_initialized() else 1
-    # each local shard's squares over how many ranks hold a copy of it (a plain tensor: every rank; a DTensor: the
-    # product of the mesh dims it is replicated on), so summing over all ranks counts every element once
+    # each local shard's squares over how many ranks hold a copy (a plain tensor: all; a DTensor: its replicated dims)
     by_copies: dict[int, list[torch.Tensor]] = {}
     for g in grads:
         copies = world

@@ -23,7 +23,7 @@ class Memory:
     activations: int  # saved for backward in one forward (incl. autocast weight copies)
     transient: int  # logits + their grad at the loss; FSDP2's gathered blocks
     overhead: int
-    sync_once: bool = False  # FSDP2 reduce-scatters once a step: the gradients held unsharded until then (in grads)
+    sync_once: bool = False  # accumulating at DP > 1, the unsharded gradients (in grads) fit: one reduce-scatter a step
 
     @property
     def states(self) -> int:
@@ -105,8 +105,6 @@ def transient_bytes(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_le
 def memory_per_device(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed",
                       sdpa: str = "flash", overhead_gib: float = 1.5, ac: str = "none",
                       optimizer: str = "adamw", accumulate: int = 1, device_memory_gib: float | None = None) -> Memory:
-    """With gradient accumulation at DP > 1, FSDP2 reduce-scatters the gradients once per optimizer step where they
-    fit device_memory_gib (None: always) held unsharded, else at every micro-batch's backward (Memory.sync_once)."""
     s = sizes.state_bytes(config, dp, tp, precision_bytes(precision)[0], optimizer)
     a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)
     transient = transient_bytes(config, dp, tp, batch_size, seq_len, precision, sdpa, ac)

@@ -31,8 +31,7 @@ class Run:
 
     @cached_property
     def sync_once(self) -> bool:
-        """FSDP2 reduce-scatters the gradients once per optimizer step, not per micro-batch: at DP > 1 with gradient
-        accumulation, where the planner says the unsharded gradients fit this device (with AdamW's state)."""
+        """FSDP2 reduce-scatters once per optimizer step where the planner says the unsharded gradients fit."""
         return self.batch_size is not None and self.precision in PRECISIONS and memory_per_device(
             self.model, self.dp, self.tp, self.batch_size, self.seq_len, self.precision, ac=self.activation_checkpointing,
             accumulate=self.accumulate, device_memory_gib=detect_device_memory_gib()).sync_once

@@ -5,9 +5,8 @@ one optimizer step runs them, and the GPTModule hook that hands over to each und
                                                                        coming step's, before callbacks read it)
     loss(x, y, last)  per micro-batch; Lightning runs backward(loss/n)  training_step (fp16: the loss scaled)
     sync()            the gradient sync, after the last backward        backward
-    check(...)        the global norm, the DP-mean loss, callbacks'     on_before_optimizer_step (then logged)
-                      flags: one all-reduce, one host sync; a
-                      non-finite one stops the run
+    check(...)        norm, DP-mean loss, callbacks' flags: one all-     on_before_optimizer_step (then logged)
+                      reduce, one host sync; a non-finite one stops
     clip(max_norm)    by that norm, at trainer.gradient_clip_val        configure_gradient_clipping
     optimizer.step()                                                    Lightning's (fp16: the scaler's)
 
@@ -38,15 +37,13 @@ class TrainStep:
         self._sync, self._loss_fn = sync, loss_fn
         self.optimizer = optimizer.build(model, schedule.max_lr)
         self._loss_sum, self._norm = None, None  # this step's micro-batch losses, summed; its grad norm (check's)
-        self.sync_once = False  # FSDP2 reduce-scatters at the last micro-batch only (Run.sync_once)
 
     def begin(self, step: int) -> None:
         self.settings.apply(self.optimizer, self.schedule.lr(step), self.schedule.max_lr)
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor, last: bool = True) -> torch.Tensor:
-        """last: the step's last micro-batch; with sync_once (Run.sync_once) only its backward reduce-scatters."""
-        if self.sync_once and isinstance(self.model, FSDPModule):  # (DDP: Lightning's no_sync does it)
-            self.model.set_requires_gradient_sync(last)  # the gradients stay unsharded until then
+    def loss(self, x: torch.Tensor, y: torch.Tensor, last: bool | None = None) -> torch.Tensor:
+        if last is not None and isinstance(self.model, FSDPModule):  # Run.sync_once: only the last one reduce-scatters
+            self.model.set_requires_gradient_sync(last)
         loss = self._loss_fn(self.model(x), y)  # the logits go as soon as the loss is taken
         self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
         return loss
@@ -56,8 +53,8 @@ class TrainStep:
         self._sync(self.model)
 
     def check(self, step: int, micro_batches: int, flags: list[float] = ()) -> tuple[float, float, list[float]]:
-        """(mean loss over the micro-batches and the data-parallel ranks, global grad norm, `flags` summed over every
-        rank): floats, from the grad norm's one all-reduce and one host sync."""
+        """(mean loss over the micro-batches and DP ranks, global grad norm, `flags` summed over every rank): floats, from
+        one all-reduce and one host sync. GPTModule sums its callbacks' step_flags(trainer), hands back flags_summed."""
         loss, self._loss_sum = self._loss_sum.float() / micro_batches, None
         carry = torch.cat([loss.reshape(1), torch.tensor(flags, dtype=torch.float32, device=loss.device)])
         self._norm = grad_norm(self.model, carry)
@@ -75,14 +72,15 @@ class TrainStep:
         return norm
 
     def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], step: int, max_norm: float | None = 1.0,
-                 autocast=nullcontext, phase=lambda name: nullcontext()) -> tuple[torch.Tensor, torch.Tensor]:
+                 autocast=nullcontext, phase=lambda name: nullcontext(),
+                 sync_once: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole step, gradients zeroed first. Returns (mean loss, grad norm) as tensors; the gradients stay.
-        `phase(name)` is entered around "forward", "backward", "grad_sync_and_clip" and "optimizer"."""
+        `phase(name)` is entered around "forward", "backward", "grad_sync_and_clip", "optimizer"; sync_once: Run's."""
         self.optimizer.zero_grad(set_to_none=True)
         self.begin(step)
         for i, (x, y) in enumerate(batches):
             with phase("forward"), autocast():
-                loss = self.loss(x, y, i == len(batches) - 1) / len(batches)  # Lightning's accumulation
+                loss = self.loss(x, y, i == len(batches) - 1 if sync_once else None) / len(batches)  # Lightning's accumulation
             with phase("backward"):
                 loss.backward()
         with phase("grad_sync_and_clip"):
