@@ -134,6 +134,7 @@ def read_shard(path, mmap: bool = True) -> np.ndarray:
 
 CHECK_CHUNK = 1 << 22  # tokens (8 MB) mapped at a time while checking a shard
 _checked_shards: set = set()  # (file identity, id limit) of the shards checked in this process
+MAX_IDS = "shard_max.json"  # beside the shards: {file name: [size, mtime_ns, largest id]}
 
 
 def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
@@ -147,9 +148,6 @@ def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
     if recorded_max(path, st) >= limit:
         check_token_ids(read_shard(path), vocab_size, path)  # finds and names the first bad id
     _checked_shards.add(key)
-
-
-MAX_IDS = "shard_max.json"  # beside the shards: {file name: [size, mtime_ns, largest id]}
 
 
 def recorded_max(path: str, st: os.stat_result) -> int:

@@ -95,7 +95,6 @@ class LogWriteCheck(Callback):
         def fail() -> None:
             if errors := [lg.write_error for lg in trainer.loggers if getattr(lg, "write_error", None) is not None]:
                 raise errors[0]
-
         if sums[0]:
             one_does(fail)  # rank 0's error on every rank (gpt_tp.collective)
 
