@@ -96,8 +96,8 @@ def test_shipped_configs_simulate(config, world, layout, simulated_auto):
     assert held == (strat["data_parallel_size"] > 1 and cfg["trainer"]["accumulate_grad_batches"] > 1)
     for i in (0, 2) if held else (0, 1, 2):  # parameters, gradients, optimizer state
         assert rows["simulated"][i] == pytest.approx(rows["planner"][i], abs=0.011)
-    if held:  # the tracker's activations hold them: gradients and activations together, as the planner's
-        assert rows["simulated"][1] + rows["simulated"][3] == pytest.approx(rows["planner"][1] + rows["planner"][3], rel=0.01)
+    if held:  # the tracker counts them among the activations or temporaries (the peak's total, below, holds them)
+        assert rows["simulated"][1] == 0 and rows["planner"][1] > rows["planner"][0]
     assert rows["simulated"][5] == pytest.approx(rows["planner"][5], rel=0.01), proc.stdout
     assert "note: torch.compile skipped" in proc.stdout
     model, data = cfg["model"]["model"], cfg["data"]
