@@ -215,7 +215,7 @@ class FailFast(Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self.on_train_end()
-        if any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
+        if not isinstance(exception, UserError) and any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
             first = str(exception).strip().splitlines()[0][:300]
             _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: "
                       f"{_dead_ranks(trainer) or 'another rank died or hung'} ({type(exception).__name__}: {first}). "
