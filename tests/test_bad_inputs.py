@@ -108,6 +108,12 @@ FLAGS = {
                                  "HellaSwagCallback every_n_steps=-1 must be >= 0"),
     "hellaswag-batch-0": (["--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback", "--trainer.callbacks.batch_size", "0"],
                           "HellaSwagCallback batch_size=0 and pad_to=32 must be >= 1"),
+    "hellaswag-missing-file": (["--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback", "--trainer.callbacks.path",
+                                "no/such/hellaswag_val.jsonl"],
+                               "no/such/hellaswag_val.jsonl not found: fetch it where there is internet (python -m "
+                               "gpt_tp.eval.hellaswag_data writes data/hellaswag/hellaswag_val.jsonl) and copy it here"),
+    "matmul-precision": (["--model.float32_matmul_precision", "tf32"],
+                         "model.float32_matmul_precision=tf32: use highest, high (TF32 on CUDA) or medium"),
     "sampler-every-negative": (["--trainer.callbacks", "gpt_tp.infer.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "-2"],
                                "TextSampleCallback every_n_steps=-2 must be >= 0"),
 }

@@ -262,8 +262,9 @@ def test_recover_interrupted_saves(tmp_path):
     assert (tmp_path / "b.ckpt" / "meta.pt").read_text() == "b.ckpt"
 
 
-def test_bad_checkpoint_folders(straight, tmp_path):
-    _, _, saved = straight
+def test_bad_checkpoint_folders(ckpt, tmp_path):
+    """conftest's one-process checkpoint (a shard file __0_0.distcp) with a part missing or corrupt."""
+    saved, _ = ckpt
     with pytest.raises(CheckpointError, match="does not exist"):
         check_checkpoint(tmp_path / "nope")
     (tmp_path / "file.ckpt").write_bytes(b"x")
@@ -271,8 +272,8 @@ def test_bad_checkpoint_folders(straight, tmp_path):
         check_checkpoint(tmp_path / "file.ckpt")
     broken = tmp_path / "broken"
     shutil.copytree(saved, broken)
-    (broken / "__1_0.distcp").unlink()
-    with pytest.raises(CheckpointError, match=r"missing shard files __1_0.distcp"):
+    (broken / "__0_0.distcp").unlink()
+    with pytest.raises(CheckpointError, match=r"missing shard files __0_0.distcp"):
         check_checkpoint(broken)
     (broken / "meta.pt").unlink()
     with pytest.raises(CheckpointError, match="meta.pt missing"):

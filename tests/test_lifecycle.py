@@ -24,6 +24,7 @@ from test_bad_inputs import CPU, ONE_DEVICE, cli_main, snapshot
 
 from gpt_tp.cli import checks
 from gpt_tp.cli.main import GPTCLI
+from gpt_tp.errors import UserError
 
 
 def checkpointing(dirpath: Path, *, every: int = 3) -> str:
@@ -234,6 +235,30 @@ def test_stray_torchrun_variables(user_run, monkeypatch):
     assert line == (f"error: nothing answers the rendezvous at 127.0.0.1:{port} after 1 s: this shell holds torchrun's "
                     f"variables ({names}), left by an earlier job? `unset {names}` and run again, or start the run "
                     "under torchrun")
+
+
+def test_lightning_launcher_on_a_node_started_first_does_not_probe(monkeypatch):
+    """Lightning's launcher without Slurm or torchrun: node 1's processes hold LOCAL_RANK, NODE_RANK, WORLD_SIZE and
+    MASTER_* but no RANK; with node 0 not yet up they go on to the process group (which waits for it) rather than
+    blame torchrun's variables. A shell that holds RANK is still asked (test_stray_torchrun_variables)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.environments import LightningEnvironment
+
+    with socket.socket() as s:  # node 0's port, where nothing listens yet
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(checks, "RENDEZVOUS_TIMEOUT_S", 1.0)
+    monkeypatch.delenv("RANK", raising=False)
+    for k, v in {"LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(cluster_environment=LightningEnvironment()), num_devices=2,
+                              num_nodes=2)
+    checks.check_launch(trainer)  # returns: no UserError naming torchrun's variables
+    monkeypatch.setenv("RANK", "3")  # the same shell with torchrun's RANK: asked, and refused
+    with pytest.raises(UserError, match="nothing answers the rendezvous"):
+        checks.check_launch(trainer)
 
 
 def test_callback_list_that_replaced_the_checkpoint(user_run, tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from gpt_tp.model import GPT, GPTConfig, config_from_hf, from_hf_state_dict, hf_config_dict, load_hf_dir, qkv_from_per_head, qkv_to_per_head, to_hf_state_dict
+from gpt_tp.model import GPT, GPTConfig, from_hf_state_dict, hf_config_dict, load_hf_dir, qkv_from_per_head, qkv_to_per_head, to_hf_state_dict
 
 
 
@@ -157,8 +157,9 @@ def test_hugging_face_bad_directories(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="expected a GPT-2 checkpoint.*llama"):
         load_hf_dir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "activation_function": "relu"}))
     with pytest.raises(ValueError, match="activation_function 'relu'"):
-        config_from_hf({"model_type": "gpt2", "activation_function": "relu"})
+        load_hf_dir(tmp_path)
 
 
 def test_sequence_longer_than_block_size_is_refused():

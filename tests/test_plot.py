@@ -110,9 +110,9 @@ def test_help_names_the_default_output(capsys):
     assert e.value.code == 0 and "run.png in the current directory" in " ".join(capsys.readouterr().out.split())
 
 
-def test_bad_flag_is_one_error_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.train.plot", str(tmp_path), "--no-such-flag"], cwd=ROOT,
-                          capture_output=True, text=True)
+def test_bad_flag_is_one_error_line(tmp_path, command_here):
+    """In this process as its __main__ runs it (test_missing_or_empty_csv_fails_clearly runs `python -m`)."""
+    proc = command_here(lambda: main([str(tmp_path), "--no-such-flag"]))
     assert one_error_line(proc) == "error: unrecognized arguments: --no-such-flag (see python -m gpt_tp.train.plot --help)"
 
 

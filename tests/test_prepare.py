@@ -26,6 +26,7 @@ from gpt_tp.data.shards import read_shard, write_shard  # noqa: E402
 from gpt_tp.errors import DataError  # noqa: E402
 from gpt_tp.data.tokenizer import get_encoding  # noqa: E402
 from gpt_tp.train.datamodule import GPTDataModule  # noqa: E402
+from scripts.build_sample import main as build_sample_main  # noqa: E402
 
 
 def documents(n=120):
@@ -207,10 +208,11 @@ def test_prepared_shards_feed_the_data_module(tmp_path, reference):
     assert x.shape == (2, 32) and int(x[0, 0]) == int(read_shard(next((d / "nanogpt").glob("*_train_000001.npy")))[0])
 
 
-def test_bundled_sample_is_reproducible(tmp_path):
+def test_bundled_sample_is_reproducible(tmp_path, command_here):
     """scripts/build_sample.py on the opening of Hamlet gives the same tokens as the bundled sample's Hamlet
     document, with the sample's settings (the whole sample is 42 such documents; the full rebuild needs the 42
-    plays, see data/sample/README.md)."""
+    plays, see data/sample/README.md). The build runs as `python scripts/build_sample.py`; its refusal of an empty
+    corpus in this process, as the script's __main__ runs it."""
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "hamlet_gut.txt").write_text((CORPUS / "hamlet_gut.txt").read_text())
     r = subprocess.run([sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "corpus"), "--out",
@@ -230,25 +232,24 @@ def test_bundled_sample_is_reproducible(tmp_path):
     assert ours.pop("local") == [["hamlet_gut.txt", len((CORPUS / "hamlet_gut.txt").read_bytes())]]
     assert ours == {k: v for k, v in record["settings"].items() if k != "local"}  # shard size, prefix, encoding
     (tmp_path / "empty").mkdir()
-    proc = subprocess.run([sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "empty"), "--out",
-                           str(tmp_path / "out2")], cwd=REPO, capture_output=True, text=True)
+    proc = command_here(lambda: build_sample_main(["--corpus", str(tmp_path / "empty"), "--out", str(tmp_path / "out2")]))
     assert re.fullmatch(r"error: --corpus .*empty: no .txt files.*", one_error_line(proc)), proc.stderr
 
 
-def test_build_sample_keeps_a_built_sample_without_overwrite(tmp_path):
-    """One play into a folder holding the bundled sample: one line, every file unchanged; --overwrite replaces."""
+def test_build_sample_keeps_a_built_sample_without_overwrite(tmp_path, command_here):
+    """One play into a folder holding the bundled sample: one line, every file unchanged; --overwrite replaces (in
+    this process, as the script's __main__ runs it)."""
     out = tmp_path / "sample"
     shutil.copytree(REPO / "data" / "sample", out)
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "hamlet_gut.txt").write_text((CORPUS / "hamlet_gut.txt").read_text())
-    build = [sys.executable, "scripts/build_sample.py", "--corpus", str(tmp_path / "corpus"), "--out", str(out),
-             "--quiet"]
-    proc = subprocess.run(build, cwd=REPO, capture_output=True, text=True)
+    build = ["--corpus", str(tmp_path / "corpus"), "--out", str(out), "--quiet"]
+    proc = command_here(lambda: build_sample_main(build))
     assert one_error_line(proc) == (f"error: --out {out} already holds a built sample (17 shakespeare_* files): pass "
                                     "--overwrite to replace them, or give an empty --out")
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
-    proc = subprocess.run([*build, "--overwrite"], cwd=REPO, capture_output=True, text=True)
+    proc = command_here(lambda: build_sample_main([*build, "--overwrite"]))
     assert proc.returncode == 0, proc.stderr
     assert sorted(f.name for f in out.glob("shakespeare_*")) == ["shakespeare_prepare.json",
                                                               "shakespeare_val_000000.npy"]
@@ -258,9 +259,11 @@ def test_build_sample_keeps_a_built_sample_without_overwrite(tmp_path):
     ("python -m gpt_tp.data.prepare", "--shard-size=lots", "argument --shard-size: not an integer: 'lots'"),
     ("python scripts/build_sample.py", "--shard-size=lots", "argument --shard-size: invalid int value: 'lots'"),
 ])
-def test_bad_flag_is_one_error_line(command, flag, message):
-    args = [sys.executable, *command.split()[1:], flag, *(["--corpus", "x"] if "sample" in command else [])]
-    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+def test_bad_flag_is_one_error_line(command, flag, message, command_here):
+    """In this process, as each command's __main__ runs it (test_cli_help_and_run, test_ctrl_c_is_one_line and
+    test_bundled_sample_is_reproducible run the commands as processes of their own)."""
+    main = build_sample_main if "sample" in command else prep.main
+    proc = command_here(lambda: main([flag, *(["--corpus", "x"] if "sample" in command else [])]))
     assert one_error_line(proc) == f"error: {message} (see {command} --help)"
 
 

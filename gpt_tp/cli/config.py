@@ -263,7 +263,7 @@ def plan_layout(cfg, fit: bool) -> None:
     print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)", file=sys.stderr)
 
 
-def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int, cuda: bool) -> Run:
+def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int) -> Run:
     """The Run of a subcommand's parsed arguments: the same checks and lines for a launch and for --simulate."""
     fit = subcommand == "fit"
     dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))
@@ -272,10 +272,10 @@ def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int, cu
     source = (f"model.init_from={model.init_from}" if model.init_from is not None
               else f"model.model={model.model}" if isinstance(model.model, str) else None)
     return resolve_run(config, dp, tp, str(cfg.trainer.precision), model.activation_checkpointing, model.compile,
-                       model.async_tp, seq_len, cfg.data.batch_size if fit else None,
+                       seq_len, cfg.data.batch_size if fit else None,
                        1 if (acc := cfg.trainer.accumulate_grad_batches) is None else acc,
                        model.total_batch_size if fit else None,
-                       world_size=devices * nodes, devices_per_node=devices, cuda=cuda,
+                       world_size=devices * nodes, devices_per_node=devices,
                        flags=layout_flags(dp, tp, devices, nodes, seq_len, config, source))
 
 

@@ -6,7 +6,6 @@ import sys
 import warnings
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -40,7 +39,7 @@ class GPTCLI(TrainingCLI):
     def _simulate(self, cfg) -> None:
         """--simulate: the launch's checks, then one rank of the world in this process; exit 0, or 2 if it won't fit."""
         devices, nodes = counted_devices(cfg, "simulate")
-        run = run_of(cfg, "fit", built_config(cfg.model.model, cfg.model.init_from), devices, nodes, cuda=False)
+        run = run_of(cfg, "fit", built_config(cfg.model.model, cfg.model.init_from), devices, nodes)
         if not 0 <= cfg.simulate_rank < run.world:
             raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{run.world - 1}")
         m = cfg.model  # GPTModule's optimizer and schedule (max_steps: linked to trainer.max_steps), checked
@@ -84,8 +83,7 @@ class GPTCLI(TrainingCLI):
         cfg, trainer, fit = self.config[self.subcommand], self.trainer, self.subcommand == "fit"
         checks.set_threads(trainer)
         checks.check_launch(trainer)
-        self.model.use_run(run_of(cfg, self.subcommand, self.model.config, trainer.num_devices, trainer.num_nodes,
-                                  isinstance(trainer.accelerator, CUDAAccelerator)))
+        self.model.use_run(run_of(cfg, self.subcommand, self.model.config, trainer.num_devices, trainer.num_nodes))
         ckpt, folders = cfg.get("ckpt_path"), checks.checkpoint_folders(trainer)
         checks.recover_saves(folders, ckpt)
         checks.check_ckpt_path(ckpt)

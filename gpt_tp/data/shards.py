@@ -2,6 +2,7 @@
 
 import copy
 import errno
+import json
 import os
 import re
 import tempfile
@@ -136,16 +137,40 @@ _checked_shards: set = set()  # (file identity, id limit) of the shards checked 
 
 
 def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
-    """``check_token_ids`` over the whole shard ``path``, once per process for each version of the file."""
+    """``check_token_ids`` over the whole shard ``path``, once per process for each version of the file (its largest
+    id read once for every process and start: ``recorded_max``)."""
     path = os.fspath(path)
     st = os.stat(path)
     limit = min(GPT2_VOCAB, int(vocab_size))
     key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, limit)
     if key in _checked_shards:
         return
-    if shard_max(path) >= limit:
+    if recorded_max(path, st) >= limit:
         check_token_ids(read_shard(path), vocab_size, path)  # finds and names the first bad id
     _checked_shards.add(key)
+
+
+MAX_IDS = "shard_max.json"  # beside the shards: {file name: [size, mtime_ns, largest id]} (recorded_max)
+
+
+def recorded_max(path: str, st: os.stat_result) -> int:
+    """Shard ``path``'s largest id: as MAX_IDS records it for this size and mtime, else read (``shard_max``) and
+    recorded there; in a folder that cannot be written, read at every start."""
+    record, name, seen = os.path.join(os.path.dirname(path), MAX_IDS), os.path.basename(path), {}
+    try:
+        with open(record, encoding="utf-8") as f:
+            seen = dict(json.load(f))
+        if seen[name][:2] == [st.st_size, st.st_mtime_ns]:
+            return int(seen[name][2])
+    except (OSError, ValueError, TypeError, LookupError):
+        pass  # no record yet, an unreadable one, or another version of the shard: read it
+    seen[name] = [st.st_size, st.st_mtime_ns, hi := shard_max(path)]
+    try:  # a unique temporary name: every rank may record at once, each a whole file
+        with atomic_file(record, unique=True) as f:
+            f.write(json.dumps(seen).encode())
+    except OSError:
+        pass
+    return hi
 
 
 def shard_max(path) -> int:

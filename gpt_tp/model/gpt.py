@@ -85,6 +85,9 @@ SIZES = {
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=128),
 }
 
+# a block's matrices: Hugging Face stores them transposed (Conv1D), --model.optimizer Muon updates them
+BLOCK_MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
