@@ -217,20 +217,16 @@ class FailFast(Callback):
         self.on_train_end()
         if not isinstance(exception, UserError) and any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
             first = str(exception).strip().splitlines()[0][:300]
+            # the ranks this process started (Lightning's launcher) that ended, given 2 s for the kernel to report the
+            # one whose closed connection failed the collective: `rank 1 died (killed by SIGKILL)`
+            procs, end = getattr(trainer.strategy.launcher, "procs", None) or [], time.monotonic() + 2
+            while procs and all(p.poll() is None for p in procs) and time.monotonic() < end:
+                time.sleep(0.05)
+            dead = "; ".join(f"rank {r} died ({f'killed by {signal.Signals(-c).name}' if c < 0 else f'exit code {c}'})"
+                             for r, p in enumerate(procs, trainer.global_rank + 1) if (c := p.poll()) is not None)
             _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: "
-                      f"{_dead_ranks(trainer) or 'another rank died or hung'} ({type(exception).__name__}: {first}). "
-                      f"Exiting with code {self.exit_code}; see the other ranks' logs, then resume from the latest "
-                      "checkpoint.", self.exit_code)
-
-
-def _dead_ranks(trainer) -> str:
-    """`rank 1 died (killed by SIGKILL)` for each rank this process started (Lightning's launcher) that ended, given
-    2 s for the kernel to report the one whose closed connection failed the collective; '' for none."""
-    procs, end = getattr(trainer.strategy.launcher, "procs", None) or [], time.monotonic() + 2
-    while procs and all(p.poll() is None for p in procs) and time.monotonic() < end:
-        time.sleep(0.05)
-    return "; ".join(f"rank {r} died ({f'killed by {signal.Signals(-c).name}' if c < 0 else f'exit code {c}'})"
-                     for r, p in enumerate(procs, trainer.global_rank + 1) if (c := p.poll()) is not None)
+                      f"{dead or 'another rank died or hung'} ({type(exception).__name__}: {first}). Exiting with code "
+                      f"{self.exit_code}; see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:
