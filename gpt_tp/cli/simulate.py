@@ -117,7 +117,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
                         tracker.reset_mod_stats()  # the tracker's peak stays; its per-module stats restart
                     return nullcontext()
 
-                train_step([(x, x)] * micro_batches, 0, 1.0, autocast, phase)
+                train_step([(x, x)] * micro_batches, 0, 1.0, autocast, phase, run.sync_once)
                 train_step.optimizer.zero_grad()
 
             labels = {dist.group.WORLD.group_name: "world"}
@@ -134,7 +134,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
     m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing,
-                          optimizer=optimizer.kind)
+                          optimizer.kind, run.accumulate if run.sync_once else 1)
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"] = sum(planned.values())
     if tp > 1 and config.vocab_size % tp == 0:

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -60,7 +59,7 @@ class Preemption(Callback):
         self.dirpath, self.requeue = dirpath, requeue
         self.requested, self.terminated = False, 0  # signal_name arrived; the stop signal that arrived (0: none)
         self._previous: dict = {}  # signal -> the handler ours replaced
-        self._last_step = None
+        self._last_step, self._sums = None, None  # sums: every rank's step_flags, summed
         self._leave_after: str | None = None  # once saved: the stop signal's name, or the Slurm job to requeue
 
     def _on_signal(self, signum, frame) -> None:  # only a flag: no I/O, no collectives inside a signal handler
@@ -99,12 +98,17 @@ class Preemption(Callback):
                 signal.signal(signum, previous)
         self._previous = {}
 
+    def step_flags(self, trainer) -> list[float]:
+        return [self.requested, *(self.terminated == s for s in STOPS)]
+
+    def flags_summed(self, trainer, sums: list[float]) -> None:
+        self._sums = sums  # every rank's, summed in GPTModule's step (on_before_optimizer_step), which Preemption needs
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self._last_step:  # inside gradient accumulation: not a step boundary
             return
-        self._last_step = trainer.global_step
-        flags = torch.tensor([self.requested, self.terminated], dtype=torch.int32, device=trainer.strategy.root_device)
-        requested, terminated = trainer.strategy.reduce(flags, reduce_op="max").tolist()
+        self._last_step, sums, self._sums = trainer.global_step, self._sums or [0] * 3, None
+        requested, terminated = sums[0] > 0, next((s for s, n in zip(STOPS, sums[1:]) if n > 0), 0)  # SIGTERM's first
         if not (requested or terminated):
             return
         name, step = signal.Signals(terminated).name if terminated else self.signum.name, trainer.global_step

@@ -6,7 +6,7 @@ import json
 import os
 import re
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -137,8 +137,7 @@ _checked_shards: set = set()  # (file identity, id limit) of the shards checked 
 
 
 def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
-    """``check_token_ids`` over the whole shard ``path``, once per process for each version of the file (its largest
-    id read once for every process and start: ``recorded_max``)."""
+    """``check_token_ids`` over the whole shard ``path``, once per process for each version of the file (recorded_max)."""
     path = os.fspath(path)
     st = os.stat(path)
     limit = min(GPT2_VOCAB, int(vocab_size))
@@ -150,26 +149,20 @@ def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
     _checked_shards.add(key)
 
 
-MAX_IDS = "shard_max.json"  # beside the shards: {file name: [size, mtime_ns, largest id]} (recorded_max)
+MAX_IDS = "shard_max.json"  # beside the shards: {file name: [size, mtime_ns, largest id]}
 
 
 def recorded_max(path: str, st: os.stat_result) -> int:
-    """Shard ``path``'s largest id: as MAX_IDS records it for this size and mtime, else read (``shard_max``) and
-    recorded there; in a folder that cannot be written, read at every start."""
+    """Shard ``path``'s largest id as MAX_IDS records it for this size and mtime, else read and recorded (in a folder
+    that cannot be written: read at every start)."""
     record, name, seen = os.path.join(os.path.dirname(path), MAX_IDS), os.path.basename(path), {}
-    try:
-        with open(record, encoding="utf-8") as f:
-            seen = dict(json.load(f))
-        if seen[name][:2] == [st.st_size, st.st_mtime_ns]:
-            return int(seen[name][2])
-    except (OSError, ValueError, TypeError, LookupError):
-        pass  # no record yet, an unreadable one, or another version of the shard: read it
+    with suppress(OSError, ValueError, TypeError):  # no record yet, or an unreadable one
+        seen = dict(json.loads(Path(record).read_text(encoding="utf-8")))
+    if isinstance(entry := seen.get(name), list) and entry[:2] == [st.st_size, st.st_mtime_ns]:
+        return int(entry[-1])
     seen[name] = [st.st_size, st.st_mtime_ns, hi := shard_max(path)]
-    try:  # a unique temporary name: every rank may record at once, each a whole file
-        with atomic_file(record, unique=True) as f:
-            f.write(json.dumps(seen).encode())
-    except OSError:
-        pass
+    with suppress(OSError), atomic_file(record, unique=True) as f:  # ranks may record at once: each a whole file
+        f.write(json.dumps(seen).encode())
     return hi
 
 

@@ -10,7 +10,7 @@ from gpt_tp.model import BLOCK_MATRICES, GPTConfig
 # activations, log-softmax, the autocast weight copies kept for backward): the one list of precisions gpt_tp sizes
 PRECISIONS = {
     "32-true": (4, 4, 4, 4, 0), "32": (4, 4, 4, 4, 0),
-    "bf16-mixed": (4, 4, 2, 4, 2), "16-mixed": (4, 4, 2, 4, 2),
+    "bf16-mixed": (4, 2, 2, 4, 2), "16-mixed": (4, 4, 2, 4, 2),  # bf16-mixed: a bf16 residual stream (GPT.forward)
     "bf16-true": (2, 2, 2, 2, 0), "16-true": (2, 2, 2, 2, 0),
 }
 

@@ -135,7 +135,7 @@ class GPTModule(L.LightningModule):
                                    x.shape[1], x.shape[0], run.accumulate, run.total_batch_size)
         # Lightning's accumulation rule (its batch_idx restored on resume): the last micro-batch syncs the gradients
         self._last_micro_batch = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
-        return self.step_fn.loss(x, y)
+        return self.step_fn.loss(x, y, self._last_micro_batch if self.run.sync_once else None)
 
     # the coming step's lr and settings are set before Lightning's callbacks read them (on_train_batch_start)
     def on_train_start(self) -> None:
@@ -151,8 +151,11 @@ class GPTModule(L.LightningModule):
             self.step_fn.sync()
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        dp, group = (layout := layout_of(self.trainer, self)).dp, layout.dp_group
-        loss, norm = self.step_fn.check(self.global_step, self.trainer.accumulate_grad_batches, dp, group)
+        shares = [(cb, cb.step_flags(self.trainer)) for cb in self.trainer.callbacks if hasattr(cb, "step_flags")]
+        loss, norm, sums = self.step_fn.check(self.global_step, self.trainer.accumulate_grad_batches,
+                                              [f for _, flags in shares for f in flags])
+        for cb, flags in shares:
+            cb.flags_summed(self.trainer, [sums.pop(0) for _ in flags])
         self.log_dict({"train/loss": loss, "train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": norm},
                       on_step=True, on_epoch=False, rank_zero_only=True)
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)

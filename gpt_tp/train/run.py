@@ -2,11 +2,13 @@
 is built (GPTModule.use_run), or by a script's GPTModule from its Trainer at setup."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
+from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.model import GPTConfig
 from gpt_tp.parallel.apply import check_ac_mode, check_compiled_ac
 from gpt_tp.ranks import Layout
-from gpt_tp.sizing import LayoutError, check_run
+from gpt_tp.sizing import PRECISIONS, LayoutError, check_run, memory_per_device
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,13 @@ class Run:
     dp = property(lambda self: self.layout.dp)
     tp = property(lambda self: self.layout.tp)
     world = property(lambda self: self.layout.world)
+
+    @cached_property
+    def sync_once(self) -> bool:
+        """FSDP2 reduce-scatters once per optimizer step where the planner says the unsharded gradients fit."""
+        return self.batch_size is not None and self.precision in PRECISIONS and memory_per_device(
+            self.model, self.dp, self.tp, self.batch_size, self.seq_len, self.precision, ac=self.activation_checkpointing,
+            accumulate=self.accumulate, device_memory_gib=detect_device_memory_gib()).sync_once
 
 
 def resolve_run(model: GPTConfig, dp: int, tp: int, precision: str = "32-true", activation_checkpointing: str = "none",
