@@ -194,3 +194,37 @@ def lightning_fits(tmp_path, nproc: int, runs: dict[str, tuple[str, ...]]) -> di
     else:
         run_torchrun("lightning_fit.py", nproc, *argv)
     return {name: (read_json(tmp_path / f"{name}.json"), torch.load(tmp_path / f"{name}.pt")) for name in runs}
+
+
+# tests/workers/muon_parity.py's runs and parity.py's (`--worker parity`: the same module, so its runs of one layout
+# share one mesh, as muon_parity's do), those of one group in one launch on its number of processes, made the first
+# time a test asks for one of them (each run seeds and builds afresh): the quick group is `-m "not slow"`'s
+PARITY = ("--worker", "parity")
+PARITY_LAUNCHES = {
+    "quick": (2, {"muon_tp2_bf16": ("--dp", "1"), "tp2": (*PARITY, "--dp", "1")}),
+    "slow2": (2, {**{plan: (*PARITY, "--plan", f"benchmarks.plans:{plan}", "--skip-naive")
+                     for plan in ("overlap3", "ordered", "dtensor", "torch_recipe")},
+                  "muon_tp2_fp32": ("--dp", "1", "--fp32"), "muon_dp2xtp1_bf16": ("--dp", "2"),
+                  "muon_dp2xtp1_fp32": ("--dp", "2", "--fp32")}),
+    "slow4": (4, {"overlap2": (*PARITY, "--dp", "2", "--plan", "benchmarks.plans:overlap2", "--skip-naive"),
+                  "muon_dp2xtp2_bf16": ("--dp", "2"), "muon_dp2xtp2_fp32": ("--dp", "2", "--fp32"),
+                  "TP_PLAN": (*PARITY, "--dp", "2")}),  # last: its naive recipe ends in errors by design
+}
+
+
+@pytest.fixture(scope="session")
+def parity_runs(tmp_path_factory):
+    """parity_runs(group, name): each rank's JSON result of PARITY_LAUNCHES[group]'s run `name`."""
+    done = {}
+
+    def get(group: str, name: str) -> list[dict]:
+        nproc, runs = PARITY_LAUNCHES[group]
+        if group not in done:
+            tmp, argv = tmp_path_factory.mktemp(f"parity_{group}"), []
+            for run_name, args in runs.items():
+                argv += [*(["--then"] if argv else []), *args, "--out", str(tmp / run_name)]
+            run_torchrun("muon_parity.py", nproc, *argv)
+            done[group] = {n: [read_json(tmp / f"{n}.{rank}.json") for rank in range(nproc)] for n in runs}
+        return done[group][name]
+
+    return get

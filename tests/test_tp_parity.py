@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import lightning_fits, read_json, run_torchrun
+from conftest import lightning_fits
 
 TINY_LAYERS = 2
 
@@ -39,39 +39,10 @@ NAIVE_ERRORS = {
 }
 
 
-# The slow runs of tests/workers/parity.py, those of one world size in one launch (each seeds and builds afresh):
-# the plan variants below, and DP=2 x TP=2 with TP_PLAN (its naive recipe last: it ends in errors by design).
-PARITY_RUNS = {
-    2: {plan: ("--plan", f"benchmarks.plans:{plan}", "--skip-naive") for plan in ("overlap3", "ordered", "dtensor", "torch_recipe")},
-    4: {"overlap2": ("--dp", "2", "--plan", "benchmarks.plans:overlap2", "--skip-naive"), "TP_PLAN": ("--dp", "2")},
-}
-
-
-@pytest.fixture(scope="module")
-def parity_runs(tmp_path_factory):
-    """nproc -> {run name: each rank's parity.py result} for PARITY_RUNS[nproc], launched on first use."""
-    done = {}
-
-    def get(nproc: int) -> dict[str, list[dict]]:
-        if nproc not in done:
-            tmp = tmp_path_factory.mktemp(f"parity{nproc}")
-            argv = []
-            for name, args in PARITY_RUNS[nproc].items():
-                argv += [*(["--then"] if argv else []), *args, "--out", str(tmp / name)]
-            run_torchrun("parity.py", nproc, *argv)
-            done[nproc] = {name: [read_json(tmp / f"{name}.{rank}.json") for rank in range(nproc)] for name in PARITY_RUNS[nproc]}
-        return done[nproc]
-
-    return get
-
-
 @pytest.mark.parametrize("dp,nproc", [(1, 2), pytest.param(2, 4, marks=pytest.mark.slow)], ids=["tp2", "dp2xtp2"])
-def test_tp_matches_single_device(tmp_path, parity_runs, dp, nproc):
-    if dp == 1:  # the quick test of `-m "not slow"`: a launch of its own
-        run_torchrun("parity.py", nproc, "--dp", str(dp), "--out", str(tmp_path / "r"))
-        results = [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
-    else:
-        results = parity_runs(nproc)["TP_PLAN"]
+def test_tp_matches_single_device(parity_runs, dp, nproc):
+    # conftest's PARITY_LAUNCHES: the quick test of `-m "not slow"` shares its launch with test_muon's
+    results = parity_runs("quick", "tp2") if dp == 1 else parity_runs("slow4", "TP_PLAN")
     for res in results:
         check_parity(res)
         assert res["tp_collectives_forward"] == tp_collectives(TINY_LAYERS)["forward"]
@@ -107,7 +78,7 @@ def test_plan_variants_match_single_device(parity_runs, plan, chunks, dp, nproc)
     takes): the MLP in k chunks with its collectives overlapped, gpt_tp's layout in (B, T) order, torch's DTensor
     styles and its recipe: the same tolerances against the single device as TP_PLAN. The chunked MLP really splits
     its collectives: k all-gathers and k reduce-scatters per MLP each way."""
-    results = parity_runs(nproc)[plan]  # PARITY_RUNS[nproc][plan]: --dp dp --plan benchmarks.plans:<plan>
+    results = parity_runs(f"slow{nproc}", plan)  # conftest's PARITY_LAUNCHES: --dp dp --plan benchmarks.plans:<plan>
     for res in results:
         check_parity(res)
         if plan.startswith(("overlap", "ordered")):
