@@ -53,16 +53,6 @@ def run_python(script: str, *args: str, timeout: int = 600) -> subprocess.Comple
     return proc
 
 
-def lightning_fit(tmp_path, name: str, nproc: int = 1, *args: str) -> tuple[dict, dict]:
-    """tests/workers/lightning_fit.py on nproc processes (1: plain python): its JSON record and saved parameters."""
-    out = str(tmp_path / name)
-    if nproc == 1:
-        run_python("lightning_fit.py", "--out", out, *args)
-    else:
-        run_torchrun("lightning_fit.py", nproc, "--out", out, *args)
-    return read_json(out + ".json"), torch.load(out + ".pt")
-
-
 def one_error_line(proc) -> str:
     """A user's mistake: exit code 2, no traceback anywhere in the output, exactly one `error:` line; returns it."""
     out = proc.stdout + proc.stderr
@@ -226,5 +216,37 @@ def parity_runs(tmp_path_factory):
             run_torchrun("muon_parity.py", nproc, *argv)
             done[group] = {n: [read_json(tmp / f"{n}.{rank}.json") for rank in range(nproc)] for n in runs}
         return done[group][name]
+
+    return get
+
+
+# tests/workers/lightning_fit.py's runs of test_tp_parity.py, test_ac.py and test_ddp.py, those of one world size in one
+# launch, made the first time a test asks for one of them (each its own Trainer, seed and model); a run two files
+# compare against (`single`, `tp2`) is made once; eager runs before compiled ones. `*_g`: 2 steps with the
+# gradient-reading callback.
+GRADS, XL = ("--steps", "2", "--grads"), ("--dp", "2", "--compile", "--precision", "bf16-mixed")
+LIGHTNING_LAUNCHES = {
+    1: {"single": (), "single_g": GRADS},
+    2: {"ddp": ("--dp", "2", "--strategy", "ddp"), "mp_dp2": ("--dp", "2"), "tp2": ("--tp", "2"),
+        "ac_full": ("--tp", "2", "--ac", "full"), "tp2m": ("--tp", "2", "--init-module", "--precision", "bf16-mixed"),
+        "tp2_g": (*GRADS, "--tp", "2"), "tp2c": ("--tp", "2", "--compile"),
+        "ac_selc": ("--tp", "2", "--ac", "selective", "--compile"), "xl": XL, "xl_sel": (*XL, "--ac", "selective")},
+    4: {"fsdp": ("--tp", "2", "--dp", "2"), "fsdp_sel": ("--tp", "2", "--dp", "2", "--ac", "selective"),
+        "dp2tp2m": ("--tp", "2", "--dp", "2", "--meta"), "dp2tp2b": ("--tp", "2", "--dp", "2", "--precision", "bf16-mixed"),
+        "dp2tp2_g": (*GRADS, "--tp", "2", "--dp", "2")},
+}
+
+
+@pytest.fixture(scope="session")
+def lightning_runs(tmp_path_factory):
+    """lightning_runs(nproc) -> (LIGHTNING_LAUNCHES[nproc]'s runs by name: its JSON record and saved parameters, the
+    folder holding their files)."""
+    done = {}
+
+    def get(nproc: int) -> tuple[dict[str, tuple[dict, dict]], Path]:
+        if nproc not in done:
+            tmp = tmp_path_factory.mktemp(f"lightning{nproc}")
+            done[nproc] = lightning_fits(tmp, nproc, LIGHTNING_LAUNCHES[nproc]), tmp
+        return done[nproc]
 
     return get
