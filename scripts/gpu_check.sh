@@ -23,10 +23,10 @@ KILL=5      # a stage past its limit gets SIGINT, then SIGKILL this much later
 STAGES="gpu-tests fit resume validate hellaswag bench"
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
-[ -x "$PY" ] || { echo "gpu_check: no $PY: run bash scripts/setup.sh first" >&2; exit 2; }
+[ -x "$PY" ] || { echo "error: gpu_check: no $PY: run bash scripts/setup.sh first" >&2; exit 2; }
 if [ "$DRY" = 1 ]; then NGPU=${NGPU:-1}; else NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())"); fi
 if [ "$NGPU" -lt 1 ]; then
-  echo "gpu_check: torch sees no CUDA GPU; run it on a GPU machine (or --dry-run to see the stages)" >&2
+  echo "error: gpu_check: torch sees no CUDA GPU; run it on a GPU machine (or --dry-run to see the stages)" >&2
   exit 2
 fi
 TP=$((NGPU >= 2 ? 2 : 1))
@@ -35,10 +35,10 @@ TOTAL=$SETUP
 SUM="setup $SETUP"
 for s in $STAGES; do TOTAL=$((TOTAL + LIMITS[$s] + KILL)); SUM="$SUM + $s ${LIMITS[$s]}+$KILL"; done
 echo "gpu_check: $NGPU GPU(s), TP=$TP; limits: $SUM = $TOTAL s of $LIMIT"
-if [ "$TOTAL" -gt "$LIMIT" ]; then echo "gpu_check: the limits add up to $TOTAL s, over $LIMIT" >&2; exit 2; fi
+if [ "$TOTAL" -gt "$LIMIT" ]; then echo "error: gpu_check: the limits add up to $TOTAL s, over $LIMIT" >&2; exit 2; fi
 
 if [ -e "$OUT" ] && [ ! -e "$OUT/.gpu_check" ]; then
-  echo "gpu_check: $OUT exists and is not a gpu_check folder; set OUT to another folder" >&2
+  echo "error: gpu_check: $OUT exists and is not a gpu_check folder; set OUT to another folder" >&2
   exit 2
 fi
 rm -rf "$OUT" && mkdir -p "$OUT" && touch "$OUT/.gpu_check"  # no result of an earlier check is reported

@@ -53,16 +53,6 @@ def run_python(script: str, *args: str, timeout: int = 600) -> subprocess.Comple
     return proc
 
 
-def lightning_fit(tmp_path, name: str, nproc: int = 1, *args: str) -> tuple[dict, dict]:
-    """tests/workers/lightning_fit.py on nproc processes (1: plain python): its JSON record and saved parameters."""
-    out = str(tmp_path / name)
-    if nproc == 1:
-        run_python("lightning_fit.py", "--out", out, *args)
-    else:
-        run_torchrun("lightning_fit.py", nproc, "--out", out, *args)
-    return read_json(out + ".json"), torch.load(out + ".pt")
-
-
 def one_error_line(proc) -> str:
     """A user's mistake: exit code 2, no traceback anywhere in the output, exactly one `error:` line; returns it."""
     out = proc.stdout + proc.stderr
@@ -194,3 +184,69 @@ def lightning_fits(tmp_path, nproc: int, runs: dict[str, tuple[str, ...]]) -> di
     else:
         run_torchrun("lightning_fit.py", nproc, *argv)
     return {name: (read_json(tmp_path / f"{name}.json"), torch.load(tmp_path / f"{name}.pt")) for name in runs}
+
+
+# tests/workers/muon_parity.py's runs and parity.py's (`--worker parity`: the same module, so its runs of one layout
+# share one mesh, as muon_parity's do), those of one group in one launch on its number of processes, made the first
+# time a test asks for one of them (each run seeds and builds afresh): the quick group is `-m "not slow"`'s
+PARITY = ("--worker", "parity")
+PARITY_LAUNCHES = {
+    "quick": (2, {"muon_tp2_bf16": ("--dp", "1"), "tp2": (*PARITY, "--dp", "1")}),
+    "slow2": (2, {**{plan: (*PARITY, "--plan", f"benchmarks.plans:{plan}", "--skip-naive")
+                     for plan in ("overlap3", "ordered", "dtensor", "torch_recipe")},
+                  "muon_tp2_fp32": ("--dp", "1", "--fp32"), "muon_dp2xtp1_bf16": ("--dp", "2"),
+                  "muon_dp2xtp1_fp32": ("--dp", "2", "--fp32")}),
+    "slow4": (4, {"overlap2": (*PARITY, "--dp", "2", "--plan", "benchmarks.plans:overlap2", "--skip-naive"),
+                  "muon_dp2xtp2_bf16": ("--dp", "2"), "muon_dp2xtp2_fp32": ("--dp", "2", "--fp32"),
+                  "TP_PLAN": (*PARITY, "--dp", "2")}),  # last: its naive recipe ends in errors by design
+}
+
+
+@pytest.fixture(scope="session")
+def parity_runs(tmp_path_factory):
+    """parity_runs(group, name): each rank's JSON result of PARITY_LAUNCHES[group]'s run `name`."""
+    done = {}
+
+    def get(group: str, name: str) -> list[dict]:
+        nproc, runs = PARITY_LAUNCHES[group]
+        if group not in done:
+            tmp, argv = tmp_path_factory.mktemp(f"parity_{group}"), []
+            for run_name, args in runs.items():
+                argv += [*(["--then"] if argv else []), *args, "--out", str(tmp / run_name)]
+            run_torchrun("muon_parity.py", nproc, *argv)
+            done[group] = {n: [read_json(tmp / f"{n}.{rank}.json") for rank in range(nproc)] for n in runs}
+        return done[group][name]
+
+    return get
+
+
+# tests/workers/lightning_fit.py's runs of test_tp_parity.py, test_ac.py and test_ddp.py, those of one world size in one
+# launch, made the first time a test asks for one of them (each its own Trainer, seed and model); a run two files
+# compare against (`single`, `tp2`) is made once; eager runs before compiled ones. `*_g`: 2 steps with the
+# gradient-reading callback.
+GRADS, XL = ("--steps", "2", "--grads"), ("--dp", "2", "--compile", "--precision", "bf16-mixed")
+LIGHTNING_LAUNCHES = {
+    1: {"single": (), "single_g": GRADS},
+    2: {"ddp": ("--dp", "2", "--strategy", "ddp"), "mp_dp2": ("--dp", "2"), "tp2": ("--tp", "2"),
+        "ac_full": ("--tp", "2", "--ac", "full"), "tp2m": ("--tp", "2", "--init-module", "--precision", "bf16-mixed"),
+        "tp2_g": (*GRADS, "--tp", "2"), "tp2c": ("--tp", "2", "--compile"),
+        "ac_selc": ("--tp", "2", "--ac", "selective", "--compile"), "xl": XL, "xl_sel": (*XL, "--ac", "selective")},
+    4: {"fsdp": ("--tp", "2", "--dp", "2"), "fsdp_sel": ("--tp", "2", "--dp", "2", "--ac", "selective"),
+        "dp2tp2m": ("--tp", "2", "--dp", "2", "--meta"), "dp2tp2b": ("--tp", "2", "--dp", "2", "--precision", "bf16-mixed"),
+        "dp2tp2_g": (*GRADS, "--tp", "2", "--dp", "2")},
+}
+
+
+@pytest.fixture(scope="session")
+def lightning_runs(tmp_path_factory):
+    """lightning_runs(nproc) -> (LIGHTNING_LAUNCHES[nproc]'s runs by name: its JSON record and saved parameters, the
+    folder holding their files)."""
+    done = {}
+
+    def get(nproc: int) -> tuple[dict[str, tuple[dict, dict]], Path]:
+        if nproc not in done:
+            tmp = tmp_path_factory.mktemp(f"lightning{nproc}")
+            done[nproc] = lightning_fits(tmp, nproc, LIGHTNING_LAUNCHES[nproc]), tmp
+        return done[nproc]
+
+    return get

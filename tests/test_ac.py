@@ -5,7 +5,6 @@ import copy
 
 import pytest
 import torch
-from conftest import lightning_fits
 
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import cross_entropy
@@ -45,21 +44,16 @@ def test_unknown_mode_is_a_user_error():
 
 
 @pytest.mark.slow
-def test_lightning_runs_with_ac_match_without(tmp_path):
+def test_lightning_runs_with_ac_match_without(lightning_runs):
     """Trainer + ModelParallelStrategy, 6 optimizer steps, accumulation 2, clipping, fused AdamW: AC full at TP=2 and
     selective under FSDP2 (DP=2 x TP=2) equal the same layout without AC bit for bit (eager: the same ops in the same
     order); selective with compile at TP=2 within fp32 noise; configs/gpt2-xl-8gpu.yaml's recipe (FSDP2, compile,
     bf16-mixed, selective) against the same without AC within bf16 noise. The runs of one world size share one launch
-    (each its own Trainer and model, tests/workers/lightning_fit.py)."""
-    xl = ("--dp", "2", "--compile", "--precision", "bf16-mixed")
-    two = lightning_fits(tmp_path, 2, {"tp2": ("--tp", "2"), "full": ("--tp", "2", "--ac", "full"),
-                                       "selc": ("--tp", "2", "--ac", "selective", "--compile"),
-                                       "xl": xl, "xl_sel": (*xl, "--ac", "selective")})
-    four = lightning_fits(tmp_path, 4, {"fsdp": ("--tp", "2", "--dp", "2"),
-                                        "fsdp_sel": ("--tp", "2", "--dp", "2", "--ac", "selective")})
+    with test_tp_parity's and test_ddp's (conftest's LIGHTNING_LAUNCHES: each its own Trainer and model)."""
+    (two, _), (four, _) = lightning_runs(2), lightning_runs(4)
     runs = {
-        "full": (two["tp2"], two["full"], 0.0),
-        "selective_compile": (two["tp2"], two["selc"], 1e-4),
+        "full": (two["tp2"], two["ac_full"], 0.0),
+        "selective_compile": (two["tp2"], two["ac_selc"], 1e-4),
         "selective_dp2xtp2": (four["fsdp"], four["fsdp_sel"], 0.0),
         "selective_dp2_compile_bf16": (two["xl"], two["xl_sel"], 1e-3),
     }

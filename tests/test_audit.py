@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, one_error_line, read_json
+from conftest import ROOT, one_error_line, read_json, run_torchrun
 
 
 def audit(tmp_path, nproc: int, *args: str) -> dict:
@@ -35,6 +35,36 @@ def audit(tmp_path, nproc: int, *args: str) -> dict:
     return r
 
 
+# The 2-process runs of the tests below but tp2_audit's, in one launch (tests/workers/audits.py: the command's main for
+# each in turn), made on first use. On 2 processes every mesh dimension of size 2 is the whole world's group, so no run
+# meets a group of an earlier run's mesh; on 4 a second DP=2 x TP=2 run recorded a TP all-reduce on the first run's
+# group, so each 4-process run has a launch of its own.
+SHARED_2 = [("--layers", "3"), ("--dp", "2", "--layers", "2", "--batch-size", "2"), ("--dp", "1", "--optimizer", "muon", "--batch-size", "2")]
+
+
+@pytest.fixture(scope="module")
+def shared_audit(tmp_path_factory):
+    """shared_audit(nproc, *args): the audit's JSON report for those arguments on nproc processes: SHARED_2's launch,
+    or (4 processes) a launch of its own."""
+    done = []
+
+    def get(nproc: int, *args: str) -> dict:
+        if nproc != 2:
+            return audit(tmp_path_factory.mktemp("audit"), nproc, *args)
+        if not done:
+            tmp, argv = tmp_path_factory.mktemp("audits2"), []
+            for i, run_args in enumerate(SHARED_2):
+                argv += [*(["--then"] if argv else []), "--model", "tiny", "--seq-len", "64", "--json", str(tmp / f"{i}.json"), *run_args]
+            proc = run_torchrun("audits.py", 2, *argv)  # exits 0 only when every run's measurement is the model's
+            assert proc.stdout.count("audit: the step communicates and stores what the model says") == len(SHARED_2)
+            done.extend(read_json(tmp / f"{i}.json") for i in range(len(SHARED_2)))
+        r = done[SHARED_2.index(args)]
+        assert r["differences"] == []
+        return r
+
+    return get
+
+
 @pytest.fixture(scope="module")
 def tp2_audit(tmp_path_factory):
     """The audit at TP=2 of the tiny model as it is (L = 2 blocks, B = 1): read by the L = 2 case of
@@ -44,8 +74,8 @@ def tp2_audit(tmp_path_factory):
 
 @pytest.mark.parametrize("n_layer", [2, 3])
 @pytest.mark.slow
-def test_collectives_equal_megatron(tmp_path, n_layer, request):
-    r = request.getfixturevalue("tp2_audit") if n_layer == 2 else audit(tmp_path, 2, "--layers", str(n_layer))
+def test_collectives_equal_megatron(shared_audit, n_layer, request):
+    r = request.getfixturevalue("tp2_audit") if n_layer == 2 else shared_audit(2, "--layers", str(n_layer))
     assert r["n_layer"] == n_layer
     L, c = n_layer, r["measured"]["collectives"]
     megatron = {"all_gather": 6 * L + 3, "reduce_scatter": 4 * L + 2, "all_reduce": 4}
@@ -66,10 +96,10 @@ def test_collectives_equal_megatron(tmp_path, n_layer, request):
 
 @pytest.mark.parametrize("dp,tp,n_layer", [(2, 2, 3), (2, 1, 2)], ids=["dp2xtp2", "dp2xtp1"])
 @pytest.mark.slow
-def test_dp_collectives_equal_minimum(tmp_path, dp, tp, n_layer):
+def test_dp_collectives_equal_minimum(shared_audit, dp, tp, n_layer):
     """No per-parameter all-reduce inside FSDP2's backward, one flat all-reduce of the sequence-partial gradients
     over TP, one grad-norm all-reduce over the whole mesh."""
-    r = audit(tmp_path, dp * tp, "--dp", str(dp), "--layers", str(n_layer), "--batch-size", "2")
+    r = shared_audit(dp * tp, "--dp", str(dp), "--layers", str(n_layer), "--batch-size", "2")
     L, c = n_layer, r["measured"]["collectives"]
     expected = {"data_parallel": {"all_gather": 2 * L + 1, "reduce_scatter": L + 1}}
     if tp > 1:
@@ -109,13 +139,13 @@ def test_mistakes_are_one_error_line(command_here):
 
 @pytest.mark.parametrize("dp,tp", [(1, 2), (2, 2)], ids=["tp2", "dp2xtp2"])
 @pytest.mark.slow
-def test_muon_collectives_and_state(tmp_path, dp, tp):
+def test_muon_collectives_and_state(shared_audit, dp, tp):
     """--optimizer muon: the optimizer step communicates what benchmarks.collectives.muon_collectives says (the audit
     exits 0 only then), by hand for L = 2 blocks, C = 64: at TP=2 one flat all-reduce of the 4L squared norms, then
     one of the 4L C x C Grams per Newton-Schulz step (5); at DP=2 x TP=2 c_attn and c_fc summed over the whole mesh,
     the c_projs all-gathered over DP (2L) and summed over TP. One momentum buffer per block matrix (12 C^2 elements
     a block), two AdamW moments for every other parameter."""
-    r = audit(tmp_path, dp * tp, "--dp", str(dp), "--optimizer", "muon", "--batch-size", "2")
+    r = shared_audit(dp * tp, "--dp", str(dp), "--optimizer", "muon", "--batch-size", "2")
     L, C = 2, 64
     c = r["measured"]["collectives"]["optimizer"]
     assert c == ({"all_reduce": 6} if dp == 1 else {"all_reduce": 12, "all_gather": 2 * L})

@@ -3,16 +3,15 @@
 import pytest
 import torch
 
-from conftest import lightning_fit, lightning_fits
 
 
 @pytest.mark.slow
-def test_ddp_matches_model_parallel_dp2_and_single_device(tmp_path):
+def test_ddp_matches_model_parallel_dp2_and_single_device(lightning_runs):
     """fp32, 6 optimizer steps of 2 accumulated micro-batches, clip 1.0, fused AdamW, warmup + cosine: DDP x2 gives
-    one device's losses, grad norms and learning rates step for step, and ModelParallelStrategy DP=2 x TP=1's."""
-    two = lightning_fits(tmp_path, 2, {"ddp": ("--dp", "2", "--strategy", "ddp"), "mp": ("--dp", "2")})  # one launch
-    (ddp, ddp_w), (mp, mp_w) = two["ddp"], two["mp"]
-    single, single_w = lightning_fit(tmp_path, "single", 1)
+    one device's losses, grad norms and learning rates step for step, and ModelParallelStrategy DP=2 x TP=1's (conftest's
+    LIGHTNING_LAUNCHES, shared with test_tp_parity's and test_ac's runs)."""
+    (ddp, ddp_w), (mp, mp_w) = lightning_runs(2)[0]["ddp"], lightning_runs(2)[0]["mp_dp2"]
+    single, single_w = lightning_runs(1)[0]["single"]
     assert len(ddp["rows"]) == 6
     losses = [r["train/loss"] for r in ddp["rows"]]
     assert losses[-1] < losses[0] - 0.2  # it trains

@@ -65,7 +65,8 @@ def test_a_failed_stage_fails_the_check_and_the_rest_still_run(tmp_path):
 def test_refuses_a_folder_it_did_not_make(tmp_path):
     (tmp_path / "mine.txt").write_text("keep")
     proc = dry_run(tmp_path, 1)
-    assert proc.returncode == 2 and "is not a gpu_check folder" in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: gpu_check: {tmp_path} exists and is not a gpu_check folder; set OUT to another folder\n"
     assert (tmp_path / "mine.txt").read_text() == "keep"
 
 

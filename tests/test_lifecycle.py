@@ -1,8 +1,9 @@
 """A run's lifecycle through the real `cli.py fit` (configs/cpu.yaml, TP=2, saving every 3 steps): its final step is
 saved; SIGTERM to the process group or to one rank, under Lightning's own processes and under torchrun, saves the
-step reached and stops every rank with exit code 143; last.ckpt names this run's newest checkpoint in a fresh, a used
-and a copied folder (that a fine-tune's checkpoint needs no init_from again: tests/test_user_paths.py's
-fine-tune). The launch mistakes run in this process."""
+step reached and stops every rank with exit code 143, and Ctrl-C does the same with 130; a rank killed with SIGKILL
+leaves one line naming it; last.ckpt names this run's newest checkpoint in a fresh, a used and a copied folder (that a
+fine-tune's checkpoint needs no init_from again: tests/test_user_paths.py's fine-tune); a damaged checkpoint is
+refused in one line by every command. The launch mistakes run in this process."""
 
 import os
 import re

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from lightning.pytorch.plugins import MixedPrecision
 
-from conftest import ROOT, WORKERS, read_json, run_torchrun
+from conftest import ROOT, WORKERS
 from benchmarks import collectives
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPT, GPTConfig
@@ -76,31 +76,6 @@ def test_step_closure_sees_every_group():
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), first))
 
 
-def muon_parity(tmp_path, nproc: int, runs: list[tuple[int, bool]]) -> dict[tuple[int, bool], list[dict]]:
-    """muon_parity.py's runs (dp, fp32) of one world size, one after another in one launch: each rank's results."""
-    argv = []
-    for dp, fp32 in runs:
-        argv += [*(["--then"] if argv else []), "--dp", str(dp), *(["--fp32"] if fp32 else []), "--out", str(tmp_path / f"r{dp}{fp32:d}")]
-    run_torchrun("muon_parity.py", nproc, *argv)
-    return {(dp, fp32): [read_json(tmp_path / f"r{dp}{fp32:d}.{rank}.json") for rank in range(nproc)] for dp, fp32 in runs}
-
-
-# the slow cases below, those of one world size in one launch (launched on first use)
-SLOW_MUON_RUNS = {2: [(1, True), (2, False), (2, True)], 4: [(2, False), (2, True)]}
-
-
-@pytest.fixture(scope="module")
-def slow_muon_runs(tmp_path_factory):
-    done = {}
-
-    def get(nproc: int, dp: int, fp32: bool) -> list[dict]:
-        if nproc not in done:
-            done[nproc] = muon_parity(tmp_path_factory.mktemp(f"muon{nproc}"), nproc, SLOW_MUON_RUNS[nproc])
-        return done[nproc][dp, fp32]
-
-    return get
-
-
 @pytest.mark.parametrize("dp,nproc,fp32", [
     (1, 2, False),
     pytest.param(1, 2, True, marks=pytest.mark.slow),
@@ -109,17 +84,17 @@ def slow_muon_runs(tmp_path_factory):
     pytest.param(2, 4, False, marks=pytest.mark.slow),
     pytest.param(2, 4, True, marks=pytest.mark.slow),
 ], ids=["tp2-bf16", "tp2-fp32", "dp2xtp1-bf16", "dp2xtp1-fp32", "dp2xtp2-bf16", "dp2xtp2-fp32"])
-def test_sharded_muon_matches_one_device(tmp_path, slow_muon_runs, dp, nproc, fp32):
+def test_sharded_muon_matches_one_device(parity_runs, dp, nproc, fp32):
     """8 steps from the same init and data, clip 1.0 by the global norm, the schedule on both peaks: losses within
     1e-3 relative of one device's torch.optim.Muon with bf16 Newton-Schulz as torch runs it, 1e-5 in float32. The
     optimizer step's collectives are benchmarks.collectives.muon_collectives', to the byte: at TP=2 one flat all-reduce
     of the 8 squared norms, then one of the 8 C x C Grams per Newton-Schulz step (float32); at DP=2 the c_projs
     gathered over DP in bf16 (their short side is FSDP2's dim 0)."""
     tp = nproc // dp
-    if (nproc, dp, fp32) == (2, 1, False):  # the quick case of `-m "not slow"`: a launch of its own
-        results = muon_parity(tmp_path, nproc, [(dp, fp32)])[dp, fp32]
-    else:
-        results = slow_muon_runs(nproc, dp, fp32)
+    # tests/workers/muon_parity.py's runs, in conftest's PARITY_LAUNCHES (the quick case with test_tp_parity's)
+    layout = f"dp{dp}xtp{tp}" if dp > 1 else f"tp{tp}"
+    results = parity_runs("quick" if (layout, fp32) == ("tp2", False) else f"slow{nproc}",
+                          f"muon_{layout}_{'fp32' if fp32 else 'bf16'}")
     tol = 1e-5 if fp32 else 1e-3
     for res in results:
         assert res["muon_groups"] == 1 and res["muon_params"] == 8

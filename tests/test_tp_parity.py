@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from conftest import lightning_fits, read_json, run_torchrun
 
 TINY_LAYERS = 2
 
@@ -39,39 +38,10 @@ NAIVE_ERRORS = {
 }
 
 
-# The slow runs of tests/workers/parity.py, those of one world size in one launch (each seeds and builds afresh):
-# the plan variants below, and DP=2 x TP=2 with TP_PLAN (its naive recipe last: it ends in errors by design).
-PARITY_RUNS = {
-    2: {plan: ("--plan", f"benchmarks.plans:{plan}", "--skip-naive") for plan in ("overlap3", "ordered", "dtensor", "torch_recipe")},
-    4: {"overlap2": ("--dp", "2", "--plan", "benchmarks.plans:overlap2", "--skip-naive"), "TP_PLAN": ("--dp", "2")},
-}
-
-
-@pytest.fixture(scope="module")
-def parity_runs(tmp_path_factory):
-    """nproc -> {run name: each rank's parity.py result} for PARITY_RUNS[nproc], launched on first use."""
-    done = {}
-
-    def get(nproc: int) -> dict[str, list[dict]]:
-        if nproc not in done:
-            tmp = tmp_path_factory.mktemp(f"parity{nproc}")
-            argv = []
-            for name, args in PARITY_RUNS[nproc].items():
-                argv += [*(["--then"] if argv else []), *args, "--out", str(tmp / name)]
-            run_torchrun("parity.py", nproc, *argv)
-            done[nproc] = {name: [read_json(tmp / f"{name}.{rank}.json") for rank in range(nproc)] for name in PARITY_RUNS[nproc]}
-        return done[nproc]
-
-    return get
-
-
 @pytest.mark.parametrize("dp,nproc", [(1, 2), pytest.param(2, 4, marks=pytest.mark.slow)], ids=["tp2", "dp2xtp2"])
-def test_tp_matches_single_device(tmp_path, parity_runs, dp, nproc):
-    if dp == 1:  # the quick test of `-m "not slow"`: a launch of its own
-        run_torchrun("parity.py", nproc, "--dp", str(dp), "--out", str(tmp_path / "r"))
-        results = [read_json(tmp_path / f"r.{rank}.json") for rank in range(nproc)]
-    else:
-        results = parity_runs(nproc)["TP_PLAN"]
+def test_tp_matches_single_device(parity_runs, dp, nproc):
+    # conftest's PARITY_LAUNCHES: the quick test of `-m "not slow"` shares its launch with test_muon's
+    results = parity_runs("quick", "tp2") if dp == 1 else parity_runs("slow4", "TP_PLAN")
     for res in results:
         check_parity(res)
         assert res["tp_collectives_forward"] == tp_collectives(TINY_LAYERS)["forward"]
@@ -107,7 +77,7 @@ def test_plan_variants_match_single_device(parity_runs, plan, chunks, dp, nproc)
     takes): the MLP in k chunks with its collectives overlapped, gpt_tp's layout in (B, T) order, torch's DTensor
     styles and its recipe: the same tolerances against the single device as TP_PLAN. The chunked MLP really splits
     its collectives: k all-gathers and k reduce-scatters per MLP each way."""
-    results = parity_runs(nproc)[plan]  # PARITY_RUNS[nproc][plan]: --dp dp --plan benchmarks.plans:<plan>
+    results = parity_runs(f"slow{nproc}", plan)  # conftest's PARITY_LAUNCHES: --dp dp --plan benchmarks.plans:<plan>
     for res in results:
         check_parity(res)
         if plan.startswith(("overlap", "ordered")):
@@ -117,29 +87,13 @@ def test_plan_variants_match_single_device(parity_runs, plan, chunks, dp, nproc)
     assert len({tuple(r["losses"]) for r in results}) == 1
 
 
-@pytest.fixture(scope="module")
-def lightning_runs(tmp_path_factory) -> tuple[dict, object]:
-    """tests/workers/lightning_fit.py's runs for the two tests below, those of one world size in one launch (each its
-    own Trainer and model): 6 steps single-device, TP=2 (plain, init_module + bf16-mixed, compiled), DP=2 x TP=2
-    (meta_init, bf16-mixed); and 2 steps with a gradient-reading callback (`*_g`) at each of the three sizes.
-    Returns (the runs by name, the folder)."""
-    tmp = tmp_path_factory.mktemp("lightning_runs")
-    grads = ("--steps", "2", "--grads")
-    runs = lightning_fits(tmp, 1, {"single": (), "single_g": grads})
-    runs |= lightning_fits(tmp, 2, {"tp2": ("--tp", "2"), "tp2m": ("--tp", "2", "--init-module", "--precision", "bf16-mixed"),
-                                    "tp2c": ("--tp", "2", "--compile"), "tp2_g": (*grads, "--tp", "2")})
-    runs |= lightning_fits(tmp, 4, {"dp2tp2m": ("--tp", "2", "--dp", "2", "--meta"),
-                                    "dp2tp2b": ("--tp", "2", "--dp", "2", "--precision", "bf16-mixed"),
-                                    "dp2tp2_g": (*grads, "--tp", "2", "--dp", "2")})
-    return runs, tmp
-
-
 @pytest.mark.slow
 def test_lightning_tp_runs_match_single_device(lightning_runs):
     """The real training path: Trainer + ModelParallelStrategy, gradient accumulation 2, clip 1.0 through the
     Trainer, fused AdamW, the LR schedule. TP=2; TP=2 built under trainer.init_module(empty_init=True) in
-    bf16-mixed; TP=2 with torch.compile per block; DP=2 x TP=2 (FSDP2) built with meta_init, and in bf16-mixed."""
-    fits, _ = lightning_runs
+    bf16-mixed; TP=2 with torch.compile per block; DP=2 x TP=2 (FSDP2) built with meta_init, and in bf16-mixed
+    (conftest's LIGHTNING_LAUNCHES: 6 steps each)."""
+    fits = {**lightning_runs(1)[0], **lightning_runs(2)[0], **lightning_runs(4)[0]}
     ref, ref_w = fits["single"]
     assert ref["fused"] is True
     runs = {
@@ -177,8 +131,8 @@ def test_a_callback_reads_true_gradients(lightning_runs):
     size, so the fp32 reordering noise of step 0 is in the weights step 1 differentiates: within 1e-4, the
     tolerance of the multi-step parity tests (1.85e-5 was seen on one CPU). grad_norm and
     clip_grad_norm called twice leave the norm and every gradient as they were."""
-    _, tmp = lightning_runs  # the 2-step runs with the probe: single_g, tp2_g, dp2tp2_g
-    probes = {name: torch.load(tmp / f"{name}_g.grads.pt") for name in ("single", "tp2", "dp2tp2")}
+    # the 2-step runs with the probe (conftest's LIGHTNING_LAUNCHES): single_g, tp2_g, dp2tp2_g
+    probes = {name: torch.load(lightning_runs(n)[1] / f"{name}_g.grads.pt") for name, n in (("single", 1), ("tp2", 2), ("dp2tp2", 4))}
     ref = probes.pop("single")
     assert len(ref["grads"]) == 2 and len(ref["grads"][0]) == 12 * TINY_LAYERS + 4
     for name, probe in probes.items():

@@ -11,7 +11,7 @@ import torch
 from torch.distributed.checkpoint import load as dcp_load
 
 from gpt_tp.checkpoint.lightning_internals import META
-from gpt_tp.checkpoint.store import CheckpointError, check_checkpoint, check_intact
+from gpt_tp.checkpoint.store import CheckpointError, check_checkpoint
 from gpt_tp.model import GPT, GPTConfig
 
 HPARAMS, WEIGHTS, STEP, CALLBACKS = "hyper_parameters", "state_dict", "global_step", "callbacks"  # Lightning's keys
@@ -59,8 +59,7 @@ def read_contents(path: str | os.PathLike) -> Contents:
 def load_consolidated(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     """(the model's GPTConfig, its full single-device GPT state dict) from a distributed checkpoint, in one process
     without a process group, whatever layout saved it."""
-    check_checkpoint(path)
-    check_intact(Path(path))
+    check_checkpoint(path, part=slice(None))
     config = read_contents(path).model
     if config is None:
         raise CheckpointError(f"{path}/{META} holds no gpt_tp hyper-parameters: not a gpt_tp checkpoint")

@@ -2,6 +2,7 @@
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -61,9 +62,9 @@ class CheckpointSpaceError(CheckpointError):
     """A checkpoint save ran out of space (ENOSPC or EDQUOT) on some rank: every rank stops with it, exit code 2."""
 
 
-def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
-    """Raise CheckpointError unless `path` is a complete distributed checkpoint whose tensors (keys of
-    expected_shapes, e.g. 'model.transformer.wte.weight') have the expected global shapes."""
+def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[int, ...]] | None = None, part=slice(0)) -> None:
+    """Raise CheckpointError unless `path` is a complete, intact (check_intact; CRC-32s of the files in `part`) distributed
+    checkpoint whose tensors (keys of expected_shapes, e.g. 'model.transformer.wte.weight') have the expected shapes."""
     p = Path(path)
     if not p.exists():
         aside = p.with_name(p.name + OLD)
@@ -89,7 +90,7 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
     files = {getattr(s, "relative_path", None) for s in (metadata.storage_data or {}).values()} - {None}
     if missing := sorted(f for f in files if not (p / f).is_file()):
         raise CheckpointError(f"{p} is missing shard files {', '.join(missing)}; copy the whole checkpoint folder")
-    check_intact(p, slice(0), metadata)
+    check_intact(p, part, metadata)
     if expected_shapes is None:
         return
     saved = {k.removeprefix("state_dict."): tuple(v.size) for k, v in metadata.state_dict_metadata.items()
@@ -104,11 +105,8 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
 
 
 def crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+    with open(path, "rb") as f:  # 16 MiB at a time
+        return functools.reduce(lambda crc, chunk: zlib.crc32(chunk, crc), iter(lambda: f.read(1 << 24), b""), 0)
 
 
 def checksums(folder: Path, part: slice) -> dict[str, int]:
@@ -119,9 +117,8 @@ def checksums(folder: Path, part: slice) -> dict[str, int]:
 def damage(p: Path, part: slice = slice(None), metadata=None) -> str | None:
     """What is wrong with the files of the checkpoint folder `p`: a shard shorter than its .metadata says, or (of the
     sorted files, those in `part`) a CRC-32 other than the one its save recorded; None: nothing found."""
-    ends: dict[str, int] = {}
-    for s in (metadata or FileSystemReader(str(p)).read_metadata()).storage_data.values():
-        ends[s.relative_path] = max(ends.get(s.relative_path, 0), s.offset + s.length)
+    stored = (metadata or FileSystemReader(str(p)).read_metadata()).storage_data.values()
+    ends = {s.relative_path: s.offset + s.length for s in sorted(stored, key=lambda s: s.offset + s.length)}  # the max
     if short := [f"{p / f} is cut short ({size} bytes; its .metadata needs {n})" for f, n in sorted(ends.items())
                  if (size := (p / f).stat().st_size) < n]:
         return short[0]

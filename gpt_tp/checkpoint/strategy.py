@@ -18,9 +18,8 @@ from torch.distributed.constants import default_pg_timeout
 
 from gpt_tp.checkpoint.lightning_internals import META, mark_saved, setup_with_mesh
 from gpt_tp.checkpoint.contents import Contents, optimizer_name, read_contents
-from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint, check_intact,
-                                     checkpoint_space, checksums, human_bytes, is_space_error, publish,
-                                     recover_interrupted_saves, root_cause)
+from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint, checkpoint_space,
+                                     checksums, human_bytes, is_space_error, publish, recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
 from gpt_tp.parallel import is_parallelized
 
@@ -66,8 +65,7 @@ class ModelParallel(ModelParallelStrategy):
     setup_environment = setup_with_mesh  # Lightning's, its mesh made by gpt_tp.ranks.build_mesh (every path's)
 
     def _on_every_rank(self, what: str, action: Callable[[], object]) -> object:
-        """Run `action` on every rank (one_does, a barrier), returning its result: a failure on any rank raises one
-        CheckpointError on all."""
+        """`action()` on every rank (one_does, a barrier): a failure on any rank raises one CheckpointError on all."""
 
         def act() -> object:
             try:
@@ -109,8 +107,8 @@ class ModelParallel(ModelParallelStrategy):
         path = Path(self.broadcast(str(checkpoint_path)))
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
         state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
-        check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
-        one_does(lambda: check_intact(path, slice(self.global_rank, None, self.world_size)), doer=True)  # shares
+        shapes = {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)}  # each rank: its share of CRC-32s
+        one_does(lambda: check_checkpoint(path, shapes, slice(self.global_rank, None, self.world_size)), doer=True)
         saved, optimizer = read_contents(path).optimizer, optimizer_name(self.lightning_module.hparams.get("optimizer"))
         if saved != optimizer:  # AdamW's moments are not Muon's buffers
             raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "

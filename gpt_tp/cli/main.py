@@ -31,7 +31,7 @@ class GPTCLI(TrainingCLI):
         """check_config; the model the run builds; `auto` layouts planned; `fit --simulate` runs."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
-        resolve_model(cfg, checks.resumed(cfg)[1] if self.subcommand else None)
+        resolve_model(cfg, *(checks.resumed(cfg) if self.subcommand else (None, None)), self.argv)
         plan_layout(cfg, fit=self.subcommand == "fit")
         if self.subcommand == "fit" and cfg.get("simulate"):
             self._simulate(cfg)

@@ -36,11 +36,10 @@ def _say(msg: str) -> None:
 
 
 class Preemption(Callback):
-    """At the next optimizer step after SIGTERM or SIGINT (Ctrl-C) (or signal_name), save a checkpoint (all ranks
-    together), then leave: after SIGTERM exit 143, after SIGINT 130 (a repeated one while waiting or saving changes
-    nothing), after signal_name requeue the Slurm job and exit 0. cli.py adds one to every run that
-    lists none (dirpath None, signal_name None): Lightning's own SIGTERM handler runs a collective inside the handler,
-    which hangs when not every rank got the signal.
+    """At the next optimizer step after SIGTERM, SIGINT (Ctrl-C; again: no change) or signal_name, save a checkpoint
+    (all ranks together), then leave: after SIGTERM or SIGINT exit 128 + its number, after signal_name requeue the Slurm
+    job and exit 0. cli.py adds one to every run that lists none (dirpath None, signal_name None): Lightning's own
+    SIGTERM handler runs a collective inside the handler, which hangs when not every rank got the signal.
 
     Args:
         dirpath: folder for `preempt-step=N.ckpt`; give it to `python -m gpt_tp.cluster.slurm latest` when resuming.
@@ -220,23 +219,18 @@ class FailFast(Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self.on_train_end()
-        if any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
+        if not isinstance(exception, UserError) and any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
             first = str(exception).strip().splitlines()[0][:300]
+            # the ranks this process started (Lightning's launcher) that ended, given 2 s for the kernel to report the
+            # one whose closed connection failed the collective: `rank 1 died (killed by SIGKILL)`
+            procs, end = getattr(trainer.strategy.launcher, "procs", None) or [], time.monotonic() + 2
+            while procs and all(p.poll() is None for p in procs) and time.monotonic() < end:
+                time.sleep(0.05)
+            dead = "; ".join(f"rank {r} died ({f'killed by {signal.Signals(-c).name}' if c < 0 else f'exit code {c}'})"
+                             for r, p in enumerate(procs, trainer.global_rank + 1) if (c := p.poll()) is not None)
             _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: "
-                      f"{_dead_ranks(trainer) or 'another rank died or hung'} ({type(exception).__name__}: {first}). "
-                      f"Exiting with code {self.exit_code}; see the other ranks' logs, then resume from the latest "
-                      "checkpoint.", self.exit_code)
-
-
-def _dead_ranks(trainer, wait_s: float = 2.0) -> str:
-    """`rank 1 died (killed by SIGKILL)` for the ranks this process started (Lightning's launcher) that ended, waiting
-    up to wait_s for the kernel to report the one whose closed connection failed the collective; '' for none."""
-    procs, end = getattr(trainer.strategy.launcher, "procs", None) or [], time.monotonic() + wait_s
-    while procs and not any(p.poll() is not None for p in procs) and time.monotonic() < end:
-        time.sleep(0.05)
-    how = {r: f"killed by {signal.Signals(-c).name}" if c < 0 else f"exit code {c}"
-           for r, p in enumerate(procs, trainer.global_rank + 1) if (c := p.poll()) is not None}
-    return "; ".join(f"rank {r} died ({h})" for r, h in how.items())
+                      f"{dead or 'another rank died or hung'} ({type(exception).__name__}: {first}). Exiting with code "
+                      f"{self.exit_code}; see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """Several runs in one launch: a worker's command line cut at each `--then` into one argument list per run."""
 
+import importlib
 import sys
 
 import torch.distributed as dist
@@ -16,7 +17,11 @@ def split_runs(argv: list[str] | None = None) -> list[list[str]]:
 
 
 def run_all(one_run) -> None:
-    """one_run(argv) for each run of the command line, one after another; then the process group ends."""
+    """one_run(argv) for each run of the command line, one after another; a run that starts with `--worker NAME` is
+    tests/workers/NAME.py's one_run (muon_parity.py's and parity.py's runs in one launch). Then the group ends."""
     for argv in split_runs():
-        one_run(argv)
+        if argv[:1] == ["--worker"]:
+            importlib.import_module(argv[1]).one_run(argv[2:])
+        else:
+            one_run(argv)
     dist.destroy_process_group()
