@@ -188,8 +188,9 @@ def test_async_tp_refused_on_cpu():
         enable_async_tp(SimpleNamespace(device_type="cpu", size=lambda: 2))
 
 
-def test_help():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], cwd=ROOT, capture_output=True, text=True)
+def test_help(command_here):
+    """In this process as its __main__ runs it (the bench fixture runs `python -m benchmarks.bench`)."""
+    proc = command_here(lambda: main(["--help"]))
     assert proc.returncode == 0 and "--layouts" in proc.stdout and "--peak-flops" in proc.stdout
     assert "--plan" in proc.stdout and "32-true, 32, bf16-mixed" in proc.stdout
 
