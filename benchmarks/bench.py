@@ -111,9 +111,6 @@ def specs_from_args(args) -> list[dict]:
     for p in plans:
         load_plan(p, config)  # one error line for a plan that does not load
     compiles = parse_onoff(args.compile, "--compile")
-    if args.async_tp and (device != "cuda" or not all(compiles)):
-        raise BenchError("--async-tp needs CUDA GPUs and --compile on (it is an Inductor pass over symmetric memory); "
-                         "drop --async-tp on CPU")
     if args.steps < 1 or args.warmup < 0 or args.batch_size < 1 or args.seq_len < 1 or args.threads < 1:
         raise BenchError("--steps, --batch-size, --seq-len and --threads must be >= 1 and --warmup >= 0")
     peak = resolve_peak_flops(args.peak_flops, args.gpu, torch.device(device))
@@ -133,7 +130,7 @@ def specs_from_args(args) -> list[dict]:
                             f"{' compile' if comp else ''}{' muon' if args.optimizer == 'muon' else ''}")
                     specs.append(dict(
                         name=name, dp=dp, tp=tp, plan=plan, precision=precision, compile=comp,
-                        async_tp=args.async_tp and tp > 1, device=device, threads=args.threads, model=args.model,
+                        device=device, threads=args.threads, model=args.model,
                         config=asdict(config), batch_size=args.batch_size, seq_len=args.seq_len, steps=args.steps,
                         warmup=args.warmup, seed=args.seed, peak_flops=peak, optimizer=args.optimizer,
                     ))
@@ -288,7 +285,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--precision", default=None, help="comma-separated, from "
                     f"{', '.join(p for p in PRECISIONS if runs(p))} (default bf16-mixed on GPU, 32-true on CPU)")
     ap.add_argument("--compile", default="off", help="torch.compile per block: off, on or off,on (default off)")
-    ap.add_argument("--async-tp", action="store_true", help="async TP (GPU, TP>1, compile on only)")
     ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="adamw (default) or muon: model.optimizer AdamW or Muon; "
                     "muon also reports the Newton-Schulz share of the step")
     ap.add_argument("--batch-size", type=int, default=4, help="micro-batch rows per data-parallel rank (default 4)")

@@ -21,13 +21,12 @@ import torch.distributed as dist
 import gpt_tp.train.muon as muon
 
 from benchmarks.collectives import CollectiveRecorder, groups_of
-from benchmarks.step import build, peak_memory, stats, sync, train_step
+from benchmarks.step import build, peak_memory, slowest, stats, sync, train_step
 from benchmarks.synthetic import SyntheticTokens
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from benchmarks.paritycheck import load_plan
 from gpt_tp.hardware import mfu
 from gpt_tp.model import GPTConfig
-from gpt_tp.parallel import enable_async_tp
 
 
 @contextmanager
@@ -63,14 +62,12 @@ def measure(spec: dict) -> None:
     torch.manual_seed(spec["seed"])
     step = build(config, mesh, device, spec["compile"], spec["precision"], load_plan(spec["plan"], config),
                  spec.get("optimizer", "adamw"))
-    if spec.get("async_tp"):
-        enable_async_tp(mesh["tensor_parallel"])
     dp_rank = mesh["data_parallel"].get_local_rank()
     B, T = spec["batch_size"], spec["seq_len"]
     data = SyntheticTokens(B, T, vocab=min(config.vocab_size, 50257), seed=spec["seed"], dp_rank=dp_rank, dp_size=dp)
     batches = [tuple(t.to(device) for t in data.batch(i)) for i in range(4)]
 
-    times, losses = [], []
+    times, warm, losses = [], [], []
     with timing(muon, "newton_schulz", device) as ns_times:  # Muon's Newton-Schulz, once per step
         for i in range(spec["warmup"] + spec["steps"]):
             x, y = batches[i % len(batches)]
@@ -78,15 +75,11 @@ def measure(spec: dict) -> None:
             t0 = time.perf_counter()
             loss = train_step(step, x, y, spec["precision"])
             sync(device)
-            if i >= spec["warmup"]:
-                times.append(time.perf_counter() - t0)
-            else:
+            (times if i >= spec["warmup"] else warm).append(time.perf_counter() - t0)
+            if i < spec["warmup"]:
                 ns_times.clear()
             losses.append(loss)
-    # the step ends when the slowest rank ends
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    times = t.tolist()
+    times = slowest(times, device).tolist()  # the step ends when the slowest rank ends
     ns_share = statistics.median(ns_times) / statistics.median(times) if ns_times else None
     losses = [l.float().item() for l in (losses[0], losses[-1])]
     mem = peak_memory(device)
@@ -108,13 +101,13 @@ def measure(spec: dict) -> None:
         result = {
             **{k: spec[k] for k in ("name", "dp", "tp", "plan", "precision", "compile", "batch_size", "seq_len", "device",
                                     "threads")},
-            "async_tp": bool(spec.get("async_tp")),
             "model": spec["model"],
             "world_size": world,
             "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "tokens_per_step": tokens,
             "step_time_s": stats(times),
             "step_times_s": times,
+            "first_step_s": warm[0] if warm else None,  # with compile: compilation's time beside the step's
             "tokens_per_s": tok_s,
             "flops_per_token": config.flops_per_token(T),
             "peak_flops": spec["peak_flops"],

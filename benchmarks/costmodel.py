@@ -123,7 +123,7 @@ def anchor_check(tp_efficiency: float = 1.0) -> dict:
 # (label, gpu, link, single-device MFU, memory per GPU in GiB)
 SYSTEMS = [
     ("H100 SXM, NVLink", "H100", "nvlink-h100", 0.5, 80),
-    ("H100 PCIe", "H100", "pcie5", 0.5, 80),
+    ("H100 PCIe", "H100 PCIe", "pcie5", 0.5, 80),
     ("RTX 3090, NVLink bridge", "3090", "nvlink-3090", 0.8, 24),
     ("RTX 3090, PCIe 4", "3090", "pcie4", 0.8, 24),
 ]

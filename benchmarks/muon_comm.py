@@ -20,19 +20,17 @@ from torch.distributed.tensor import DTensor
 
 from benchmarks.collectives import (CollectiveRecorder, collective, groups_of, merge, muon_collectives,
                                     muon_gather_all_bytes)
-from benchmarks.step import build
+from benchmarks.step import build, slowest
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
 from gpt_tp.train.optim import Muon
 
 
-def step_time(opt) -> float:
+def step_time(opt, device: torch.device) -> float:
     t0 = time.perf_counter()
     opt.step()
-    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return slowest([time.perf_counter() - t0], device).item()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         out[name] = {"rows": rows, "times": []}
     for _ in range(args.steps):
         for name, opt in (("sharded", sharded), ("gather_all", gathered)):
-            out[name]["times"].append(step_time(opt))
+            out[name]["times"].append(step_time(opt, device))
     if dist.get_rank() == 0:
         print(f"{args.model} shapes, {args.layers} blocks, DP={dp} x TP={tp}: Muon's optimizer step")
         modeled = {"sharded": sum(r["wire_bytes"] for r in muon_collectives(config, dp, tp)),

@@ -8,6 +8,7 @@ from contextlib import nullcontext
 from functools import partial
 
 import torch
+import torch.distributed as dist
 
 from benchmarks.plans import reduce_dtensor_partial_grads
 from gpt_tp.model import GPT, GPTConfig
@@ -61,6 +62,13 @@ def train_step(step: TrainStep, x, y, precision: str = "32-true", max_norm: floa
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def slowest(seconds: list[float], device: torch.device) -> torch.Tensor:
+    """Each timing's slowest rank: one all-reduce (MAX) on the process group's device (NCCL takes no CPU tensor)."""
+    t = torch.tensor(seconds, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
 
 
 def peak_memory(device: torch.device) -> int:

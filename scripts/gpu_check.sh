@@ -1,76 +1,172 @@
 #!/usr/bin/env bash
-# GPU check in one go (about 5-8 minutes, stopped at 10): GPT-2 124M, B=16, T=1024, bf16, torch.compile per block.
-# Runs the benchmark at TP=1, and with several GPUs also TP=2 and DP=2 (and TP=N when there are N > 2), then
-# prints tokens/s and MFU per layout. With several GPUs it also runs TP=2 eager with gpt_tp's plan and with the
-# overlapped MLP (--plan benchmarks.plans:overlap2, eager only), to see whether the overlap earns a place.
-# Then Muon (model.optimizer=Muon, compiled) at TP=1, and TP=2 with several GPUs: tok/s, MFU and the share of the
-# step Newton-Schulz takes; a Muon run that fails or reports no share fails the check (exit 1).
-# Results: gpu_check_out/bench.{md,json,png}, gpu_check_out/overlap/... and gpu_check_out/muon/....
-#   bash scripts/gpu_check.sh                 # defaults
-#   MODEL=gpt2-medium BATCH=8 bash scripts/gpu_check.sh
-set -euo pipefail
+# The first check on a GPU machine (docs/scale.md, "First GPU run"): what a user runs first, then the benchmark.
+#   bash scripts/setup.sh && bash scripts/gpu_check.sh     # 1 or 2 GPUs (TP=2 with 2 or more, else TP=1)
+#   NGPU=2 bash scripts/gpu_check.sh --dry-run              # any machine: the stages, their limits, the sum, the table
+# Stages, in this order, each under its own limit (seconds), which add up to at most LIMIT (9 minutes) below:
+#   gpu-tests  pytest -m gpu tests/test_gpu.py
+#   fit        cli.py fit --config configs/tp2.yaml on data/sample, B=8 x T=1024 a step (8192 tokens), 20 steps planned,
+#              stopped after step 10 as a preemption would, saved at 10; HellaSwag (the fixture) at step 10
+#   resume     the same with --ckpt_path last: steps 11-20, saved at 20
+#   validate   cli.py validate from the last checkpoint (val loss, HellaSwag on the fixture), eager
+#   hellaswag  python -m gpt_tp.eval.hellaswag on the fixture from the last checkpoint (TP=2 under torchrun on 2 GPUs)
+#   bench      python -m benchmarks.bench: GPT-2 124M, DP=1 x TP=1, B=16, T=1024, bf16-mixed, compiled
+# OUT (default gpu_check_out) is emptied first; each stage writes OUT/<stage>.json as soon as it ends, so a check
+# stopped part-way keeps what it measured. It ends with one table (OUT/summary.md; compile s = the first step's time
+# less the median step's) and exits 1 if any stage failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${MODEL:-gpt2}
-BATCH=${BATCH:-16}
-SEQ=${SEQ:-1024}
+PY=.venv/bin/python  # what scripts/setup.sh makes
 OUT=${OUT:-gpu_check_out}
-LIMIT=${LIMIT:-570}  # seconds for the whole benchmark, under the 10-minute budget
-
-NGPU=$(python -c "import torch; print(torch.cuda.device_count())")
+LIMIT=540   # the whole check, seconds
+SETUP=15    # counting the GPUs, nvidia-smi, writing the configs and results
+KILL=5      # a stage past its limit gets SIGINT, then SIGKILL this much later
+STAGES="gpu-tests fit resume validate hellaswag bench"
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+[ -x "$PY" ] || { echo "error: gpu_check: no $PY: run bash scripts/setup.sh first" >&2; exit 2; }
+if [ "$DRY" = 1 ]; then NGPU=${NGPU:-1}; else NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())"); fi
 if [ "$NGPU" -lt 1 ]; then
-  echo "gpu_check: torch sees no CUDA GPU (torch $(python -c 'import torch; print(torch.__version__)')); run it on a GPU machine" >&2
+  echo "error: gpu_check: torch sees no CUDA GPU; run it on a GPU machine (or --dry-run to see the stages)" >&2
   exit 2
 fi
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-LAYOUTS="1x1"
-if [ "$NGPU" -ge 2 ]; then LAYOUTS="$LAYOUTS,1x2,2x1"; fi
-if [ "$NGPU" -ge 4 ]; then LAYOUTS="$LAYOUTS,1x4,2x2"; fi
-echo "gpu_check: $NGPU GPU(s), layouts (DPxTP) $LAYOUTS, $MODEL B=$BATCH T=$SEQ bf16-mixed, compile on"
+TP=$((NGPU >= 2 ? 2 : 1))
+declare -A LIMITS=([gpu-tests]=$((TP == 2 ? 120 : 80)) [fit]=120 [resume]=80 [validate]=45 [hellaswag]=35 [bench]=80)
+TOTAL=$SETUP
+SUM="setup $SETUP"
+for s in $STAGES; do TOTAL=$((TOTAL + LIMITS[$s] + KILL)); SUM="$SUM + $s ${LIMITS[$s]}+$KILL"; done
+echo "gpu_check: $NGPU GPU(s), TP=$TP; limits: $SUM = $TOTAL s of $LIMIT"
+if [ "$TOTAL" -gt "$LIMIT" ]; then echo "error: gpu_check: the limits add up to $TOTAL s, over $LIMIT" >&2; exit 2; fi
 
-# 10 warm-up steps cover compilation; 20 timed steps; each run is stopped after its share of the time
-NRUNS=$(echo "$LAYOUTS" | tr ',' '\n' | wc -l)
-NEAGER=0
-if [ "$NGPU" -ge 2 ]; then NEAGER=2; fi  # TP=2 eager: gpt_tp's plan and overlap2
-EAGER_RUN=60  # seconds for an eager run (no compilation)
-MUON_LAYOUTS="1x1"
-if [ "$NGPU" -ge 2 ]; then MUON_LAYOUTS="1x1,1x2"; fi
-NMUON=$(echo "$MUON_LAYOUTS" | tr ',' '\n' | wc -l)
-MUON_RUN=75  # seconds for a compiled Muon run
-PER_RUN=$(((LIMIT - NEAGER * EAGER_RUN - NMUON * MUON_RUN) / NRUNS))
-rc=0
-timeout --signal=INT $((PER_RUN * NRUNS)) python -m benchmarks.bench --model "$MODEL" --layouts "$LAYOUTS" \
-  --precision bf16-mixed --compile on --batch-size "$BATCH" --seq-len "$SEQ" --warmup 10 --steps 20 --timeout "$PER_RUN" \
-  --out "$OUT" || rc=$?
-[ -f "$OUT/bench.json" ] || { echo "gpu_check: no $OUT/bench.json (stopped after $((PER_RUN * NRUNS))s?)" >&2; exit 1; }
-RESULTS="$OUT/bench.json"
-if [ "$NEAGER" -gt 0 ]; then
-  rm -f "$OUT/overlap/bench.json"
-  timeout --signal=INT $((EAGER_RUN * NEAGER)) python -m benchmarks.bench --model "$MODEL" --layouts 1x2 \
-    --plan gpt_tp.parallel:TP_PLAN,benchmarks.plans:overlap2 --precision bf16-mixed --compile off --batch-size "$BATCH" \
-    --seq-len "$SEQ" --warmup 10 --steps 20 --timeout "$EAGER_RUN" --out "$OUT/overlap" || rc=$?
-  if [ -f "$OUT/overlap/bench.json" ]; then RESULTS="$RESULTS $OUT/overlap/bench.json"; fi
+if [ -e "$OUT" ] && [ ! -e "$OUT/.gpu_check" ]; then
+  echo "error: gpu_check: $OUT exists and is not a gpu_check folder; set OUT to another folder" >&2
+  exit 2
 fi
-rm -f "$OUT/muon/bench.json"
-timeout --signal=INT $((MUON_RUN * NMUON)) python -m benchmarks.bench --model "$MODEL" --layouts "$MUON_LAYOUTS" \
-  --optimizer muon --precision bf16-mixed --compile on --batch-size "$BATCH" --seq-len "$SEQ" --warmup 10 --steps 20 \
-  --timeout "$MUON_RUN" --out "$OUT/muon" || rc=$?
-if [ -f "$OUT/muon/bench.json" ]; then RESULTS="$RESULTS $OUT/muon/bench.json"; else
-  echo "gpu_check: Muon FAILED: no $OUT/muon/bench.json (stopped after $((MUON_RUN * NMUON))s?)" >&2; rc=1; fi
-python - $RESULTS <<'PY' || rc=1
-import json, sys
-failed = False
-for path in sys.argv[1:]:
-    for r in json.load(open(path))["runs"]:
-        if "error" in r or (r.get("optimizer") == "muon" and r.get("newton_schulz_share") is None):
-            print(f"{r['name']:<48} FAILED: {r.get('error', 'no Newton-Schulz time recorded')}")
-            failed = failed or r.get("optimizer") == "muon"
-        else:
-            mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-            ns = r.get("newton_schulz_share")
-            ns = "" if ns is None else f"   Newton-Schulz {100 * ns:.1f}% of the step"
-            mem = max(r["peak_memory_bytes"]) / 2**30
-            print(f"{r['name']:<48} {r['tokens_per_s']:>12,.0f} tok/s   MFU {mfu:>6}   step "
-                  f"{1e3 * r['step_time_s']['median']:.1f} ms   peak mem {mem:.1f} GiB{ns}")
-sys.exit(1 if failed else 0)
+rm -rf "$OUT" && mkdir -p "$OUT" && touch "$OUT/.gpu_check"  # no result of an earlier check is reported
+[ "$DRY" = 1 ] || nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpus.txt" 2>&1
+B=8; T=1024
+# the fit's callbacks and logger, per stage (a list given again replaces the whole list)
+stage_config() {  # stage_config NAME [STEP]: OUT/NAME.yaml (with STEP: the fit stops after it, as a preemption would)
+  local stop=""
+  [ -n "${2:-}" ] && stop="  - {class_path: tests.workers.stop_at.StopAt, init_args: {step: $2}}"$'\n'
+  cat > "$OUT/$1.yaml" <<EOF
+trainer:
+  devices: $TP
+  max_steps: 20
+  accumulate_grad_batches: 1
+  val_check_interval: 10
+  log_every_n_steps: 1
+  logger:
+  - class_path: lightning.pytorch.loggers.CSVLogger
+    init_args: {save_dir: $OUT/logs, name: $1, version: 0}
+  callbacks:
+  - class_path: gpt_tp.checkpoint.AtomicModelCheckpoint
+    init_args: {dirpath: $OUT/ckpt, filename: "step{step:07d}", auto_insert_metric_name: false,
+                every_n_train_steps: 10, save_top_k: 2, monitor: step, mode: max, save_last: link}
+  - class_path: gpt_tp.eval.hellaswag.HellaSwagCallback
+    init_args: {path: tests/fixtures/hellaswag_small.jsonl, every_n_steps: 10}
+${stop}model:
+  warmup_steps: 5
+  total_batch_size: $((B * T))
+data:
+  data_dir: data/sample
+  batch_size: $B
+  seq_len: $T
+  val_batches: 2
+EOF
+  echo "$OUT/$1.yaml"
+}
+FIT=(cli.py fit --config configs/tp2.yaml --trainer.strategy.init_args.tensor_parallel_size "$TP")
+HELLASWAG=(-m gpt_tp.eval.hellaswag --ckpt_path "$OUT/ckpt/last.ckpt" --path tests/fixtures/hellaswag_small.jsonl
+           --dtype bfloat16 --out "$OUT/hellaswag_result.json")
+[ "$TP" = 2 ] && HELLASWAG=(-m torch.distributed.run --standalone --nproc_per_node=2 "${HELLASWAG[@]}" --tp 2)
+
+FAILED=0
+stage() {  # stage NAME COMMAND...: run under its limit, output in OUT/NAME.log, then OUT/NAME.json at once
+  local name=$1 rc=0 t0=$SECONDS
+  shift
+  echo "gpu_check: $name (limit ${LIMITS[$name]} s): $*"
+  if [ "$DRY" = 1 ]; then
+    [ "${FAIL_STAGE:-}" = "$name" ] && rc=1
+  else
+    timeout --signal=INT --kill-after=$KILL "${LIMITS[$name]}" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+  fi
+  [ "$rc" = 0 ] || FAILED=1
+  "$PY" - "$OUT" "$name" "$rc" $((SECONDS - t0)) $((B * T)) "$DRY" <<'PY'
+import csv, json, os, statistics, sys
+out, name, rc, seconds, tokens, dry = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+r = {"stage": name, "ok": rc == 0, "rc": rc, "seconds": seconds, "tok_s": None, "mfu": None, "peak_gib": None,
+     "compile_s": None, "note": "dry run" if dry else "timed out" if rc in (124, 137) else ""}
+def num(row, key):
+    v = row.get(key)
+    return float(v) if v not in (None, "", "nan") else None
+csv_path = os.path.join(out, "logs", name, "version_0", "metrics.csv")
+rows = list(csv.DictReader(open(csv_path))) if os.path.exists(csv_path) else []
+steps = [row for row in rows if num(row, "train/tokens_per_sec")]
+if steps:  # fit, resume: the first step holds compilation; the others are the steady state
+    tok = [num(row, "train/tokens_per_sec") for row in steps]
+    steady = tok[1:] or tok
+    r["tok_s"] = statistics.median(steady)
+    mfu = [m for m in (num(row, "train/mfu") for row in steps[1:]) if m is not None]
+    r["mfu"] = statistics.median(mfu) if mfu else None
+    peaks = [p for p in (num(row, "train/peak_memory_gib") for row in steps) if p is not None]
+    r["peak_gib"] = max(peaks) if peaks else None
+    r["compile_s"] = tokens / tok[0] - tokens / r["tok_s"]
+    r["note"] = f"{len(steps)} steps logged {r['note']}".strip()
+for key in ("val/loss", "hellaswag/acc_norm"):  # fit, resume, validate
+    vals = [num(row, key) for row in rows if num(row, key) is not None]
+    if vals:
+        r["note"] = f"{r['note']} {key} {vals[-1]:.4f}".strip()
+hs = os.path.join(out, "hellaswag_result.json")
+if name == "hellaswag" and os.path.exists(hs):
+    r["note"] = f"acc_norm {json.load(open(hs))['acc_norm']:.4f} {r['note']}".strip()
+bench = os.path.join(out, "bench", "bench.json")
+if name == "bench" and os.path.exists(bench):
+    for run in json.load(open(bench))["runs"][:1]:
+        if "error" in run:
+            r["ok"], r["note"] = False, str(run["error"])[:120]
+            continue
+        r["tok_s"], r["mfu"] = run["tokens_per_s"], run["mfu"]
+        r["peak_gib"] = max(run["peak_memory_bytes"]) / 2**30
+        step = run["step_time_s"]["median"]
+        r["compile_s"] = run["first_step_s"] - step if run.get("first_step_s") is not None else None
+        r["note"] = f"step {1e3 * step:.1f} ms"
+elif name == "bench" and rc == 0 and not dry:
+    r["ok"], r["note"] = False, "no bench.json"
+if name == "gpu-tests" and os.path.exists(log := os.path.join(out, name + ".log")):
+    lines = [l for l in open(log).read().splitlines() if " passed" in l or " failed" in l or " skipped" in l]
+    r["note"] = (lines[-1].strip("= ") if lines else r["note"])[:80]
+with open(os.path.join(out, name + ".json.tmp"), "w") as f:
+    json.dump(r, f)
+os.replace(os.path.join(out, name + ".json.tmp"), os.path.join(out, name + ".json"))
+sys.exit(0 if r["ok"] else 1)
 PY
-exit $rc
+  [ $? = 0 ] || FAILED=1
+}
+
+stage gpu-tests "$PY" -m pytest -q -m gpu tests/test_gpu.py
+stage fit "$PY" "${FIT[@]}" --config "$(stage_config fit 10)"
+stage resume "$PY" "${FIT[@]}" --config "$(stage_config resume)" --ckpt_path last
+stage validate "$PY" cli.py validate --config configs/tp2.yaml --config "$(stage_config validate)" \
+  --trainer.strategy.init_args.tensor_parallel_size "$TP" --model.compile false --ckpt_path "$OUT/ckpt/last.ckpt"
+stage hellaswag "$PY" "${HELLASWAG[@]}"
+stage bench "$PY" -m benchmarks.bench --model gpt2 --layouts 1x1 --precision bf16-mixed --compile on --batch-size 16 \
+  --seq-len 1024 --warmup 5 --steps 10 --timeout $((LIMITS[bench] - 10)) --out "$OUT/bench"
+
+"$PY" - "$OUT" $STAGES <<'PY' | tee "$OUT/summary.md"
+import json, os, sys
+out, stages = sys.argv[1], sys.argv[2:]
+fmt = lambda v, f: "n/a" if v is None else f.format(v)
+print("| stage | result | s | tok/s | MFU | peak mem GiB | compile s | note |")
+print("|---|---|---:|---:|---:|---:|---:|---|")
+for name in stages:
+    path = os.path.join(out, name + ".json")
+    if not os.path.exists(path):
+        print(f"| {name} | not run | | | | | | |")
+        continue
+    r = json.load(open(path))
+    print(f"| {name} | {'pass' if r['ok'] else 'FAIL (' + str(r['rc']) + ')'} | {r['seconds']} | "
+          f"{fmt(r['tok_s'], '{:,.0f}')} | {fmt(r['mfu'], '{:.1%}')} | {fmt(r['peak_gib'], '{:.2f}')} | "
+          f"{fmt(r['compile_s'], '{:.1f}')} | {r['note']} |")
+PY
+[ "$FAILED" = 0 ] || echo "gpu_check: a stage failed; its output is in $OUT/<stage>.log" >&2
+exit $FAILED

@@ -108,6 +108,12 @@ FLAGS = {
                                  "HellaSwagCallback every_n_steps=-1 must be >= 0"),
     "hellaswag-batch-0": (["--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback", "--trainer.callbacks.batch_size", "0"],
                           "HellaSwagCallback batch_size=0 and pad_to=32 must be >= 1"),
+    "hellaswag-missing-file": (["--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback", "--trainer.callbacks.path",
+                                "no/such/hellaswag_val.jsonl"],
+                               "no/such/hellaswag_val.jsonl not found: fetch it where there is internet (python -m "
+                               "gpt_tp.eval.hellaswag_data writes data/hellaswag/hellaswag_val.jsonl) and copy it here"),
+    "matmul-precision": (["--model.float32_matmul_precision", "tf32"],
+                         "model.float32_matmul_precision=tf32: use highest, high (TF32 on CUDA) or medium"),
     "sampler-every-negative": (["--trainer.callbacks", "gpt_tp.infer.sampling.TextSampleCallback", "--trainer.callbacks.every_n_steps", "-2"],
                                "TextSampleCallback every_n_steps=-2 must be >= 0"),
 }
@@ -144,16 +150,16 @@ def test_a_file_given_as_checkpoint_is_refused_and_kept(user_run, tmp_path):
 
 @pytest.mark.slow
 def test_checkpoint_of_another_size_through_cli_leaves_it_unchanged(ckpt):
-    """The real `python cli.py validate` (it starts a process group to load): refused, the folder unchanged."""
+    """The real `python cli.py validate` with a --model.model flag the checkpoint disagrees with: refused before
+    launch in one line naming both values, the folder unchanged (the load's own check: test_checkpoint.py)."""
     saved, _ = ckpt
     before = snapshot(saved)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "validate", "--config", CPU, *ONE_DEVICE, "--model.model.n_layer",
                            "3", "--ckpt_path", str(saved)], cwd=saved.parent.parent, env=env, capture_output=True, text=True, timeout=300)
     line = one_error_line(proc)
-    assert f"checkpoint {saved} does not fit this model (another model size?); set model.model" in line
-    # the first mismatch and the count, not every tensor (a checkpoint of another width lists them all otherwise)
-    assert line.endswith("model.transformer.h.2.ln_1.weight: in the model, not in the checkpoint (and 11 more)")
+    assert line == (f"error: --model.model.n_layer=3, but {saved} was trained with model.model.n_layer=2: drop the "
+                    "flag (the checkpoint's value is used), or start a new run")
     assert snapshot(saved) == before
 
 

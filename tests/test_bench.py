@@ -21,7 +21,6 @@ from benchmarks.bench import launch, main, parse_layouts, parser, specs_from_arg
 from benchmarks.collectives import step_collectives
 from gpt_tp.errors import UserError
 from gpt_tp.model import GPTConfig
-from gpt_tp.parallel import enable_async_tp
 
 PLANS = "gpt_tp.parallel:TP_PLAN,benchmarks.plans:overlap2,benchmarks.plans:torch_recipe"
 
@@ -126,7 +125,6 @@ def test_bad_flags(tmp_path, command_here):
         (["--plan", "overlap2"], "--plan='overlap2' must be module:attribute"),
         (["--plan", "benchmarks.plans:nope"], "module 'benchmarks.plans' has no attribute 'nope'"),
         (["--compile", "maybe"], "'maybe' is not on/off"),
-        (["--async-tp"], "--async-tp needs CUDA GPUs"),
         (["--gpu", "V100"], "--gpu='V100' is not known"),
         (["--seq-len", "256"], "exceeds the model's block_size=128"),
         (["--model", "gpt5"], "--model='gpt5' is unknown"),
@@ -183,11 +181,6 @@ def test_a_failed_worker_reports_its_own_error(tmp_path):
     assert r["error"] == "rank 0: ValueError: sequence length 32 exceeds model.block_size=16", r["error"]
 
 
-def test_async_tp_refused_on_cpu():
-    with pytest.raises(RuntimeError, match="async TP needs CUDA GPUs"):
-        enable_async_tp(SimpleNamespace(device_type="cpu", size=lambda: 2))
-
-
 def test_help(command_here):
     """In this process as its __main__ runs it (the bench fixture runs `python -m benchmarks.bench`)."""
     proc = command_here(lambda: main(["--help"]))
@@ -211,3 +204,26 @@ def test_loader_command(command_here):
     for args, msg in [(["--seconds", "0"], "--seconds=0.0 must be > 0"), (["--nope"], "unrecognized arguments: --nope")]:
         proc = command_here(lambda: loader_main(args))  # noqa: B023
         assert msg in one_error_line(proc)
+
+
+def test_timing_path_collectives_take_cuda_tensors():
+    """The benchmark's timing reduction (benchmarks.step.slowest, bench_worker's and muon_comm's) on fake CUDA tensors
+    through --simulate's fake process group, which refuses a collective on a CPU tensor as NCCL does."""
+    import torch
+    import torch.distributed as dist
+
+    from benchmarks.step import slowest
+    from gpt_tp.cli.simulate import CollectiveCounts
+    from gpt_tp.torch_internals import FakeTensorMode
+
+    dist.init_process_group("fake", rank=0, world_size=2)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), CollectiveCounts({dist.group.WORLD.group_name: "world"},
+                                                                          "cuda") as comms:
+            t = slowest([0.1, 0.2, 0.3], torch.device("cuda"))
+            with pytest.raises(RuntimeError, match="on a CPU tensor: NCCL takes tensors on the process group's CUDA"):
+                dist.all_reduce(torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64), op=dist.ReduceOp.MAX)
+    finally:
+        dist.destroy_process_group()
+    assert t.device.type == "cuda" and t.dtype == torch.float64 and t.shape == (3,)
+    assert comms.counts == {("world", "all_reduce"): 1}

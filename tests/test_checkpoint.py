@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from conftest import ROOT, WORKERS, read_json, run_python, run_torchrun
+from torch.distributed.checkpoint import save as dcp_save
+
 from gpt_tp.checkpoint import CheckpointError, check_checkpoint, load_consolidated, recover_interrupted_saves
+from gpt_tp.checkpoint.store import PARTIAL, SUMS, check_intact, checksums, publish
 from gpt_tp.errors import UserError
 from gpt_tp.checkpoint.export import main as export_main
 
@@ -173,7 +176,7 @@ def test_checkpoint_of_another_model_size_is_refused(straight, tmp_path):
     assert proc.returncode != 0
     assert "does not fit this model" in proc.stderr
     assert "model.transformer.wte.weight: checkpoint (50304, 64) vs model (50304, 128)" in proc.stderr
-    assert sorted(os.listdir(saved)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # untouched
+    assert sorted(os.listdir(saved)) == [".metadata", "__0_0.distcp", "__1_0.distcp", SUMS, "meta.pt"]  # untouched
 
 
 @pytest.mark.slow
@@ -280,6 +283,48 @@ def test_bad_checkpoint_folders(ckpt, tmp_path):
     (corrupt / ".metadata").write_bytes(b"not a pickle")
     with pytest.raises(CheckpointError, match="unreadable.*corrupt"):
         check_checkpoint(corrupt)
+
+
+def _published(folder, value: float, mtime: float):
+    """A one-process distributed checkpoint of 256 KiB, published as ModelParallel publishes one (with its CRC-32s)."""
+    tmp = folder.with_name(folder.name + PARTIAL)
+    with pytest.warns(UserWarning, match="torch.distributed is disabled"):
+        dcp_save({"state_dict.w": torch.full((65536,), value)}, checkpoint_id=tmp)
+    torch.save({"global_step": int(value)}, tmp / "meta.pt")
+    publish(tmp, folder, [checksums(tmp, slice(0, None, 2)), checksums(tmp, slice(1, None, 2))])  # two ranks' shares
+    os.utime(folder / "meta.pt", (mtime, mtime))
+    return folder
+
+
+def test_damaged_checkpoint_names_the_newest_intact_one(tmp_path):
+    """A shard cut short is found by its size (every check), one overwritten at the same size by the CRC-32s recorded
+    at save (check_intact; a rank's share of the files, or all); either names the newest intact checkpoint beside it,
+    skipping a damaged one. A folder saved without checksums is checked by size only."""
+    old, mid, new = (_published(tmp_path / f"step{i}.ckpt", i, 1000 + i) for i in (1, 2, 3))
+    os.symlink("step3.ckpt", tmp_path / "last.ckpt")
+    assert sorted(os.listdir(new)) == [".metadata", "__0_0.distcp", SUMS, "meta.pt"]
+    for ckpt in (old, mid, new):
+        check_intact(ckpt)
+    shard = mid / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[100_000:120_000] = os.urandom(20_000)  # 20 kB overwritten, same size
+    shard.write_bytes(bytes(data))
+    check_checkpoint(mid)  # sizes only
+    check_intact(mid, slice(0, None, 2))  # .metadata and meta.pt: intact
+    with pytest.raises(CheckpointError) as e:
+        check_intact(mid, slice(1, None, 2))  # the shard
+    assert str(e.value) == (f"checkpoint {mid} is damaged: {shard} does not match the CRC-32 its save recorded; the "
+                            f"newest intact checkpoint beside it is {new}")
+    size = (new / "__0_0.distcp").stat().st_size
+    with open(new / "__0_0.distcp", "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(CheckpointError) as e:
+        check_checkpoint(tmp_path / "last.ckpt")
+    assert str(e.value) == (f"checkpoint {tmp_path / 'last.ckpt'} is damaged: {tmp_path / 'last.ckpt' / '__0_0.distcp'} "
+                            f"is cut short ({size // 2} bytes; its .metadata needs {size}); the newest intact "
+                            f"checkpoint beside it is {old}")
+    (mid / SUMS).unlink()  # saved without checksums: sizes only
+    check_intact(mid)
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 stop every rank before any step)."""
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -199,6 +200,44 @@ def test_each_shard_is_checked_once_never_per_batch(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"tiny_train_000003.npy: token id 50300 at position 10 "):
         GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2).setup("fit")
     assert reads[4:] == ["tiny_train_000003.npy"]
+
+
+def test_a_shards_largest_id_is_read_once_for_every_start(tmp_path, monkeypatch):
+    """Each shard's largest id is recorded beside the shards (shard_max.json), so a later start (a fresh process:
+    its memory of checked shards cleared) reads no shard, but one that changed since; in a folder that cannot be
+    written every start reads every shard and opens all the same."""
+    make_shards(tmp_path, [3000, 1000, 1000, 1000])  # consecutive ids: shard i's largest is its last
+    reads, real = [], data_mod.shard_max
+    monkeypatch.setattr(data_mod, "shard_max", lambda p: reads.append(Path(p).name) or real(p))
+
+    def start() -> None:
+        data_mod._checked_shards.clear()
+        GPTDataModule(tmp_path, batch_size=2, seq_len=8, val_batches=2).setup("fit")
+
+    start()
+    assert len(reads) == 4
+    record = json.loads((tmp_path / data_mod.MAX_IDS).read_text())
+    assert {k: v[2] for k, v in record.items()} == {"tiny_val_000000.npy": 2999, "tiny_train_000001.npy": 3999,
+                                                    "tiny_train_000002.npy": 4999, "tiny_train_000003.npy": 5999}
+    start()
+    start()
+    assert len(reads) == 4
+    put_id(tmp_path / "tiny_train_000003.npy", 10, 50300)
+    with pytest.raises(DataError, match=r"tiny_train_000003.npy: token id 50300 at position 10 "):
+        start()
+    assert reads[4:] == ["tiny_train_000003.npy"]
+    put_id(tmp_path / "tiny_train_000003.npy", 10, 7)
+    start()
+    assert reads[5:] == ["tiny_train_000003.npy"]
+    (tmp_path / data_mod.MAX_IDS).unlink()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(data_mod.tempfile, "mkstemp", read_only)
+    start()
+    start()
+    assert len(reads) == 6 + 8 and not (tmp_path / data_mod.MAX_IDS).exists()
 
 
 DATA_FIT = REPO / "tests" / "workers" / "data_fit.py"

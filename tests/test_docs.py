@@ -129,3 +129,15 @@ def test_benchmarks_stand_beside_the_package():
     """benchmarks/ uses the package (and its own modules); the package is importable without it."""
     used = {name.split(".")[0] for path in (ROOT / "benchmarks").glob("*.py") for name in imports(path)}
     assert "gpt_tp" in used and "tests" not in used
+
+
+def test_scale_md_states_modelparallels_process_group_timeout():
+    """docs/scale.md's "bound" row: the timeout gpt_tp.checkpoint.ModelParallel passes to gloo and to NCCL alike."""
+    import inspect
+    from datetime import timedelta
+
+    from gpt_tp.checkpoint import ModelParallel
+
+    assert inspect.signature(ModelParallel.__init__).parameters["timeout"].default == timedelta(minutes=30)
+    row = next(line for line in text(ROOT / "docs" / "scale.md").splitlines() if line.startswith("| bound |"))
+    assert row.count("(default 30 min)") == 2 and "10 min" not in row

@@ -109,6 +109,22 @@ def test_failed_download_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_gpu_configs_read_the_file_fetched_with_the_data(tmp_path, monkeypatch, capsys):
+    """The GPU configs name data/hellaswag/hellaswag_val.jsonl (no rank downloads it on a compute node), the file
+    `python -m gpt_tp.eval.hellaswag_data` writes there."""
+    import yaml
+
+    for name in ("tp2", "gpt2-xl-8gpu", "multinode-2x8"):
+        callbacks = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["trainer"]["callbacks"]
+        (hellaswag,) = [c for c in callbacks if c["class_path"] == "gpt_tp.eval.hellaswag.HellaSwagCallback"]
+        assert hellaswag["init_args"]["path"] == "data/hellaswag/hellaswag_val.jsonl", name
+    monkeypatch.setattr(hd, "fetch_url", lambda url, timeout=60.0: FIXTURE.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    hd.main()
+    fetched = tmp_path / "data" / "hellaswag" / "hellaswag_val.jsonl"
+    assert fetched.read_bytes() == FIXTURE.read_bytes() and capsys.readouterr().out.strip() == "data/hellaswag/hellaswag_val.jsonl"
+
+
 # ---- Lightning ---------------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT, read_json, run_torchrun
 from gpt_tp.eval import hellaswag_data as hd
 from gpt_tp.eval import hellaswag_score as score
-from gpt_tp.parallel.vocab import mask_padded_vocab
+from gpt_tp.parallel.loss import mask_padded_vocab
 from gpt_tp.ranks import Layout
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"

@@ -1,8 +1,9 @@
 """A run's lifecycle through the real `cli.py fit` (configs/cpu.yaml, TP=2, saving every 3 steps): its final step is
 saved; SIGTERM to the process group or to one rank, under Lightning's own processes and under torchrun, saves the
-step reached and stops every rank with exit code 143; last.ckpt names this run's newest checkpoint in a fresh, a used
-and a copied folder (that a fine-tune's checkpoint needs no init_from again: tests/test_user_paths.py's
-fine-tune). The launch mistakes run in this process."""
+step reached and stops every rank with exit code 143, and Ctrl-C does the same with 130; a rank killed with SIGKILL
+leaves one line naming it; last.ckpt names this run's newest checkpoint in a fresh, a used and a copied folder (that a
+fine-tune's checkpoint needs no init_from again: tests/test_user_paths.py's fine-tune); a damaged checkpoint is
+refused in one line by every command. The launch mistakes run in this process."""
 
 import os
 import re
@@ -23,6 +24,7 @@ from test_bad_inputs import CPU, ONE_DEVICE, cli_main, snapshot
 
 from gpt_tp.cli import checks
 from gpt_tp.cli.main import GPTCLI
+from gpt_tp.errors import UserError
 
 
 def checkpointing(dirpath: Path, *, every: int = 3) -> str:
@@ -146,6 +148,65 @@ def test_sigterm_saves_the_step_reached_and_stops_every_rank(tmp_path, launch, t
     assert subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).stdout == b""
 
 
+@pytest.mark.slow
+def test_ctrl_c_saves_the_step_reached_and_a_second_one_keeps_the_checkpoints(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) after the step-5 save: the step reached is saved as
+    after SIGTERM, with the same closing line, and every rank exits 130; a second Ctrl-C as that save's partial folder
+    appears changes nothing: the save completes and step 5's checkpoint is as it was."""
+    ck = tmp_path / "ck"
+    proc = fit("--config", checkpointing(ck, every=5), "--trainer.max_steps", "400", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ck / "step0000005.ckpt" / "meta.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.05)
+        kept = snapshot(ck / "step0000005.ckpt")
+        os.killpg(proc.pid, signal.SIGINT)
+        while not list(ck.glob("*.partial")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        during = bool(list(ck.glob("*.partial")))
+        os.killpg(proc.pid, signal.SIGINT)
+        rc, out = finished(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 130, out[-3000:]
+    stop = re.search(r"gpt_tp fit: stopped by SIGINT at step (\d+); saved checkpoints in (\S+) \(last\.ckpt -> "
+                     r"(step\d+\.ckpt)\); resume with --ckpt_path last", out)
+    assert stop, out[-3000:]
+    step = int(stop[1])
+    print(f"Ctrl-C: stopped at step {step}; the second Ctrl-C came {'during' if during else 'after'} the save")
+    assert 5 < step < 10 and stop[2] == str(ck) and stop[3] == f"step{step:07d}.ckpt"
+    assert os.readlink(ck / "last.ckpt") == stop[3] and step_of(ck / "last.ckpt") == step
+    assert snapshot(ck / "step0000005.ckpt") == kept
+    assert sorted(re.findall(r"rank (\d): checkpoint saved after SIGINT: exiting", out)) == ["0", "1"], out[-3000:]
+    assert "KeyboardInterrupt" not in out and "Traceback" not in out and "graceful shutdown" not in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_leaves_one_line_naming_it(tmp_path):
+    """SIGKILL to rank 1 (a kill -9, the kernel's OOM killer) after the step-3 save: rank 0's next collective fails, and
+    instead of gloo's traceback it prints one line naming rank 1 and how it ended, and exits with code 75."""
+    ck = tmp_path / "ck"
+    proc = fit("--config", checkpointing(ck), "--trainer.max_steps", "400", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ck / "step0000003.ckpt" / "meta.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        os.kill(_children(proc.pid)[0], signal.SIGKILL)
+        rc, out = finished(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 75, out[-3000:]
+    lines = [line for line in out.splitlines() if "collective failed" in line]
+    assert len(lines) == 1 and re.fullmatch(
+        r"\[gpt_tp\] rank 0: a collective failed at step \d+: rank 1 died \(killed by SIGKILL\) \(\w+: .*\)\. "
+        r"Exiting with code 75; see the other ranks' logs, then resume from the latest checkpoint\.", lines[0]), out[-3000:]
+    assert "Traceback" not in out and "Connection closed" not in out.replace(lines[0], ""), out[-3000:]
+
+
 # ---- launch mistakes: one line before anything waits (in this process) ---------------------------------------------
 def test_slurm_allocation_of_another_size(user_run, monkeypatch):
     for k, v in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "7", "SLURM_PROCID": "0",
@@ -174,6 +235,30 @@ def test_stray_torchrun_variables(user_run, monkeypatch):
     assert line == (f"error: nothing answers the rendezvous at 127.0.0.1:{port} after 1 s: this shell holds torchrun's "
                     f"variables ({names}), left by an earlier job? `unset {names}` and run again, or start the run "
                     "under torchrun")
+
+
+def test_lightning_launcher_on_a_node_started_first_does_not_probe(monkeypatch):
+    """Lightning's launcher without Slurm or torchrun: node 1's processes hold LOCAL_RANK, NODE_RANK, WORLD_SIZE and
+    MASTER_* but no RANK; with node 0 not yet up they go on to the process group (which waits for it) rather than
+    blame torchrun's variables. A shell that holds RANK is still asked (test_stray_torchrun_variables)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.environments import LightningEnvironment
+
+    with socket.socket() as s:  # node 0's port, where nothing listens yet
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(checks, "RENDEZVOUS_TIMEOUT_S", 1.0)
+    monkeypatch.delenv("RANK", raising=False)
+    for k, v in {"LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(cluster_environment=LightningEnvironment()), num_devices=2,
+                              num_nodes=2)
+    checks.check_launch(trainer)  # returns: no UserError naming torchrun's variables
+    monkeypatch.setenv("RANK", "3")  # the same shell with torchrun's RANK: asked, and refused
+    with pytest.raises(UserError, match="nothing answers the rendezvous"):
+        checks.check_launch(trainer)
 
 
 def test_callback_list_that_replaced_the_checkpoint(user_run, tmp_path, monkeypatch):
@@ -212,3 +297,47 @@ def test_fresh_run_into_a_used_folder_and_a_complete_run(user_run, ckpt, tmp_pat
     assert line == (f"error: --ckpt_path last: the run is already complete ({used}/last.ckpt is at step 1 >= "
                     "trainer.max_steps 1); raise --trainer.max_steps to train further")
     assert snapshot(used) == before
+
+
+@pytest.mark.slow
+def test_damaged_checkpoint_is_refused_in_one_line_by_every_command(tmp_path, command_here):
+    """A TP=2 run saves steps 2 and 4; a copy of its folder with step 4's rank-1 shard cut short, and one with 20 kB of
+    rank 0's overwritten at the same size. fit --ckpt_path last (TP=2), validate (TP=2), predict (one process) and
+    export each refuse it in one line naming the file and step 2, the newest intact checkpoint beside it, and change
+    nothing."""
+    from gpt_tp.checkpoint.export import main as export_main
+
+    ck = tmp_path / "ck"
+    rc, out = finished(fit("--config", checkpointing(ck, every=2), "--trainer.max_steps", "4"))
+    assert rc == 0, out[-3000:]
+    cut, over = tmp_path / "cut", tmp_path / "over"
+    for copy in (cut, over):
+        shutil.copytree(ck, copy, symlinks=True)
+    shard = cut / "step0000004.ckpt" / "__1_0.distcp"
+    size = shard.stat().st_size
+    os.truncate(shard, size - 1000)
+    with open(over / "step0000004.ckpt" / "__0_0.distcp", "r+b") as f:
+        f.seek(size // 3)
+        f.write(os.urandom(20_000))
+    before = {d: snapshot(d) for d in (cut, over)}
+    short = (f"error: checkpoint {cut}/last.ckpt is damaged: {cut}/last.ckpt/__1_0.distcp is cut short ({size - 1000} "
+             f"bytes; its .metadata needs {size}); the newest intact checkpoint beside it is {cut}/step0000002.ckpt")
+    changed = (f"error: checkpoint {over}/step0000004.ckpt is damaged: {over}/step0000004.ckpt/__0_0.distcp does not "
+               f"match the CRC-32 its save recorded; the newest intact checkpoint beside it is {over}/step0000002.ckpt")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def cli_run(*args: str) -> str:
+        proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        return one_error_line(proc)
+
+    assert cli_run("fit", "--config", CPU, "--config", checkpointing(cut, every=2), "--ckpt_path", "last",
+                   "--trainer.max_steps", "6") == short
+    tp2 = ("--trainer.logger", "false", "--trainer.callbacks", "[]")
+    assert cli_run("validate", "--config", CPU, *tp2, "--ckpt_path", f"{over}/step0000004.ckpt") == changed
+    assert cli_run("predict", "--config", CPU, *ONE_DEVICE, "--ckpt_path", f"{over}/step0000004.ckpt",
+                   "--prompt", "ROMEO:", "--max_new_tokens", "2") == changed
+    for path, line in ((f"{cut}/last.ckpt", short), (f"{over}/step0000004.ckpt", changed)):
+        proc = command_here(lambda: export_main([path, "--out", str(tmp_path / "hf")]))
+        assert one_error_line(proc) == line
+    assert {d: snapshot(d) for d in (cut, over)} == before and not (tmp_path / "hf").exists()

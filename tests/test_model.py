@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from gpt_tp.model import GPT, GPTConfig, config_from_hf, from_hf_state_dict, hf_config_dict, load_hf_dir, qkv_from_per_head, qkv_to_per_head, to_hf_state_dict
+from gpt_tp.model import GPT, GPTConfig, from_hf_state_dict, hf_config_dict, load_hf_dir, qkv_from_per_head, qkv_to_per_head, to_hf_state_dict
 
 
 
@@ -157,11 +157,32 @@ def test_hugging_face_bad_directories(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="expected a GPT-2 checkpoint.*llama"):
         load_hf_dir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "activation_function": "relu"}))
     with pytest.raises(ValueError, match="activation_function 'relu'"):
-        config_from_hf({"model_type": "gpt2", "activation_function": "relu"})
+        load_hf_dir(tmp_path)
 
 
 def test_sequence_longer_than_block_size_is_refused():
     m = GPT(GPTConfig.from_name("tiny"))
     with pytest.raises(ValueError, match="exceeds model.block_size=128"):
         m(torch.zeros(1, 129, dtype=torch.long))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bf16_autocast_keeps_a_bf16_residual_stream(dtype):
+    """Under bf16 autocast every block takes a bf16 residual stream on one device, the embeddings each rounded to bf16
+    (as FSDP2's bf16 gathers of wte and wpe give it at DP > 1); fp16 autocast and none leave it float32."""
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+    seen = []
+    model.transformer.h[0].register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.autocast("cpu", dtype=dtype):
+        model(idx)
+    model(idx)
+    tok, pos = model.transformer.wte(idx), model.transformer.wpe(torch.arange(16))
+    assert seen == [dtype if dtype == torch.bfloat16 else torch.float32, torch.float32]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = []
+        model.transformer.h[0].register_forward_pre_hook(lambda m, args: x.append(args[0]))
+        model(idx)
+    assert torch.equal(x[0], tok.bfloat16() + pos.bfloat16())

@@ -5,7 +5,8 @@ import math
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins import MixedPrecision
 
 from gpt_tp.errors import UserError
@@ -174,3 +175,58 @@ def test_resume_applies_the_optimizer_settings_it_is_given(tmp_path):
     assert model.hparams.optimizer == {"class_path": "gpt_tp.train.optim.AdamW", "init_args": {
         "weight_decay": 0.0, "betas": (0.5, 0.6), "eps": 1e-3, "fused": None}}
     assert all(s["step"] == 4 for s in model.optimizers().optimizer.state.values())  # the saved moments went on
+
+
+def test_float32_matmul_precision_is_set_at_setup():
+    """model.float32_matmul_precision: high (TF32 on CUDA) is torch's setting in the process that sets the module up."""
+    from gpt_tp.train.run import resolve_run
+
+    module = GPTModule("tiny", float32_matmul_precision="high")
+    module.use_run(resolve_run(module.config, 1, 1))
+    assert torch.get_float32_matmul_precision() == "highest"
+    try:
+        module.setup("validate")
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+class MetricsRecord(Logger):
+    """Every value logged, by step and metric, in memory."""
+
+    name, version = "record", 0
+
+    def __init__(self):
+        super().__init__()
+        self.rows = {}
+
+    @property
+    def experiment(self):
+        return None
+
+    def log_metrics(self, metrics, step=None):
+        for k, v in metrics.items():  # every value: LearningRateMonitor logs at each micro-batch's start
+            self.rows.setdefault(step, {}).setdefault(k, []).append(v)
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+
+def test_learning_rate_monitor_logs_the_steps_lr(tmp_path):
+    """LearningRateMonitor (reading the optimizer at on_train_batch_start) logs each step's own lr, equal to train/lr
+    and the schedule's, from the first step and from the first resumed step, with gradient accumulation."""
+    data = SyntheticDataModule(batch_size=2, seq_len=32)
+    for steps, ckpt in ((3, None), (6, tmp_path / "three.ckpt")):
+        t = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=(logger := MetricsRecord()),
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0, log_every_n_steps=1, accumulate_grad_batches=2, inference_mode=False,
+                      callbacks=[LearningRateMonitor(logging_interval="step")])
+        t.fit(GPTModule("tiny", max_lr=1e-3, warmup_steps=2, total_batch_size=None), data, ckpt_path=ckpt)
+        t.save_checkpoint(tmp_path / "three.ckpt")
+        monitored = {s: r["lr-AdamW/pg1"] + r["lr-AdamW/pg2"] for s, r in logger.rows.items() if "lr-AdamW/pg1" in r}
+        logged = {s: r["train/lr"] for s, r in logger.rows.items() if "train/lr" in r}
+        first = 0 if ckpt is None else 3
+        assert sorted(monitored) == sorted(logged) == list(range(first, steps))
+        for s in monitored:  # each micro-batch's value, both groups (decay, no decay)
+            assert monitored[s] == [pytest.approx(get_lr(s, 1e-3, 6e-5, 2, steps))] * 4, s
+            assert logged[s] == [pytest.approx(monitored[s][0])], s

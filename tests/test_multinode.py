@@ -55,3 +55,35 @@ def test_two_nodes_tp_inside_dp_across(tmp_path):
         assert len(r["tp_group"]) == 2 and {ranks[q]["node_rank"] for q in r["tp_group"]} == {r["node_rank"]}
         assert len(r["dp_group"]) == 2 and {ranks[q]["node_rank"] for q in r["dp_group"]} == {0, 1}
     assert {tuple(r["tp_group"]) for r in ranks.values()} == {(0, 1), (2, 3)}
+
+
+@pytest.mark.slow
+def test_cli_node_started_first_waits_for_node_0():
+    """`cli.py fit` on 2 "nodes" of 2 processes through Lightning's launcher (no Slurm, no torchrun), node 0 started
+    60 s after node 1 has spawned its second process (past gpt_tp.cli.checks' 30 s rendezvous probe): node 1 waits in
+    the process group, both train, and nothing blames torchrun's variables."""
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "LOCAL_RANK", "RANK", "WORLD_SIZE"))}
+    env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = [sys.executable, str(ROOT / "cli.py"), "fit", "--config", "configs/cpu.yaml", "--trainer.num_nodes", "2",
+           "--trainer.logger", "false", "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false",
+           "--trainer.strategy.init_args.data_parallel_size", "2", "--trainer.max_steps", "2",
+           "--model.total_batch_size", "2048", "--trainer.limit_val_batches", "0"]
+    start = lambda node: subprocess.Popen(cmd, cwd=ROOT, env={**env, "NODE_RANK": str(node)}, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    procs = [start(1)]
+    try:
+        session = lambda: subprocess.run(["pgrep", "-s", str(procs[0].pid)], capture_output=True, text=True).stdout
+        while len(session().split()) < 2 and procs[0].poll() is None:
+            time.sleep(0.5)  # until Lightning's launcher has started node 1's local rank 1
+        time.sleep(60)
+        procs.append(start(0))
+        for node, p in zip((1, 0), procs):  # node 1 first: if it gave up, node 0 would wait for it until killed
+            log = p.communicate(timeout=600)[0]
+            assert p.returncode == 0 and "torchrun" not in log, f"node {node} ({p.returncode}):\n{log[-4000:]}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()

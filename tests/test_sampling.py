@@ -5,8 +5,7 @@ import torch
 
 from conftest import read_json, run_torchrun
 from gpt_tp.errors import DataError
-from gpt_tp.infer.sampling import TextSampleCallback
-from gpt_tp.infer.generate import PROMPT, generate, last_logits, sample_texts
+from gpt_tp.infer.sampling import PROMPT, TextSampleCallback, generate, last_logits, sample_texts
 
 
 def test_same_seed_same_text_and_prompt_kept(tiny, enc):

@@ -35,9 +35,8 @@ def _launch_ranks(tmp_path: Path, *args: str, port: int | None = None) -> list[t
 
 
 def _wait_training(procs):
-    wait_for(lambda: all("fail-fast watchdog on" in log.read_text() for _, log in procs), 180, "both ranks to train")
     # a few optimizer steps (both ranks take each one together): FailFast's heartbeat, every step on rank 0
-    wait_for(lambda: "rank 0: step 3\n" in procs[0][1].read_text(), 60, "three optimizer steps", interval=0.2)
+    wait_for(lambda: "rank 0: step 3\n" in procs[0][1].read_text(), 240, "three optimizer steps", interval=0.2)
 
 
 def _cleanup(procs):

@@ -1,5 +1,5 @@
 """The torch internals gpt_tp.torch_internals relies on still work as it expects: a torch upgrade that changes one fails
-here, by name, before it breaks sequence parallelism, async TP or --simulate."""
+here, by name, before it breaks sequence parallelism or --simulate."""
 
 import inspect
 from contextlib import contextmanager
@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from gpt_tp.torch_internals import CHECKED, FUNCTIONAL, FakeTensorMode, enable_micro_pipeline_tp, memory_tracker
+from gpt_tp.torch_internals import CHECKED, FUNCTIONAL, FakeTensorMode, memory_tracker
 
 
 @contextmanager
@@ -41,24 +41,14 @@ def test_functional_collectives_take_a_group_name():
     assert torch.equal(gathered, x) and torch.equal(scattered, x)
 
 
-def test_async_tp_switches_are_the_ones_inductor_reads():
-    """enable_micro_pipeline_tp sets the config flag Inductor's post-grad passes check and registers the group as the
-    micro-pipeline pass asks (is_symm_mem_enabled_for_group), which matches sequence parallelism's all-gather op."""
-    import torch._inductor.config as inductor_config
+def test_micro_pipeline_pass_matches_mm_and_splits_addmm_on_gpus_only():
+    """docs/performance.md's reason for no async TP setting: Inductor's micro-pipeline pass fuses an all-gather into an
+    aten.mm (or _scaled_mm), never an addmm; addmm becomes mm + add on a GPU only, before pointwise users."""
     from torch._inductor.fx_passes import micro_pipeline_tp, post_grad
-    from torch.distributed._symmetric_memory import is_symm_mem_enabled_for_group
 
-    assert "if config._micro_pipeline_tp:" in inspect.getsource(post_grad.post_grad_passes)
-    assert "is_symm_mem_enabled_for_group(group_name)" in inspect.getsource(micro_pipeline_tp)
-    assert "c10d = torch.ops._c10d_functional" in inspect.getsource(micro_pipeline_tp)
-    assert inductor_config._micro_pipeline_tp is False
-    try:
-        with process_group("gloo") as group:
-            assert not is_symm_mem_enabled_for_group(group)
-            enable_micro_pipeline_tp(group)
-            assert inductor_config._micro_pipeline_tp is True and is_symm_mem_enabled_for_group(group)
-    finally:
-        inductor_config._micro_pipeline_tp = False
+    source = inspect.getsource(micro_pipeline_tp)
+    assert "aten.mm.default, aten._scaled_mm.default" in source and "addmm" not in source
+    assert "if not is_gpu(inp.meta[\"val\"].device.type):" in inspect.getsource(post_grad.should_prefer_unfused_addmm)
 
 
 def test_fake_tensors_allocate_nothing():

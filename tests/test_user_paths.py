@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import ROOT, WORKERS
+from conftest import ROOT, WORKERS, one_error_line
 
 from gpt_tp.checkpoint.export import ExportError
 from gpt_tp.checkpoint.export import main as export_main
@@ -49,7 +49,8 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     no longer than its warmup) -> resumed from 'last' with max_steps 8 -> export -> transformers gives our logits ->
     HellaSwag scores the checkpoint and the exported folder alike. init_from with model.model fields of another shape
     builds the folder's model, says which fields went unused and records the model built; the fine-tune's checkpoint
-    resumes, validates, predicts and exports without init_from."""
+    resumes, validates, predicts and exports without init_from, and so does the resumed run's: resumed again to 10
+    steps, validated."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     hf_dir = tmp_path / "hf"
@@ -82,6 +83,12 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
             (*fit, "--trainer.max_steps", "8", "--ckpt_path", "last"),
             ("cli.py", "validate", *one), ("cli.py", "predict", *one, "--prompt", "ROMEO:", "--max_new_tokens", "4")])
     assert sorted(os.listdir(ckpt)) == ["last.ckpt", "step0004.ckpt", "step0008.ckpt"]
+    # the resumed run's checkpoint (it recorded init_from null, and the model built): resumed again, and validated
+    one8 = (*one[:-1], str(ckpt / "step0008.ckpt"))
+    with ThreadPoolExecutor(2) as pool:
+        third_run, validated = pool.map(lambda args: run(*args), [
+            (*fit, "--trainer.max_steps", "10", "--ckpt_path", "last"), ("cli.py", "validate", *one8)])
+    assert "val/loss" in validated.stdout
 
     # every step logged, on the schedule its run asked for: step 4, the first after the resume, starts the new
     # cosine at max_lr (the saved optimizer held the old schedule's end, min_lr)
@@ -98,12 +105,14 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     exported = run("-m", "gpt_tp.checkpoint.export", str(ckpt / "last.ckpt"), "--out", str(out))
     # what the user sees: none of Lightning's or torch's lines that say nothing about this run, and each command's
     # last line names what it wrote
-    for proc in (first_run, second_run, exported):
+    for proc in (first_run, second_run, third_run, exported):
         assert not any(noise in proc.stdout + proc.stderr for noise in NOISE), proc.stderr[-3000:]
     assert first_run.stdout.strip().splitlines()[-1] == (
         f"gpt_tp fit: step 4; checkpoints in {ckpt} (last.ckpt -> step0004.ckpt); logs in {logs / 'ft' / 'version_0'}")
     assert second_run.stdout.strip().splitlines()[-1].startswith(
         f"gpt_tp fit: step 8; checkpoints in {ckpt} (last.ckpt -> step0008.ckpt)")
+    assert third_run.stdout.strip().splitlines()[-1].startswith(
+        f"gpt_tp fit: step 10; checkpoints in {ckpt} (last.ckpt -> step0010.ckpt)")
     assert exported.stdout.strip().splitlines()[-1] == f"wrote {out}"
     d = torch.load(out / "model.pt")
     ours = GPT(GPTConfig(**d["config"])).eval()
@@ -114,7 +123,7 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
     x = torch.randint(0, 50257, (2, 24))
     with torch.no_grad():
         torch.testing.assert_close(ours(x)[..., :50257], hf(x).logits, rtol=1e-4, atol=1e-4)
-        assert (hf(x).logits - start(x).logits).abs().max() > 1e-2  # 8 steps of fine-tuning changed the model
+        assert (hf(x).logits - start(x).logits).abs().max() > 1e-2  # 10 steps of fine-tuning changed the model
 
     fixture = str(ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl")  # python -m gpt_tp.eval.hellaswag, in this process
     a = hellaswag_main(["--ckpt_path", str(ckpt / "last.ckpt"), "--path", fixture])
@@ -148,3 +157,36 @@ def test_export_mistakes_are_one_line(tmp_path):
     with pytest.raises(ExportError, match=r"--out .*out exists and is not an empty folder; choose a new --out"):
         export_main([str(ckpt), "--out", str(tmp_path / "out")])
     assert os.listdir(tmp_path / "out") == ["keep.txt"] and (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_checkpoint_records_the_model_and_optimizer_every_command_uses(tmp_path):
+    """A run trained with --model.model.n_embd 48 and --model.optimizer Muon (one process) is resumed, validated and
+    predicted from without those flags: each command uses the checkpoint's model and optimizer (a --config file's
+    values are not the user's flags). A flag that agrees is accepted; one that disagrees is refused in one line
+    naming both values, before anything runs."""
+    ckpt = tmp_path / "ckpt"
+    base = ("--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.devices", "1",
+            "--trainer.strategy.init_args.tensor_parallel_size", "1", "--data.val_batches", "1",
+            "--trainer.callbacks", "gpt_tp.checkpoint.AtomicModelCheckpoint", "--trainer.callbacks.dirpath", str(ckpt),
+            "--trainer.callbacks.save_last", "link")
+    run("cli.py", "fit", *base, "--trainer.max_steps", "2", "--model.model.n_embd", "48", "--model.optimizer", "Muon")
+    last = ("--ckpt_path", "last")
+    with ThreadPoolExecutor(3) as pool:
+        resumed, validated, predicted = pool.map(lambda args: run(*args), [
+            ("cli.py", "fit", *base, "--trainer.max_steps", "3", *last),
+            ("cli.py", "validate", *base, "--ckpt_path", str(ckpt / "epoch=1-step=2.ckpt"), "--model.model.n_embd", "48"),
+            ("cli.py", "predict", *base, "--ckpt_path", str(ckpt / "epoch=1-step=2.ckpt"), "--prompt", "ROMEO:",
+             "--max_new_tokens", "2")])
+    assert resumed.stdout.strip().splitlines()[-1].startswith("gpt_tp fit: step 3; ")
+    assert "val/loss" in validated.stdout and "gpt_tp predict: 1 continuation printed" in predicted.stdout
+    saved = torch.load(ckpt / "last.ckpt" / "meta.pt", weights_only=True)
+    assert saved["global_step"] == 3 and saved["hyper_parameters"]["model"]["n_embd"] == 48
+    assert saved["hyper_parameters"]["optimizer"]["class_path"] == "gpt_tp.train.optim.Muon"
+    for flag, line in ((("--model.model.n_embd", "64"), "--model.model.n_embd=64, but {} was trained with "
+                        "model.model.n_embd=48"), (("--model.optimizer", "AdamW"), "--model.optimizer=AdamW, but {} "
+                        "was trained with model.optimizer=Muon")):
+        proc = subprocess.run([sys.executable, "cli.py", "validate", *base, *last, *flag], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert one_error_line(proc) == (f"error: {line.format(ckpt / 'last.ckpt')}: drop the flag (the checkpoint's "
+                                        "value is used), or start a new run")

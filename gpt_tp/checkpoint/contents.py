@@ -59,7 +59,7 @@ def read_contents(path: str | os.PathLike) -> Contents:
 def load_consolidated(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     """(the model's GPTConfig, its full single-device GPT state dict) from a distributed checkpoint, in one process
     without a process group, whatever layout saved it."""
-    check_checkpoint(path)
+    check_checkpoint(path, part=slice(None))
     config = read_contents(path).model
     if config is None:
         raise CheckpointError(f"{path}/{META} holds no gpt_tp hyper-parameters: not a gpt_tp checkpoint")

@@ -2,9 +2,12 @@
 
 import contextlib
 import errno
+import functools
+import json
 import os
 import re
 import shutil
+import zlib
 from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemReader
@@ -16,6 +19,7 @@ from gpt_tp.sizing.sizes import checkpoint_bytes
 
 PARTIAL = ".partial"
 OLD = ".old"  # a checkpoint being replaced under its name
+SUMS = "crc32.json"  # each file's CRC-32, recorded at save and checked at load
 
 SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", f"[Errno {errno.ENOSPC}]", f"[Errno {errno.EDQUOT}]")
@@ -58,9 +62,9 @@ class CheckpointSpaceError(CheckpointError):
     """A checkpoint save ran out of space (ENOSPC or EDQUOT) on some rank: every rank stops with it, exit code 2."""
 
 
-def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
-    """Raise CheckpointError unless `path` is a complete distributed checkpoint whose tensors (keys of
-    expected_shapes, e.g. 'model.transformer.wte.weight') have the expected global shapes."""
+def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[int, ...]] | None = None, part=slice(0)) -> None:
+    """Raise CheckpointError unless `path` is a complete, intact (check_intact; CRC-32s of the files in `part`) distributed
+    checkpoint whose tensors (keys of expected_shapes, e.g. 'model.transformer.wte.weight') have the expected shapes."""
     p = Path(path)
     if not p.exists():
         aside = p.with_name(p.name + OLD)
@@ -86,6 +90,7 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
     files = {getattr(s, "relative_path", None) for s in (metadata.storage_data or {}).values()} - {None}
     if missing := sorted(f for f in files if not (p / f).is_file()):
         raise CheckpointError(f"{p} is missing shard files {', '.join(missing)}; copy the whole checkpoint folder")
+    check_intact(p, part, metadata)
     if expected_shapes is None:
         return
     saved = {k.removeprefix("state_dict."): tuple(v.size) for k, v in metadata.state_dict_metadata.items()
@@ -97,6 +102,45 @@ def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[i
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise CheckpointError(f"checkpoint {p} does not fit this model (another model size?); set model.model to the "
                               f"size it was trained with: {problems[0]}{more}")
+
+
+def crc32(path: Path) -> int:
+    with open(path, "rb") as f:  # 16 MiB at a time
+        return functools.reduce(lambda crc, chunk: zlib.crc32(chunk, crc), iter(lambda: f.read(1 << 24), b""), 0)
+
+
+def checksums(folder: Path, part: slice) -> dict[str, int]:
+    """The CRC-32 of each file in `folder`, of the sorted names those in `part` (one rank's share)."""
+    return {f.name: crc32(f) for f in sorted(folder.iterdir())[part] if f.name != SUMS}
+
+
+def damage(p: Path, part: slice = slice(None), metadata=None) -> str | None:
+    """What is wrong with the files of the checkpoint folder `p`: a shard shorter than its .metadata says, or (of the
+    sorted files, those in `part`) a CRC-32 other than the one its save recorded; None: nothing found."""
+    stored = (metadata or FileSystemReader(str(p)).read_metadata()).storage_data.values()
+    ends = {s.relative_path: s.offset + s.length for s in sorted(stored, key=lambda s: s.offset + s.length)}  # the max
+    if short := [f"{p / f} is cut short ({size} bytes; its .metadata needs {n})" for f, n in sorted(ends.items())
+                 if (size := (p / f).stat().st_size) < n]:
+        return short[0]
+    saved = json.loads((p / SUMS).read_text()) if (p / SUMS).is_file() else {}
+    bad = [f for f, crc in checksums(p, part if saved else slice(0)).items() if saved.get(f, crc) != crc]
+    return f"{p / bad[0]} does not match the CRC-32 its save recorded" if bad else None
+
+
+def _intact(p: Path) -> bool:
+    with contextlib.suppress(Exception):  # an unreadable .metadata: not intact
+        return damage(p) is None
+    return False
+
+
+def check_intact(p: Path, part: slice = slice(None), metadata=None) -> None:
+    """Raise CheckpointError naming what `damage` finds and the newest intact checkpoint beside `p`."""
+    if (what := damage(p, part, metadata)) is None:
+        return
+    newest = (m.parent for m in sorted(p.parent.glob(f"*.ckpt/{META}"), key=os.path.getmtime, reverse=True))
+    intact = next((o for o in newest if not o.is_symlink() and o.resolve() != p.resolve() and _intact(o)), None)
+    fix = f"the newest intact checkpoint beside it is {intact}" if intact else "no intact checkpoint is beside it"
+    raise CheckpointError(f"checkpoint {p} is damaged: {what}; {fix}")
 
 
 def _fsync(path: Path) -> None:
@@ -127,11 +171,12 @@ def recover_interrupted_saves(folder: str | os.PathLike, clean: bool = False) ->
     return restored
 
 
-def publish(tmp: Path, final: Path) -> None:
-    """Make the finished `tmp` the checkpoint `final`, never leaving `final` without one that recover_interrupted_saves
-    cannot bring back."""
-    _fsync(tmp / META)
-    _fsync(tmp)
+def publish(tmp: Path, final: Path, sums: list[dict[str, int]]) -> None:
+    """Make the finished `tmp`, with the CRC-32s `sums` (each rank's checksums), the checkpoint `final`, never leaving
+    `final` without one that recover_interrupted_saves cannot bring back."""
+    (tmp / SUMS).write_text(json.dumps(dict(sorted(kv for d in sums for kv in d.items()))))
+    for f in (tmp / META, tmp / SUMS, tmp):
+        _fsync(f)
     old = final.with_name(final.name + OLD)
     if final.is_symlink() or final.is_file():
         final.unlink()

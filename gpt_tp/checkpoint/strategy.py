@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
@@ -18,7 +19,7 @@ from torch.distributed.constants import default_pg_timeout
 from gpt_tp.checkpoint.lightning_internals import META, mark_saved, setup_with_mesh
 from gpt_tp.checkpoint.contents import Contents, optimizer_name, read_contents
 from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint, checkpoint_space,
-                                     human_bytes, is_space_error, publish, recover_interrupted_saves, root_cause)
+                                     checksums, human_bytes, is_space_error, publish, recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
 from gpt_tp.parallel import is_parallelized
 
@@ -63,17 +64,17 @@ class ModelParallel(ModelParallelStrategy):
 
     setup_environment = setup_with_mesh  # Lightning's, its mesh made by gpt_tp.ranks.build_mesh (every path's)
 
-    def _on_every_rank(self, what: str, action: Callable[[], object]) -> None:
-        """Run `action` on every rank (one_does, a barrier): a failure on any rank raises one CheckpointError on all."""
+    def _on_every_rank(self, what: str, action: Callable[[], object]) -> object:
+        """`action()` on every rank (one_does, a barrier): a failure on any rank raises one CheckpointError on all."""
 
-        def act() -> None:
+        def act() -> object:
             try:
-                action()
+                return action()
             except (Exception, CheckpointException) as e:  # DCP's is a BaseException; any failed write is the same
                 raise CheckpointError(f"{what} failed on rank {self.global_rank}: {root_cause(e)}; fix the storage "
                                       "(space, permissions) and resume from the last checkpoint") from e
 
-        one_does(act, doer=True)
+        return one_does(act, doer=True)
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
         if not self.distributed_checkpoint:
@@ -87,7 +88,9 @@ class ModelParallel(ModelParallelStrategy):
         self._on_every_rank(f"preparing {final.parent}", lambda: zero and recover_interrupted_saves(final.parent, clean=True))
         try:
             self._on_every_rank(f"writing checkpoint {tmp}", lambda: super(ModelParallel, self).save_checkpoint(checkpoint, tmp, storage_options))
-            self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and publish(tmp, final))
+            part, sums = slice(self.global_rank, None, self.world_size), [None] * self.world_size  # each rank's share
+            dist.all_gather_object(sums, self._on_every_rank(f"reading back {tmp}", lambda: checksums(tmp, part)))
+            self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and publish(tmp, final, sums))
         except Exception as e:  # every rank is here with the failure (shared): the partial goes at once, then one line
             self._on_every_rank(f"removing {tmp}", lambda: zero and shutil.rmtree(tmp, ignore_errors=True))
             # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer
@@ -104,7 +107,8 @@ class ModelParallel(ModelParallelStrategy):
         path = Path(self.broadcast(str(checkpoint_path)))
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
         state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
-        check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
+        shapes = {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)}  # each rank: its share of CRC-32s
+        one_does(lambda: check_checkpoint(path, shapes, slice(self.global_rank, None, self.world_size)), doer=True)
         saved, optimizer = read_contents(path).optimizer, optimizer_name(self.lightning_module.hparams.get("optimizer"))
         if saved != optimizer:  # AdamW's moments are not Muon's buffers
             raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "

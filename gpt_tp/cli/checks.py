@@ -52,11 +52,10 @@ def check_launch(trainer) -> None:
                             f"--nodes={nodes} --ntasks-per-node={devices} (sbatch/srun), or set trainer.devices and "
                             "trainer.num_nodes to the allocation")
         return
-    if not isinstance(env, (LightningEnvironment, TorchElasticEnvironment)) or "LOCAL_RANK" not in os.environ:
-        return  # Lightning starts the other processes itself
+    if not isinstance(env, (LightningEnvironment, TorchElasticEnvironment)) or "RANK" not in os.environ:
+        return  # Lightning's launcher (its processes have LOCAL_RANK, not RANK): the first node waits for the others
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not (agent_store or rank != 0):
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not (agent_store or int(os.environ["RANK"]) != 0):
         return  # rank 0 without torchrun's store serves the rendezvous itself: nothing to ask
     addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0"))
     deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S

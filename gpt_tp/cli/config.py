@@ -160,6 +160,7 @@ class TrainingCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Parsed; a file given to --ckpt_path is refused here (checkpoints are folders), before Lightning unpickles it."""
         self.config = parse(parser, args)
+        self.argv = sys.argv[1:] if args is None else list(args) if isinstance(args, list) else []  # set_by's
         if sub := self.config.get("subcommand"):
             check_ckpt_path(self.config[sub].get("ckpt_path"), parsed=True)
 
@@ -229,12 +230,40 @@ def counted_devices(cfg, to: str) -> tuple[int, int]:
     return devices, cfg.trainer.num_nodes
 
 
-def resolve_model(cfg, saved: Contents | None) -> None:
-    """cfg.model.model becomes the model the run builds: a resumed fine-tune's (`saved`: what its checkpoint holds),
-    not init_from's again; or init_from's config.json's, a warning naming the model.model fields it does not use."""
+def set_by(argv: list[str], key: str) -> bool:
+    """The command line sets `key` or a field of it (--key V, --key=V, --key.field V): only its flags are the user's
+    choice over what a checkpoint records (a --config file's values are not)."""
+    return any(a.split("=", 1)[0] == f"--{key}" or a.startswith(f"--{key}.") for a in argv)
+
+
+def _recorded(cfg, path: str, saved: Contents, argv: list[str]) -> None:
+    """cfg.model takes the checkpoint's model and optimizer; a command-line flag that disagrees is refused."""
     model = cfg.model
-    if model.init_from is None and saved is not None and saved.hparams.get("init_from") is not None and saved.model:
-        model.model = Namespace(**dataclasses.asdict(saved.model))
+    whole = next((k for k in ("init_from", "model") if any(a.split("=", 1)[0] == f"--model.{k}" for a in argv)), None)
+    fields = [f.name for f in dataclasses.fields(GPTConfig) if whole or set_by(argv, f"model.model.{f.name}")]
+    asked = built_config(model.model, model.init_from) if fields else None
+    for f, was in ((f, getattr(saved.model, f)) for f in fields if getattr(asked, f) != getattr(saved.model, f)):
+        flag = (f"--model.model.{f}={getattr(asked, f)}" if set_by(argv, f"model.model.{f}")
+                else f"--model.{whole}={model[whole]} (model.model.{f}={getattr(asked, f)})")
+        raise UserError(f"{flag}, but {path} was trained with model.model.{f}={was}: drop the flag (the checkpoint's "
+                        "value is used), or start a new run")
+    model.model, model.init_from = Namespace(**dataclasses.asdict(saved.model)), None
+    recorded = saved.hparams.get("optimizer")
+    if set_by(argv, "model.optimizer"):
+        if (kind := type(optimizer_from(model.optimizer.as_dict())).__name__) != saved.optimizer:
+            raise UserError(f"--model.optimizer={kind}, but {path} was trained with model.optimizer={saved.optimizer}: "
+                            "drop the flag (the checkpoint's value is used), or start a new run")
+    elif isinstance(recorded, dict):
+        model.optimizer = Namespace(class_path=recorded["class_path"], init_args=Namespace(**recorded["init_args"]))
+
+
+def resolve_model(cfg, path: str | None, saved: Contents | None, argv: list[str]) -> None:
+    """cfg.model.model becomes the model the run builds: the recorded model and optimizer of the checkpoint it loads
+    (`saved`: what `path` holds) where the command line `argv` does not set them; or init_from's config.json's, a
+    warning naming the model.model fields it does not use."""
+    model = cfg.model
+    if saved is not None and saved.model is not None:
+        _recorded(cfg, path, saved, argv)
     elif model.init_from is not None:
         with contextlib.suppress(UserError):  # a folder GPTModule refuses: its loader names what is wrong with it
             built = built_config(model.model, model.init_from)  # its config.json decides the shape
@@ -263,7 +292,7 @@ def plan_layout(cfg, fit: bool) -> None:
     print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)", file=sys.stderr)
 
 
-def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int, cuda: bool) -> Run:
+def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int) -> Run:
     """The Run of a subcommand's parsed arguments: the same checks and lines for a launch and for --simulate."""
     fit = subcommand == "fit"
     dp, tp = map(int, parallel_sizes(cfg.trainer.strategy, devices * nodes))
@@ -272,10 +301,10 @@ def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int, cu
     source = (f"model.init_from={model.init_from}" if model.init_from is not None
               else f"model.model={model.model}" if isinstance(model.model, str) else None)
     return resolve_run(config, dp, tp, str(cfg.trainer.precision), model.activation_checkpointing, model.compile,
-                       model.async_tp, seq_len, cfg.data.batch_size if fit else None,
+                       seq_len, cfg.data.batch_size if fit else None,
                        1 if (acc := cfg.trainer.accumulate_grad_batches) is None else acc,
                        model.total_batch_size if fit else None,
-                       world_size=devices * nodes, devices_per_node=devices, cuda=cuda,
+                       world_size=devices * nodes, devices_per_node=devices,
                        flags=layout_flags(dp, tp, devices, nodes, seq_len, config, source))
 
 

@@ -6,7 +6,6 @@ import sys
 import warnings
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -22,7 +21,7 @@ from gpt_tp.train.optim import Schedule, optimizer_from
 from gpt_tp.infer.predict import PromptWriter
 from gpt_tp.train.progress import GPTSummary, StepProgressBar
 from gpt_tp.cli.simulate import format_simulation, simulate
-from gpt_tp.cluster.slurm import Preemption
+from gpt_tp.cluster.slurm import FailFast, Preemption
 
 
 class GPTCLI(TrainingCLI):
@@ -32,7 +31,7 @@ class GPTCLI(TrainingCLI):
         """check_config; the model the run builds; `auto` layouts planned; `fit --simulate` runs."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
-        resolve_model(cfg, checks.resumed(cfg)[1] if self.subcommand else None)
+        resolve_model(cfg, *(checks.resumed(cfg) if self.subcommand else (None, None)), self.argv)
         plan_layout(cfg, fit=self.subcommand == "fit")
         if self.subcommand == "fit" and cfg.get("simulate"):
             self._simulate(cfg)
@@ -40,7 +39,7 @@ class GPTCLI(TrainingCLI):
     def _simulate(self, cfg) -> None:
         """--simulate: the launch's checks, then one rank of the world in this process; exit 0, or 2 if it won't fit."""
         devices, nodes = counted_devices(cfg, "simulate")
-        run = run_of(cfg, "fit", built_config(cfg.model.model, cfg.model.init_from), devices, nodes, cuda=False)
+        run = run_of(cfg, "fit", built_config(cfg.model.model, cfg.model.init_from), devices, nodes)
         if not 0 <= cfg.simulate_rank < run.world:
             raise UserError(f"--simulate_rank={cfg.simulate_rank}: give a rank in 0..{run.world - 1}")
         m = cfg.model  # GPTModule's optimizer and schedule (max_steps: linked to trainer.max_steps), checked
@@ -66,6 +65,8 @@ class GPTCLI(TrainingCLI):
                 callbacks = [*callbacks, default()]
         if not any(isinstance(c, Preemption) for c in callbacks):  # SIGTERM on every launch: save, stop together
             callbacks = [*callbacks, Preemption(dirpath=None, signal_name=None, requeue=False)]
+        if not any(isinstance(c, FailFast) for c in callbacks):  # a dead peer: one line, not gloo's traceback
+            callbacks = [*callbacks, FailFast(stall_timeout_s=None)]
         # a failed log write stops every rank; the final step saved; validate's rows' step; the plot's lineage
         trainer["callbacks"] = [*callbacks, LogWriteCheck(), FinalStep(), CheckpointStep(), RunLineage()]
         try:
@@ -82,8 +83,7 @@ class GPTCLI(TrainingCLI):
         cfg, trainer, fit = self.config[self.subcommand], self.trainer, self.subcommand == "fit"
         checks.set_threads(trainer)
         checks.check_launch(trainer)
-        self.model.use_run(run_of(cfg, self.subcommand, self.model.config, trainer.num_devices, trainer.num_nodes,
-                                  isinstance(trainer.accelerator, CUDAAccelerator)))
+        self.model.use_run(run_of(cfg, self.subcommand, self.model.config, trainer.num_devices, trainer.num_nodes))
         ckpt, folders = cfg.get("ckpt_path"), checks.checkpoint_folders(trainer)
         checks.recover_saves(folders, ckpt)
         checks.check_ckpt_path(ckpt)

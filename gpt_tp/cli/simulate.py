@@ -34,18 +34,27 @@ COLLECTIVE_NAMES = {"_allgather_base_": "all_gather", "all_gather_into_tensor": 
                     "reduce_scatter_tensor": "reduce_scatter"}
 
 
-class CollectiveCounts(TorchDispatchMode):
-    """Counts the collectives run under it by process group: (group's label, collective) -> count."""
+def _tensors(args):
+    for a in args:  # c10d's ops take lists (of lists) of tensors
+        yield from _tensors(a) if isinstance(a, (list, tuple)) else [a] if isinstance(a, torch.Tensor) else []
 
-    def __init__(self, labels: dict[str, str]):
+
+class CollectiveCounts(TorchDispatchMode):
+    """Counts the collectives run under it by process group: (group's label, collective) -> count. On 'cuda' it
+    refuses a collective on a tensor elsewhere, as NCCL does (a fake process group takes any)."""
+
+    def __init__(self, labels: dict[str, str], device: str = "cpu"):
         super().__init__()
-        self.labels, self.counts = labels, Counter()  # labels: group_name -> mesh dimension
+        self.labels, self.counts, self.device = labels, Counter(), device  # labels: group_name -> mesh dimension
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(t is DTensor for t in types):
             return NotImplemented  # DTensor first turns the op into local ops and its collectives
+        collective = getattr(func, "namespace", None) in ("c10d", FUNCTIONAL.name)
+        if collective and self.device == "cuda" and any(t.device.type != "cuda" for t in _tensors(args)):
+            raise RuntimeError(f"{func} on a CPU tensor: NCCL takes tensors on the process group's CUDA device")
         out = func(*args, **(kwargs or {}))
-        if getattr(func, "namespace", None) in ("c10d", FUNCTIONAL.name):
+        if collective:
             # the group: functional collectives name it last; c10d's take it boxed, as their first script object
             names = [a for a in args if isinstance(a, str)]
             boxed = [a for a in args if isinstance(a, torch.ScriptObject)]
@@ -108,12 +117,12 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
                         tracker.reset_mod_stats()  # the tracker's peak stays; its per-module stats restart
                     return nullcontext()
 
-                train_step([(x, x)] * micro_batches, 0, 1.0, autocast, phase)
+                train_step([(x, x)] * micro_batches, 0, 1.0, autocast, phase, run.sync_once)
                 train_step.optimizer.zero_grad()
 
             labels = {dist.group.WORLD.group_name: "world"}
             labels |= {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}  # a dimension spanning the world
-            with CollectiveCounts(labels) as comms:
+            with CollectiveCounts(labels, device) as comms:
                 step(1)
             tracker = memory_tracker(model, train_step.optimizer, fsdp=dp > 1)
             with tracker:
@@ -125,7 +134,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
     m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing,
-                          optimizer=optimizer.kind)
+                          optimizer.kind, run.accumulate if run.sync_once else 1)
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"] = sum(planned.values())
     if tp > 1 and config.vocab_size % tp == 0:

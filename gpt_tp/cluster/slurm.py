@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -20,7 +19,7 @@ from gpt_tp.checkpoint.last import checkpoints_line, latest_checkpoint
 from gpt_tp.checkpoint.lightning_internals import save_step
 
 PREFIX = "gpt_tp"
-EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM": the run did not finish
+STOPS = (signal.SIGTERM, signal.SIGINT)  # save the step reached, then exit 128 + the signal (the shell's "ended by")
 COLLECTIVE_FAILURES = (  # what an error says when another rank died or hung (gloo, NCCL, c10d timeouts)
     "Connection closed by peer", "Connection reset by peer", "Timed out waiting", "DistBackendError", "NCCL error",
     "ncclRemoteError", "Broken pipe", "Watchdog caught collective operation timeout", "DistNetworkError",
@@ -37,10 +36,10 @@ def _say(msg: str) -> None:
 
 
 class Preemption(Callback):
-    """At the next optimizer step after SIGTERM (or signal_name), save a checkpoint (all ranks together), then leave:
-    after SIGTERM exit 143, after signal_name requeue the Slurm job and exit 0. cli.py adds one to every run that
-    lists none (dirpath None, signal_name None): Lightning's own SIGTERM handler runs a collective inside the handler,
-    which hangs when not every rank got the signal.
+    """At the next optimizer step after SIGTERM, SIGINT (Ctrl-C; again: no change) or signal_name, save a checkpoint
+    (all ranks together), then leave: after SIGTERM or SIGINT exit 128 + its number, after signal_name requeue the Slurm
+    job and exit 0. cli.py adds one to every run that lists none (dirpath None, signal_name None): Lightning's own
+    SIGTERM handler runs a collective inside the handler, which hangs when not every rank got the signal.
 
     Args:
         dirpath: folder for `preempt-step=N.ckpt`; give it to `python -m gpt_tp.cluster.slurm latest` when resuming.
@@ -58,14 +57,14 @@ class Preemption(Callback):
         if self.signum == signal.SIGTERM:
             raise ValueError("signal_name='SIGTERM': SIGTERM always saves and exits without requeue; use SIGUSR1 (#SBATCH --signal=USR1@90)")
         self.dirpath, self.requeue = dirpath, requeue
-        self.requested = self.terminated = False  # signal_name arrived, SIGTERM arrived
+        self.requested, self.terminated = False, 0  # signal_name arrived; the stop signal that arrived (0: none)
         self._previous: dict = {}  # signal -> the handler ours replaced
-        self._last_step = None
-        self._leave_after: str | None = None  # once saved: "sigterm", or the Slurm job to requeue
+        self._last_step, self._sums = None, None  # sums: every rank's step_flags, summed
+        self._leave_after: str | None = None  # once saved: the stop signal's name, or the Slurm job to requeue
 
     def _on_signal(self, signum, frame) -> None:  # only a flag: no I/O, no collectives inside a signal handler
-        if signum == signal.SIGTERM:
-            self.terminated = True
+        if signum in STOPS:
+            self.terminated = max(self.terminated, signum)  # SIGTERM's name wins over SIGINT's
         else:
             self.requested = True
 
@@ -84,7 +83,8 @@ class Preemption(Callback):
         self._install(self.signum)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._install(signal.SIGTERM)  # replaces Lightning's, installed just before training
+        for signum in STOPS:  # replaces Lightning's SIGTERM handler (installed just before training) and KeyboardInterrupt
+            self._install(signum)
         if self.signum is None:
             return
         keys = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT")
@@ -98,15 +98,20 @@ class Preemption(Callback):
                 signal.signal(signum, previous)
         self._previous = {}
 
+    def step_flags(self, trainer) -> list[float]:
+        return [self.requested, *(self.terminated == s for s in STOPS)]
+
+    def flags_summed(self, trainer, sums: list[float]) -> None:
+        self._sums = sums  # every rank's, summed in GPTModule's step (on_before_optimizer_step), which Preemption needs
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self._last_step:  # inside gradient accumulation: not a step boundary
             return
-        self._last_step = trainer.global_step
-        flags = torch.tensor([self.requested, self.terminated], dtype=torch.int32, device=trainer.strategy.root_device)
-        requested, terminated = (bool(v) for v in trainer.strategy.reduce(flags, reduce_op="sum").tolist())
+        self._last_step, sums, self._sums = trainer.global_step, self._sums or [0] * 3, None
+        requested, terminated = sums[0] > 0, next((s for s, n in zip(STOPS, sums[1:]) if n > 0), 0)  # SIGTERM's first
         if not (requested or terminated):
             return
-        name, step = "SIGTERM" if terminated else self.signum.name, trainer.global_step
+        name, step = signal.Signals(terminated).name if terminated else self.signum.name, trainer.global_step
         if self.dirpath is None:  # the run's own checkpoints: last.ckpt names the step
             saved = [p for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)
                      if (p := save_step(cb, trainer))]
@@ -122,8 +127,8 @@ class Preemption(Callback):
         job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
         if terminated:
             if trainer.is_global_zero:  # the run's closing line (cli.py's after_fit does not run)
-                print(f"gpt_tp fit: stopped by SIGTERM at step {step}; {where}", flush=True)
-            self._leave_after = "sigterm"  # the job is ending: no requeue
+                print(f"gpt_tp fit: stopped by {name} at step {step}; {where}", flush=True)
+            self._leave_after = name  # the job is ending: no requeue
         elif self.requeue and job:
             self._leave_after = job
         else:
@@ -135,8 +140,9 @@ class Preemption(Callback):
             return
         for logger in trainer.loggers:  # the metrics up to the checkpoint reach disk before the job goes
             logger.save()
-        if self._leave_after == "sigterm":
-            _exit_now(f"rank {trainer.global_rank}: checkpoint saved after SIGTERM: exiting", EXIT_SIGTERM)
+        if self._leave_after in (s.name for s in STOPS):
+            _exit_now(f"rank {trainer.global_rank}: checkpoint saved after {self._leave_after}: exiting",
+                      128 + signal.Signals[self._leave_after])
         job, self._leave_after = self._leave_after, None
         ok = True
         if trainer.is_global_zero:
@@ -158,7 +164,8 @@ def _exit_now(message: str, code: int) -> None:
 
 
 class FailFast(Callback):
-    """End this rank promptly and clearly when a peer rank dies or training stalls.
+    """End this rank promptly and clearly when a peer rank dies or training stalls. cli.py adds one without the
+    watchdog to every run that lists none.
 
     Args:
         stall_timeout_s: exit when no optimizer step or validation batch finishes for this long (cover the slowest
@@ -196,7 +203,7 @@ class FailFast(Callback):
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="gpt_tp-failfast", daemon=True)
             self._thread.start()
-        _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
+            _say(f"rank {self._rank}: fail-fast watchdog on (stall timeout {self.stall_timeout_s} s)")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, n = trainer.global_step, self.report_every_n_steps
@@ -212,11 +219,18 @@ class FailFast(Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self.on_train_end()
-        if any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
+        if not isinstance(exception, UserError) and any(k in f"{type(exception).__name__}: {exception}" for k in COLLECTIVE_FAILURES):
             first = str(exception).strip().splitlines()[0][:300]
-            _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: another "
-                      f"rank died or hung ({type(exception).__name__}: {first}). Exiting with code {self.exit_code}; "
-                      "see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
+            # the ranks this process started (Lightning's launcher) that ended, given 2 s for the kernel to report the
+            # one whose closed connection failed the collective: `rank 1 died (killed by SIGKILL)`
+            procs, end = getattr(trainer.strategy.launcher, "procs", None) or [], time.monotonic() + 2
+            while procs and all(p.poll() is None for p in procs) and time.monotonic() < end:
+                time.sleep(0.05)
+            dead = "; ".join(f"rank {r} died ({f'killed by {signal.Signals(-c).name}' if c < 0 else f'exit code {c}'})"
+                             for r, p in enumerate(procs, trainer.global_rank + 1) if (c := p.poll()) is not None)
+            _exit_now(f"rank {trainer.global_rank}: a collective failed at step {trainer.global_step}: "
+                      f"{dead or 'another rank died or hung'} ({type(exception).__name__}: {first}). Exiting with code "
+                      f"{self.exit_code}; see the other ranks' logs, then resume from the latest checkpoint.", self.exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,10 +2,11 @@
 
 import copy
 import errno
+import json
 import os
 import re
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -136,16 +137,33 @@ _checked_shards: set = set()  # (file identity, id limit) of the shards checked 
 
 
 def check_shard(path, vocab_size: int = GPT2_VOCAB) -> None:
-    """``check_token_ids`` over the whole shard ``path``, once per process for each version of the file."""
+    """``check_token_ids`` over the whole shard ``path``, once per process for each version of the file (recorded_max)."""
     path = os.fspath(path)
     st = os.stat(path)
     limit = min(GPT2_VOCAB, int(vocab_size))
     key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, limit)
     if key in _checked_shards:
         return
-    if shard_max(path) >= limit:
+    if recorded_max(path, st) >= limit:
         check_token_ids(read_shard(path), vocab_size, path)  # finds and names the first bad id
     _checked_shards.add(key)
+
+
+MAX_IDS = "shard_max.json"  # beside the shards: {file name: [size, mtime_ns, largest id]}
+
+
+def recorded_max(path: str, st: os.stat_result) -> int:
+    """Shard ``path``'s largest id as MAX_IDS records it for this size and mtime, else read and recorded (in a folder
+    that cannot be written: read at every start)."""
+    record, name, seen = os.path.join(os.path.dirname(path), MAX_IDS), os.path.basename(path), {}
+    with suppress(OSError, ValueError, TypeError):  # no record yet, or an unreadable one
+        seen = dict(json.loads(Path(record).read_text(encoding="utf-8")))
+    if isinstance(entry := seen.get(name), list) and entry[:2] == [st.st_size, st.st_mtime_ns]:
+        return int(entry[-1])
+    seen[name] = [st.st_size, st.st_mtime_ns, hi := shard_max(path)]
+    with suppress(OSError), atomic_file(record, unique=True) as f:  # ranks may record at once: each a whole file
+        f.write(json.dumps(seen).encode())
+    return hi
 
 
 def shard_max(path) -> int:

@@ -37,6 +37,8 @@ class HellaSwagCallback(StepCallback):
             raise HellaSwagError(f"HellaSwagCallback limit={limit} must be >= 1, or null for every example")
         if batch_size < 1 or pad_to < 1:
             raise HellaSwagError(f"HellaSwagCallback batch_size={batch_size} and pad_to={pad_to} must be >= 1")
+        if path is not None:  # named before any rank starts (a compute node may have no internet to fetch it)
+            resolve_path(path)
         self.path, self.cache_dir, self.limit, self.batch_size, self.pad_to = path, cache_dir, limit, batch_size, pad_to
         self.examples: list[dict] | None = None
 

@@ -7,6 +7,7 @@ import urllib.request
 from pathlib import Path
 
 from gpt_tp.data.shards import atomic_file, resolve_data_dir
+from gpt_tp.entry import run
 from gpt_tp.errors import UserError
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -95,7 +96,9 @@ def resolve_path(path: str | os.PathLike | None = None, cache_dir: str | os.Path
     if path is not None:
         p = resolve_data_dir(path)
         if not p.is_file():
-            raise HellaSwagError(f"HellaSwag file {p} not found: give an existing hellaswag_val.jsonl, or no path to download it into the cache dir")
+            raise HellaSwagError(f"HellaSwag file {p} not found: fetch it where there is internet (python -m "
+                                 f"gpt_tp.eval.hellaswag_data writes {DEFAULT_CACHE_DIR}/{FILENAME}) and copy it here, "
+                                 "or give no path to download it into the cache dir")
         return p
     dest = Path(cache_dir).expanduser() / FILENAME
     return dest if dest.is_file() else download(dest)
@@ -106,3 +109,12 @@ def render_example(example: dict, enc) -> tuple[list[list[int]], list[list[int]]
     ctx = enc.encode(example["ctx"])
     ends = [enc.encode(" " + end) for end in example["endings"]]  # GPT-2: the space belongs to the ending's first token
     return [ctx + e for e in ends], [[0] * len(ctx) + [1] * len(e) for e in ends], example["label"]
+
+
+def main() -> None:
+    """`python -m gpt_tp.eval.hellaswag_data`: the file fetched into data/hellaswag, where the GPU configs read it."""
+    print(resolve_path())
+
+
+if __name__ == "__main__":
+    run(main)

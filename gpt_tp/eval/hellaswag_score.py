@@ -13,7 +13,7 @@ from torchmetrics import Metric
 from gpt_tp.data.shards import check_token_ids
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.eval.hellaswag_data import render_example
-from gpt_tp.parallel.vocab import mask_padded_vocab, vocab_shard_offset
+from gpt_tp.parallel.loss import mask_padded_vocab, vocab_shard_offset
 from gpt_tp.ranks import Layout, model_vocab
 
 

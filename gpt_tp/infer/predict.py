@@ -12,7 +12,7 @@ from gpt_tp.collective import one_does
 from gpt_tp.data.shards import atomic_file
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.errors import UserError
-from gpt_tp.infer.generate import PROMPT, sample_texts
+from gpt_tp.infer.sampling import PROMPT, sample_texts
 
 
 @dataclass

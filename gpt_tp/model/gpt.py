@@ -85,6 +85,9 @@ SIZES = {
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=128),
 }
 
+# a block's matrices: Hugging Face stores them transposed (Conv1D), --model.optimizer Muon updates them
+BLOCK_MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
@@ -199,12 +202,14 @@ class GPT(nn.Module):
             fill(param, full)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx (B, T) token ids -> logits (B, T, vocab_size)."""
+        """idx (B, T) token ids -> logits (B, T, vocab_size). Under bf16 autocast the residual stream is bf16."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds model.block_size={self.config.block_size}")
         pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C) + (T, C)
+        tok, at = self.transformer.wte(idx), self.transformer.wpe(pos)  # (B, T, C), (T, C)
+        bf16 = torch.is_autocast_enabled(idx.device.type) and torch.get_autocast_dtype(idx.device.type) == torch.bfloat16
+        x = self.transformer.drop(tok.bfloat16() + at.bfloat16() if bf16 else tok + at)  # as FSDP2's bf16 wte, wpe
         for block in self.transformer.h:
             x = block(x)
         return self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)

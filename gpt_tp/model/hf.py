@@ -8,10 +8,9 @@ from pathlib import Path
 import torch
 
 from gpt_tp.errors import UserError
-from gpt_tp.model.gpt import GPT, GPTConfig
+from gpt_tp.model.gpt import BLOCK_MATRICES, GPT, GPTConfig
 
 HF_VOCAB_SIZE = 50257
-_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
 def qkv_to_per_head(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -31,7 +30,7 @@ def from_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
         k = k.removeprefix("transformer.")
         if k == "lm_head.weight" or k.endswith((".attn.bias", ".attn.masked_bias")):  # tied; old causal-mask buffers
             continue
-        if k.endswith(_CONV1D):
+        if k.endswith(BLOCK_MATRICES):
             v = v.t()
         if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias")):
             v = qkv_to_per_head(v, config.n_head)
@@ -53,7 +52,7 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
         k = name.removeprefix("transformer.")
         if k.endswith(("attn.c_attn.weight", "attn.c_attn.bias")):
             v = qkv_from_per_head(v, config.n_head)
-        if k.endswith(_CONV1D):
+        if k.endswith(BLOCK_MATRICES):
             v = v.t()
         if k == "wte.weight":
             v = v[:HF_VOCAB_SIZE]
@@ -72,23 +71,19 @@ def hf_config_dict(config: GPTConfig) -> dict:
             "bos_token_id": 50256, "eos_token_id": 50256, "tie_word_embeddings": True}
 
 
-def config_from_hf(hf: dict, vocab_size: int = 50304) -> GPTConfig:
-    """GPTConfig from a transformers GPT-2 config.json dict; refuses other architectures."""
-    if hf.get("model_type") != "gpt2":
-        raise UserError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
-    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise UserError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
-    if missing := [k for k in ("n_positions", "n_layer", "n_head", "n_embd", "vocab_size") if k not in hf]:
-        raise UserError(f"GPT-2 config fields {', '.join(missing)} missing")
-    vocab = max(vocab_size, hf["vocab_size"])
-    return GPTConfig(block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"],
-                     n_embd=hf["n_embd"], vocab_used=hf["vocab_size"] if hf["vocab_size"] < vocab else None)
-
-
 def read_hf_config(cfg_file: Path, vocab_size: int = 50304) -> GPTConfig:
     """GPTConfig from a Hugging Face GPT-2 config.json file; a file that is not one is a UserError naming it."""
     try:
-        return config_from_hf(json.loads(Path(cfg_file).read_text()), vocab_size)
+        hf = json.loads(Path(cfg_file).read_text())
+        if hf.get("model_type") != "gpt2":
+            raise UserError(f"expected a GPT-2 checkpoint (model_type 'gpt2'), got model_type={hf.get('model_type')!r}")
+        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise UserError(f"unsupported activation_function {hf['activation_function']!r}: gpt_tp uses GELU (tanh)")
+        if missing := [k for k in ("n_positions", "n_layer", "n_head", "n_embd", "vocab_size") if k not in hf]:
+            raise UserError(f"GPT-2 config fields {', '.join(missing)} missing")
+        vocab = max(vocab_size, hf["vocab_size"])
+        return GPTConfig(block_size=hf["n_positions"], vocab_size=vocab, n_layer=hf["n_layer"], n_head=hf["n_head"],
+                         n_embd=hf["n_embd"], vocab_used=hf["vocab_size"] if hf["vocab_size"] < vocab else None)
     except UserError as e:
         raise UserError(f"{cfg_file}: {e}") from e
     except (ValueError, TypeError) as e:  # not JSON, or a field of the wrong type

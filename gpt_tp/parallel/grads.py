@@ -26,30 +26,32 @@ def sync_grads(model: nn.Module) -> int:
     return len(grads)
 
 
-def grad_norm(model: nn.Module) -> torch.Tensor:
-    """The global gradient norm of synced gradients (sync_grads), for every layout: one all-reduce of the
-    squared-norm shares over the whole (dp, tp) mesh. Pure: reads the gradients only. A plain scalar tensor, no host
-    sync."""
+def grad_norm(model: nn.Module, carry: torch.Tensor | None = None) -> torch.Tensor:
+    """The global gradient norm of synced gradients (sync_grads), for every layout: one all-reduce over the whole job
+    of the squared-norm shares, which also sums `carry` (float32 values, in place: the step's loss and flags). Pure:
+    reads the gradients only. A plain scalar tensor, no host sync."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    # each local shard's squares over how many ranks hold a copy of it (the product of the mesh dims it is replicated
-    # on), so summing over all ranks counts every element once
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    # each local shard's squares over how many ranks hold a copy (a plain tensor: all; a DTensor: its replicated dims)
     by_copies: dict[int, list[torch.Tensor]] = {}
     for g in grads:
-        copies = 1
+        copies = world
         if isinstance(g, DTensor):
             if any(pl.is_partial() for pl in g.placements):
                 raise RuntimeError(f"a gradient is still Partial ({g.placements}): the plan left a reduction undone")
+            if g.device_mesh.size() != world:
+                raise RuntimeError(f"the grad norm reduces over the whole job, but the mesh {g.device_mesh} does not span it")
             copies = prod(g.device_mesh.size(i) for i, pl in enumerate(g.placements) if pl.is_replicate())
             g = g.to_local()
         by_copies.setdefault(copies, []).append(g)
     squares = [torch.nn.utils.get_total_norm(gs, foreach=True).float() ** 2 / c for c, gs in by_copies.items()]
     sq = torch.stack(squares).sum() if squares else torch.zeros(())
-    meshes = {g.device_mesh for g in grads if isinstance(g, DTensor)}
-    if meshes:
-        (mesh,) = meshes  # every parameter lives on the one (dp, tp) mesh
-        if mesh.ndim > 1 and mesh.size() != dist.get_world_size():
-            raise RuntimeError(f"the grad norm reduces over the whole job, but the mesh {mesh} does not span it")
-        dist.all_reduce(sq, group=mesh.get_group() if mesh.ndim == 1 else None)
+    if world > 1:
+        flat = torch.cat([sq.reshape(1), *([] if carry is None else [carry])])
+        dist.all_reduce(flat)
+        sq = flat[0]
+        if carry is not None:
+            carry.copy_(flat[1:])
     return sq.sqrt()
 
 

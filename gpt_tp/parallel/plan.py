@@ -9,7 +9,6 @@ from torch.distributed.tensor import Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from gpt_tp.parallel.sp import colwise, rowwise, vocab_embedding, vocab_head
-from gpt_tp.torch_internals import enable_micro_pipeline_tp
 
 
 class _LocalLayerNorm(nn.LayerNorm):
@@ -70,13 +69,3 @@ TP_PLAN: dict[str, ParallelStyle] = {
     "transformer.ln_f": SequenceReplicated(),
     "lm_head": vocab_head(),
 }
-
-
-def enable_async_tp(tp_mesh) -> None:
-    """Async TP on (gpt_tp.torch_internals) before the first compiled forward; refused without CUDA or at TP=1."""
-    if tp_mesh.device_type != "cuda":
-        raise RuntimeError(f"async TP needs CUDA GPUs (symmetric memory over NVLink); this TP mesh is on "
-                           f"'{tp_mesh.device_type}'. Leave async TP off on CPU.")
-    if tp_mesh.size() < 2:
-        raise RuntimeError("async TP needs tensor_parallel_size >= 2: there is nothing to overlap at TP=1")
-    enable_micro_pipeline_tp(tp_mesh.get_group().group_name)

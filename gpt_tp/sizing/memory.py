@@ -1,7 +1,7 @@
 """The planner's memory model: bytes per device of one data-parallel x tensor-parallel layout, checked against
 measurements in tests/test_planner.py. The terms are in docs/scale.md, "The memory model (per device)"."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB
@@ -23,6 +23,7 @@ class Memory:
     activations: int  # saved for backward in one forward (incl. autocast weight copies)
     transient: int  # logits + their grad at the loss; FSDP2's gathered blocks
     overhead: int
+    sync_once: bool = False  # accumulating at DP > 1, the unsharded gradients (in grads) fit: one reduce-scatter a step
 
     @property
     def states(self) -> int:
@@ -43,10 +44,10 @@ def precision_bytes(precision: str) -> tuple[int, int, int, int, int]:
 
 def _activation_bytes_per_element(precision: str, dp: int) -> tuple[int, int, int, int, int]:
     """(residual, matmul, log-softmax, autocast weight copy, gathered weight) bytes per element; FSDP2 (dp > 1) under
-    bf16-mixed gathers bf16 weights (parallelize's param_dtype): a bf16 residual stream, no autocast copies."""
+    bf16-mixed gathers bf16 weights (parallelize's param_dtype): no autocast copies."""
     param, r, m, lsm, wcopy = precision_bytes(precision)
     g = sizes.fsdp_gather_bytes(precision) if dp > 1 else param
-    return (2, m, lsm, 0, g) if g == 2 and r == 4 else (r, m, lsm, wcopy, g)
+    return r, m, lsm, 0 if g == 2 else wcopy, g
 
 
 def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: int, m: int, sdpa: str, ac: str) -> int:
@@ -103,11 +104,13 @@ def transient_bytes(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_le
 
 def memory_per_device(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed",
                       sdpa: str = "flash", overhead_gib: float = 1.5, ac: str = "none",
-                      optimizer: str = "adamw") -> Memory:
+                      optimizer: str = "adamw", accumulate: int = 1, device_memory_gib: float | None = None) -> Memory:
     s = sizes.state_bytes(config, dp, tp, precision_bytes(precision)[0], optimizer)
     a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)
     transient = transient_bytes(config, dp, tp, batch_size, seq_len, precision, sdpa, ac)
-    return Memory(s["params"], s["grads"], s["optimizer"], sum(a.values()), transient, int(overhead_gib * GIB))
+    m = Memory(s["params"], s["grads"], s["optimizer"], sum(a.values()), transient, int(overhead_gib * GIB))
+    held = replace(m, grads=sizes.numel(sizes.local_params(config, tp)) * precision_bytes(precision)[0], sync_once=True)
+    return held if dp > 1 and accumulate > 1 and fits(held, device_memory_gib) else m
 
 
 USABLE_FRACTION = 0.95  # of a device's memory a layout may fill

@@ -69,7 +69,8 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
     shapes = {"n_head": config.n_head, "n_embd": config.n_embd, "vocab_size": config.vocab_size, "seq_len": seq_len}
 
     def layout_memory(dp: int, tp: int) -> tuple[Memory, bool]:
-        m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac, optimizer)
+        m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac, optimizer, accum,
+                              device_memory_gib)
         return m, fits(m, device_memory_gib)
 
     for size in divisors(devices_per_node):

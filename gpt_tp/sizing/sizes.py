@@ -4,13 +4,13 @@ bytes per rank, for the planner (a step's collectives, derived from the same sha
 import math
 from typing import NamedTuple
 
-from gpt_tp.model import GPTConfig
+from gpt_tp.model import BLOCK_MATRICES, GPTConfig
 
 # trainer.precision -> bytes of (parameters / gradients / optimizer state, residual-stream activations, matmul
 # activations, log-softmax, the autocast weight copies kept for backward): the one list of precisions gpt_tp sizes
 PRECISIONS = {
     "32-true": (4, 4, 4, 4, 0), "32": (4, 4, 4, 4, 0),
-    "bf16-mixed": (4, 4, 2, 4, 2), "16-mixed": (4, 4, 2, 4, 2),
+    "bf16-mixed": (4, 2, 2, 4, 2), "16-mixed": (4, 4, 2, 4, 2),  # bf16-mixed: a bf16 residual stream (GPT.forward)
     "bf16-true": (2, 2, 2, 2, 0), "16-true": (2, 2, 2, 2, 0),
 }
 
@@ -67,16 +67,12 @@ def numel(params: list[LocalParam], dp: int = 1) -> int:
     return sum(math.ceil(p.shape[0] / dp) * math.prod(p.shape[1:]) for p in params)
 
 
-# the weights --model.optimizer Muon gives Muon (one momentum buffer each); AdamW keeps two moments of the rest
-MUON_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
 def state_bytes(config: GPTConfig, dp: int, tp: int, param_bytes: int = 4, optimizer: str = "adamw") -> dict[str, int]:
     """Parameters, gradients (in the parameter dtype), optimizer state and their total, in bytes per rank: AdamW's
-    two moments per parameter; under "muon" one momentum buffer per block matrix (MUON_WEIGHTS)."""
+    two moments per parameter; under "muon" one momentum buffer per block matrix (BLOCK_MATRICES)."""
     params = local_params(config, tp)
     n = numel(params, dp)
-    states = 2 * n - (numel([p for p in params if p.name in MUON_WEIGHTS], dp) if optimizer == "muon" else 0)
+    states = 2 * n - (numel([p for p in params if p.name in BLOCK_MATRICES], dp) if optimizer == "muon" else 0)
     out = {"params": n * param_bytes, "grads": n * param_bytes, "optimizer": states * param_bytes}
     return {**out, "total": sum(out.values())}
 

@@ -54,8 +54,6 @@ class TokenBatches(IterableDataset):
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         end = math.inf if self.num_batches is None else self.start + self.num_batches
-        if self.num_batches is not None and self.start + self.num_batches > self.batches_per_epoch0:
-            raise DataError(f"{self.split}: asked for batches up to {end} but the split holds {self.batches_per_epoch0}")
         epoch, k0 = 0, 0  # the epoch holding global batch k, and its first global batch
         stream, offset, n = self.epoch_layout(epoch)
         for k in itertools.takewhile(lambda k: k < end, itertools.count(self.start + wid, nw)):
@@ -173,13 +171,11 @@ class GPTDataModule(L.LightningDataModule):
         """The index of the next global batch to train on (without a trainer: counted by the loader's yields)."""
         return self._start + (self._consumed if self.trainer is not None else self._yielded)
 
-    def _accumulation(self) -> int | None:
-        return self.trainer.accumulate_grad_batches if self.trainer is not None else None
-
     def state_dict(self) -> dict:
         """Saved in checkpoints by Lightning: the training position and the batch geometry."""
         return {"train_batches": self.train_position(), "batch_size": self.batch_size, "seq_len": self.seq_len,
-                "dp_size": self.data_parallel()[1], "seed": self.seed, "accumulate_grad_batches": self._accumulation()}
+                "dp_size": self.data_parallel()[1], "seed": self.seed,
+                "accumulate_grad_batches": getattr(self.trainer, "accumulate_grad_batches", None)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Resume at the saved position (after a change of global batch geometry: at its token position). Exact
@@ -189,13 +185,13 @@ class GPTDataModule(L.LightningDataModule):
         k = int(state_dict["train_batches"])
         old = state_dict["batch_size"] * state_dict["seq_len"] * state_dict["dp_size"]
         new = self.batch_size * self.seq_len * self.data_parallel()[1]
-        was, now = state_dict.get("accumulate_grad_batches"), self._accumulation()
+        was, now = state_dict.get("accumulate_grad_batches"), getattr(self.trainer, "accumulate_grad_batches", None)
         if old != new:
             if not (was and now and old * was == new * now and k * old % new == 0 and k % now == 0):
                 rank_zero_warn(f"checkpoint data position was saved with {old} tokens per global batch, now {new}: "
                                "resuming at the same token position, not an exact continuation")
             k = -(-k * old // new)
-        interval = self.trainer.val_check_interval if self.trainer is not None else None
+        interval = getattr(self.trainer, "val_check_interval", None)
         if was and now and was != now and isinstance(interval, int):
             rank_zero_warn(f"trainer.val_check_interval={interval} counts micro-batches: with "
                            f"trainer.accumulate_grad_batches={now} (was {was}) validation comes every "

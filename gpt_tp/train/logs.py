@@ -85,24 +85,23 @@ def quiet_lightning() -> None:
 
 
 class LogWriteCheck(Callback):
-    """Every rank stops with rank 0's logger write error, at the next training batch or at the end of training."""
+    """Every rank stops with rank 0's logger write error, at the next optimizer step (its flag summed in the step's
+    all-reduce: GPTModule.on_before_optimizer_step) or at the end of training."""
 
-    def _check(self, trainer) -> None:
-        held = [lg for lg in trainer.loggers if isinstance(lg, HeldWrites)]  # alike on all ranks: all or none reduce
-        errors = [lg.write_error for lg in held if lg.write_error is not None]
-        if held and trainer.strategy.reduce_boolean_decision(bool(errors), all=False):
-            def fail() -> None:
-                if errors:
-                    raise errors[0]
+    def step_flags(self, trainer) -> list[float]:
+        return [any(getattr(lg, "write_error", None) is not None for lg in trainer.loggers)]
 
+    def flags_summed(self, trainer, sums: list[float]) -> None:
+        def fail() -> None:
+            if errors := [lg.write_error for lg in trainer.loggers if getattr(lg, "write_error", None) is not None]:
+                raise errors[0]
+
+        if sums[0]:
             one_does(fail)  # rank 0's error on every rank (gpt_tp.collective)
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if batch_idx % trainer.accumulate_grad_batches == 0:  # once per optimizer step
-            self._check(trainer)
-
     def on_train_end(self, trainer, pl_module) -> None:
-        self._check(trainer)
+        if any(isinstance(lg, HeldWrites) for lg in trainer.loggers):  # alike on all ranks: all or none reduce
+            self.flags_summed(trainer, [trainer.strategy.reduce_boolean_decision(self.step_flags(trainer)[0], all=False)])
 
 
 class CheckpointStep(Callback):

@@ -5,14 +5,13 @@ from contextlib import nullcontext
 
 import lightning as L
 import torch
-from lightning.pytorch.accelerators import CUDAAccelerator
 
 from gpt_tp.errors import UserError
 from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import AdamW, Muon, Schedule, optimizer_from
-from gpt_tp.parallel import TP_PLAN, check_ac_mode, enable_async_tp, materialize, parallelize
+from gpt_tp.parallel import TP_PLAN, check_ac_mode, materialize, parallelize
 from gpt_tp.ranks import layout_of
 from gpt_tp.infer.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
@@ -26,9 +25,9 @@ class GPTModule(L.LightningModule):
 
     def __init__(self, model: str | GPTConfig = "gpt2", max_lr: float = 6e-4, min_lr: float = 6e-5,
                  warmup_steps: int = 715, max_steps: int | None = None, optimizer: AdamW = AdamW(),
-                 total_batch_size: int | None = 524288, compile: bool = False, async_tp: bool = False,
+                 total_batch_size: int | None = 524288, compile: bool = False,
                  meta_init: bool = False, init_from: str | None = None, peak_flops: float | None = None,
-                 activation_checkpointing: str = "none"):
+                 activation_checkpointing: str = "none", float32_matmul_precision: str | None = None):
         """
         Args:
             model: a named size (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny) or the GPTConfig fields.
@@ -38,17 +37,21 @@ class GPTModule(L.LightningModule):
                 rest, with their fields (gpt_tp.train.optim): --model.optimizer Muon --model.optimizer.lr 0.02.
             total_batch_size: tokens per optimizer step, to equal batch_size x seq_len x DP x accumulation; None: any.
             compile: torch.compile each block (after TP, before FSDP2).
-            async_tp: overlap TP collectives with the matmuls (Inductor micro-pipelining); CUDA, TP > 1, compile only.
             meta_init: build on the meta device, initialise only the local shards (the same numbers as on one device).
             init_from: a local Hugging Face GPT-2 directory (config.json + model.safetensors) to start from.
             peak_flops: the device's peak FLOP/s for MFU; None detects known GPUs (MFU is NaN on CPU).
             activation_checkpointing: per block, "none", "full" (recompute the block in backward) or "selective" (keep
                 matmul and attention outputs); the same losses and gradients in every mode.
+            float32_matmul_precision: torch.set_float32_matmul_precision in every process: "high" runs 32-true's
+                float32 matmuls as TF32 on CUDA GPUs; None leaves torch's default ("highest").
         """
         super().__init__()
         check_ac_mode(activation_checkpointing)
         Schedule(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps)  # checked when made
         check_peak_flops(peak_flops)
+        if float32_matmul_precision not in (None, "highest", "high", "medium"):
+            raise UserError(f"model.float32_matmul_precision={float32_matmul_precision}: use highest, high (TF32 on "
+                            "CUDA) or medium")
         optimizer = optimizer_from(optimizer).hparam()  # hparams as plain data: checkpoints load with weights_only
         self.save_hyperparameters()
         self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
@@ -72,15 +75,16 @@ class GPTModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         """A script's GPTModule and Trainer go through cli.py's resolve and checks (once); the schedule's length is
         the trainer's: model.max_steps is trainer.max_steps, or None to take it."""
+        if self.hparams.float32_matmul_precision is not None:
+            torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
         if self.run is None:
             dp, tp = (layout := layout_of(self.trainer, self)).dp, layout.tp
             data, fit = self.trainer.datamodule, stage == "fit"
             self.run = resolve_run(self.config, dp, tp, str(self.trainer.precision), self.hparams.activation_checkpointing,
-                                   self.hparams.compile, self.hparams.async_tp, getattr(data, "seq_len", None),
+                                   self.hparams.compile, getattr(data, "seq_len", None),
                                    getattr(data, "batch_size", None) if fit else None,
                                    self.trainer.accumulate_grad_batches, self.hparams.total_batch_size if fit else None,
-                                   world_size=self.trainer.world_size,
-                                   cuda=isinstance(self.trainer.accelerator, CUDAAccelerator))
+                                   world_size=self.trainer.world_size)
         if stage != "fit":
             return
         steps, own = self.trainer.max_steps, self.hparams.max_steps
@@ -92,8 +96,6 @@ class GPTModule(L.LightningModule):
 
     def configure_model(self) -> None:
         run = self.run
-        if run.async_tp:  # before the first compiled forward
-            enable_async_tp(self.device_mesh["tensor_parallel"])
         param_dtype = torch.bfloat16 if run.precision == "bf16-mixed" else None  # FSDP2's gathers
         parallelize(self.model, self.device_mesh, compile=run.compile, param_dtype=param_dtype,
                     activation_checkpointing=run.activation_checkpointing, plan=self.tp_plan)
@@ -130,12 +132,18 @@ class GPTModule(L.LightningModule):
         if self.run.batch_size is None:  # a data module without batch_size and seq_len: its first batch tells them
             run = self.run
             self.run = resolve_run(run.model, run.dp, run.tp, run.precision, run.activation_checkpointing, run.compile,
-                                   run.async_tp, x.shape[1], x.shape[0], run.accumulate, run.total_batch_size,
-                                   cuda=x.is_cuda)
+                                   x.shape[1], x.shape[0], run.accumulate, run.total_batch_size)
         # Lightning's accumulation rule (its batch_idx restored on resume): the last micro-batch syncs the gradients
         self._last_micro_batch = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
+        return self.step_fn.loss(x, y, self._last_micro_batch if self.run.sync_once else None)
+
+    # the coming step's lr and settings are set before Lightning's callbacks read them (on_train_batch_start)
+    def on_train_start(self) -> None:
         self.step_fn.begin(self.global_step)
-        return self.step_fn.loss(x, y)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.global_step < self.trainer.max_steps:  # the optimizer keeps the last trained step's lr
+            self.step_fn.begin(self.global_step)
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         loss.backward(*args, **kwargs)
@@ -143,8 +151,11 @@ class GPTModule(L.LightningModule):
             self.step_fn.sync()
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        dp, group = (layout := layout_of(self.trainer, self)).dp, layout.dp_group
-        loss, norm = self.step_fn.check(self.global_step, self.trainer.accumulate_grad_batches, dp, group)
+        shares = [(cb, cb.step_flags(self.trainer)) for cb in self.trainer.callbacks if hasattr(cb, "step_flags")]
+        loss, norm, sums = self.step_fn.check(self.global_step, self.trainer.accumulate_grad_batches,
+                                              [f for _, flags in shares for f in flags])
+        for cb, flags in shares:
+            cb.flags_summed(self.trainer, [sums.pop(0) for _ in flags])
         self.log_dict({"train/loss": loss, "train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": norm},
                       on_step=True, on_epoch=False, rank_zero_only=True)
         self.log("loss", loss, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)

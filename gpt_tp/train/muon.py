@@ -54,27 +54,16 @@ class _Layout:
         return (self.mesh, self.summed) if self.summed else None
 
 
-def _all_reduce(flat: torch.Tensor, key) -> None:
-    """Sum over the mesh dims of `key`: the whole job's group when they span it, else dim by dim."""
-    if key is None:
-        return
-    mesh, dims = key
-    if len(dims) == 1:
-        dist.all_reduce(flat, group=mesh.get_group(dims[0]))
-    elif len(dims) == mesh.ndim and mesh.size() == dist.get_world_size():
-        dist.all_reduce(flat)
-    else:
-        for d in dims:
-            dist.all_reduce(flat, group=mesh.get_group(d))
-
-
 def _reduced(parts: list[torch.Tensor], keys: list) -> list[torch.Tensor]:
-    """Each tensor summed over its key's ranks: one flat all-reduce per key, in float32."""
+    """Each tensor summed over the mesh dims of its key (None: not split) in float32, one flat all-reduce per key: over
+    the whole job's group where two or more dims span it, else dim by dim."""
     out = [p.float() for p in parts]
-    for key in dict.fromkeys(keys):
-        mine = [i for i, k in enumerate(keys) if k == key]
+    for mesh, dims in dict.fromkeys(k for k in keys if k is not None):
+        mine = [i for i, k in enumerate(keys) if k == (mesh, dims)]
         flat = torch.cat([out[i].reshape(-1) for i in mine])
-        _all_reduce(flat, key)
+        whole = 1 < len(dims) == mesh.ndim and mesh.size() == dist.get_world_size()
+        for group in [None] if whole else [mesh.get_group(d) for d in dims]:
+            dist.all_reduce(flat, group=group)
         for i, part in zip(mine, flat.split([out[i].numel() for i in mine])):
             out[i] = part.view_as(out[i])
     return out

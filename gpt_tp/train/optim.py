@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from gpt_tp.errors import UserError
-from gpt_tp.sizing.sizes import MUON_WEIGHTS
+from gpt_tp.model import BLOCK_MATRICES
 from gpt_tp.train.muon import ShardedMuon
 
 
@@ -48,9 +48,9 @@ class Schedule:
 
 
 def is_muon_weight(name: str) -> bool:
-    """A block's 2-D weight Muon takes (transformer.h.<i>.<one of MUON_WEIGHTS>; c_attn is one [3C, C] matrix)."""
+    """A block's 2-D weight Muon takes (transformer.h.<i>.<one of BLOCK_MATRICES>; c_attn is one [3C, C] matrix)."""
     parts = name.split(".", 3)
-    return parts[:2] == ["transformer", "h"] and parts[-1] in MUON_WEIGHTS
+    return parts[:2] == ["transformer", "h"] and parts[-1] in BLOCK_MATRICES
 
 
 class Optimizer:

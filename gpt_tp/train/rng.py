@@ -51,5 +51,9 @@ class RNGStates(Callback):
             np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
             torch.set_rng_state(state["torch"])
             if "cuda" in state and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(state["cuda"])
+                if len(state["cuda"]) == torch.cuda.device_count():  # a state per visible GPU
+                    torch.cuda.set_rng_state_all(state["cuda"])
+                else:
+                    rank_zero_warn(f"checkpoint saved where {len(state['cuda'])} GPU(s) were visible, resumed where "
+                                   f"{torch.cuda.device_count()} are: CUDA RNG states not restored")
             self._pending = None

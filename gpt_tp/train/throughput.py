@@ -4,15 +4,17 @@ ThroughputMonitor (docs/train.md says why). No sync of its own: GPTModule reads 
 import math
 import time
 
+import torch
 from lightning.pytorch.callbacks import Callback
 
-from gpt_tp.hardware import detect_peak_flops, mfu
+from gpt_tp.hardware import GIB, detect_peak_flops, mfu
 from gpt_tp.ranks import layout_of
 
 
 class StepThroughput(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self._step, self._t, self._tokens = trainer.global_step, None, 0
+        self._peak = pl_module.hparams.peak_flops or detect_peak_flops(pl_module.device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         x = batch[0]  # (B, T) token ids
@@ -26,9 +28,10 @@ class StepThroughput(Callback):
             return
         now = time.perf_counter()
         tok_s = self._tokens * layout_of(trainer).dp / (now - self._t)
-        peak = pl_module.hparams.peak_flops or detect_peak_flops(pl_module.device)
-        step_mfu = mfu(pl_module.config.flops_per_token(self._seq_len), tok_s, peak, trainer.world_size)
-        pl_module.log_dict({"train/tokens_per_sec": tok_s, "train/mfu": math.nan if step_mfu is None else step_mfu},
-                           on_step=True, on_epoch=False, rank_zero_only=True)
+        step_mfu = mfu(pl_module.config.flops_per_token(self._seq_len), tok_s, self._peak, trainer.world_size)
+        logged = {"train/tokens_per_sec": tok_s, "train/mfu": math.nan if step_mfu is None else step_mfu}
+        if pl_module.device.type == "cuda":  # rank 0's high-water mark so far
+            logged["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / GIB
+        pl_module.log_dict(logged, on_step=True, on_epoch=False, rank_zero_only=True)
         pl_module.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
         self._step, self._t, self._tokens = trainer.global_step, now, 0

@@ -19,7 +19,7 @@ from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.entry import run, torchrun_mesh
 from gpt_tp.eval.hellaswag_data import read_examples, render_example
 from gpt_tp.eval.hellaswag_score import ending_losses, evaluate, pad_batch
-from gpt_tp.infer.generate import sample_texts
+from gpt_tp.infer.sampling import sample_texts
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.parallel import parallelize
 from gpt_tp.ranks import layout_of

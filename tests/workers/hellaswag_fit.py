@@ -23,7 +23,7 @@ from gpt_tp.eval.hellaswag import HellaSwagCallback
 from gpt_tp.eval.hellaswag_data import read_examples
 from gpt_tp.eval.hellaswag_score import evaluate
 from gpt_tp.infer.sampling import TextSampleCallback
-from gpt_tp.infer.generate import sample_texts
+from gpt_tp.infer.sampling import sample_texts
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule

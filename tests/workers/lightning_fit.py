@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 
 import lightning as L
 import torch
@@ -19,11 +20,17 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
+import gpt_tp
+from gpt_tp.cli.simulate import CollectiveCounts
+from gpt_tp.cluster.slurm import Preemption
 from gpt_tp.entry import run
+from gpt_tp.train.logs import HeldCSVLogger, LogWriteCheck
 from runs import split_runs
 from gpt_tp.parallel import clip_grad_norm, grad_norm
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
+
+PACKAGE = os.path.dirname(gpt_tp.__file__)
 
 
 def gathered(module) -> dict[str, torch.Tensor]:
@@ -64,6 +71,48 @@ class GradProbe(Callback):
         self.pure.append({"norms": norms, "grads_unchanged": all(torch.equal(before[n], after[n]) for n in before)})
 
 
+class StepComms(Callback):
+    """--comms: each optimizer step's collectives by process group and gpt_tp's host syncs (its calls of Tensor.item,
+    tolist, __bool__, __float__, __int__; Lightning's logging makes its own), counted from the start of its first
+    micro-batch to the start of the next step (so the callbacks' hooks around the step are inside); first in the
+    callbacks, so it opens and closes before theirs."""
+
+    SYNCS = ("item", "tolist", "__bool__", "__float__", "__int__")
+
+    def __init__(self):
+        self.steps, self._mode, self._syncs = [], None, 0
+        self._real = {name: getattr(torch.Tensor, name) for name in self.SYNCS}
+
+    def _counted(self, name):
+        def call(t, *args, **kwargs):
+            self._syncs += sys._getframe(1).f_code.co_filename.startswith(PACKAGE)
+            return self._real[name](t, *args, **kwargs)
+        return call
+
+    def _close(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            for name, real in self._real.items():
+                setattr(torch.Tensor, name, real)
+            counts = {f"{group} {kind}": n for (group, kind), n in sorted(self._mode.counts.items())}
+            self.steps.append({"collectives": counts, "host_syncs": self._syncs})
+            self._mode = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx % trainer.accumulate_grad_batches == 0:
+            self._close()
+            labels, mesh = {}, pl_module.device_mesh
+            if mesh is not None:
+                labels = {torch.distributed.group.WORLD.group_name: "world"}
+                labels |= {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}
+            self._mode, self._syncs = CollectiveCounts(labels).__enter__(), 0
+            for name in self.SYNCS:
+                setattr(torch.Tensor, name, self._counted(name))
+
+    def on_train_end(self, trainer, pl_module):
+        self._close()
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
@@ -79,6 +128,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-batches", type=int, default=0, help="validate this many batches after the last step")
     ap.add_argument("--strategy", choices=("model_parallel", "ddp"), default="model_parallel", help="for more than one process")
     ap.add_argument("--grads", action="store_true", help="GradProbe: the gradients a callback reads, to <out>.grads.pt")
+    ap.add_argument("--comms", action="store_true", help="StepComms, with the callbacks cli.py adds to a run that "
+                    "share the step's all-reduce (Preemption, LogWriteCheck, a HeldCSVLogger)")
     ap.add_argument("--out", required=True)
     return ap
 
@@ -100,9 +151,10 @@ def fit(args) -> None:
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=world, strategy=strategy, max_steps=args.steps,
         accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        logger=HeldCSVLogger(args.out + "_logs") if args.comms else False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=args.val_batches, log_every_n_steps=1, check_val_every_n_epoch=None,
-        val_check_interval=args.steps * args.accum if args.val_batches else None, callbacks=[rec := Record(), *([probe := GradProbe()] if args.grads else [])], precision=args.precision,
+        val_check_interval=args.steps * args.accum if args.val_batches else None, callbacks=[*([comms := StepComms(), Preemption(None, None), LogWriteCheck()] if args.comms else []), rec := Record(),
+                   *([probe := GradProbe()] if args.grads else [])], precision=args.precision,
     )
     L.seed_everything(1234, verbose=False)
     global_batch = 4
@@ -120,7 +172,7 @@ def fit(args) -> None:
     if trainer.global_rank == 0:
         with open(args.out + ".json", "w") as f:
             val = trainer.callback_metrics.get("val/loss")
-            json.dump({"rows": rec.rows, "fused": model.optimizers().optimizer.defaults["fused"], "val_loss": None if val is None else float(val)}, f)
+            json.dump({"steps": comms.steps if args.comms else None, "rows": rec.rows, "fused": model.optimizers().optimizer.defaults["fused"], "val_loss": None if val is None else float(val)}, f)
         torch.save({"init": rec.init, "final": final}, args.out + ".pt")
         if args.grads:
             torch.save({"grads": probe.grads, "pure": probe.pure}, args.out + ".grads.pt")
