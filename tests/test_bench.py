@@ -181,8 +181,9 @@ def test_a_failed_worker_reports_its_own_error(tmp_path):
     assert r["error"] == "rank 0: ValueError: sequence length 32 exceeds model.block_size=16", r["error"]
 
 
-def test_help():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench", "--help"], cwd=ROOT, capture_output=True, text=True)
+def test_help(command_here):
+    """In this process as its __main__ runs it (the bench fixture runs `python -m benchmarks.bench`)."""
+    proc = command_here(lambda: main(["--help"]))
     assert proc.returncode == 0 and "--layouts" in proc.stdout and "--peak-flops" in proc.stdout
     assert "--plan" in proc.stdout and "32-true, 32, bf16-mixed" in proc.stdout
 
