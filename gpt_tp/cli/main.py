@@ -72,9 +72,6 @@ class GPTCLI(TrainingCLI):
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ModuleNotFoundError, ValueError) as e:  # a trainer.* value (devices=0, num_nodes=0)
-            if "gpu backend" in str(e):
-                raise UserError(f"trainer.accelerator={trainer.get('accelerator')}: this machine has no GPU; use "
-                                "configs/cpu.yaml or --trainer.accelerator cpu") from e
             raise UserError(f"{e} (check the trainer.* settings)") from e
 
     def _before_launch(self) -> None:
