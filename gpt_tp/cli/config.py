@@ -9,7 +9,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from jsonargparse import ActionConfigFile, ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -190,9 +189,6 @@ def parallel_sizes(strategy, world: int | None) -> tuple[int | str, int | str]:
 def check_config(cfg) -> None:
     """The checks a parsed config (one subcommand's namespace) gets before anything is built."""
     GPTConfig.resolve(cfg.model.model)  # its own checks, before jsonargparse buries them in a union-type error
-    if str(cfg.trainer.accelerator) in ("gpu", "cuda") and not cfg.get("simulate") and not torch.cuda.is_available():
-        raise UserError(f"trainer.accelerator={cfg.trainer.accelerator}: this machine has no GPU; use configs/cpu.yaml "
-                        "or --trainer.accelerator cpu")  # before the callbacks' checks (HellaSwag's file)
     if str(cfg.trainer.precision).startswith("16") and model_parallel(cfg.trainer.strategy):
         raise UserError(f"trainer.precision={cfg.trainer.precision}: ModelParallelStrategy has no fp16 gradient scaler for "
                         "tensor-parallel/FSDP2 parameters; use trainer.precision=bf16-mixed (fp16 with its scaler "

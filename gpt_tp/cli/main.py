@@ -5,6 +5,7 @@ import dataclasses
 import sys
 import warnings
 
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -31,6 +32,9 @@ class GPTCLI(TrainingCLI):
         """check_config; the model the run builds; `auto` layouts planned; `fit --simulate` runs."""
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
         check_config(cfg)
+        if str(cfg.trainer.accelerator) in ("gpu", "cuda") and not cfg.get("simulate") and not torch.cuda.is_available():
+            raise UserError(f"trainer.accelerator={cfg.trainer.accelerator}: this machine has no GPU; use configs/cpu.yaml "
+                            "or --trainer.accelerator cpu")  # before the callbacks' own checks (HellaSwag's file)
         resolve_model(cfg, *(checks.resumed(cfg) if self.subcommand else (None, None)), self.argv)
         plan_layout(cfg, fit=self.subcommand == "fit")
         if self.subcommand == "fit" and cfg.get("simulate"):
