@@ -12,11 +12,11 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.distributed.checkpoint import CheckpointException, load as dcp_load
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.constants import default_pg_timeout
 
 from gpt_tp.checkpoint.lightning_internals import META, mark_saved, setup_with_mesh
-from gpt_tp.checkpoint.contents import Contents, optimizer_name, read_contents
+from gpt_tp.checkpoint.contents import OPTIMIZERS, WEIGHTS, Contents, optimizer_name, read_contents
 from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint, checkpoint_space,
                                      human_bytes, is_space_error, publish, recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
@@ -103,15 +103,31 @@ class ModelParallel(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         path = Path(self.broadcast(str(checkpoint_path)))
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
-        state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
-        check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
+        if path.is_dir():  # a file's full tensors load as saved
+            state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
+            check_checkpoint(path, {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)})
         saved, optimizer = read_contents(path).optimizer, optimizer_name(self.lightning_module.hparams.get("optimizer"))
         if saved != optimizer:  # AdamW's moments are not Muon's buffers
             raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
                                   f"model.optimizer={optimizer}: resume with --model.optimizer {saved}, or start a new run")
-        sharded = is_parallelized(self.model)
-        checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
+        checkpoint = (self._load_file(path) if path.is_file() else super().load_checkpoint(path, weights_only=True)
+                      if is_parallelized(self.model) else self._load_plain(path))
         _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint, path)
+        return checkpoint
+
+    def _load_file(self, path: Path) -> dict:
+        """A one-process checkpoint file (--trainer.strategy auto): its full tensors into any layout, its optimizer
+        state's positions (groups built alike on every layout) re-keyed by parameter name."""
+        checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=True)
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, checkpoint[WEIGHTS], options=full)
+        names = {p: n for n, p in self.model.named_parameters()}
+        for optimizer, saved in zip(self.optimizers, checkpoint[OPTIMIZERS]):
+            name = {i: names[p] for group, s in zip(optimizer.param_groups, saved["param_groups"])
+                    for i, p in zip(s["params"], group["params"])}
+            groups = [{**g, "params": [name[i] for i in g["params"]]} for g in saved["param_groups"]]
+            state = {"state": {name[i]: v for i, v in saved["state"].items()}, "param_groups": groups}
+            set_optimizer_state_dict(self.model, optimizer, state, options=full)
         return checkpoint
 
     def _load_plain(self, path: Path) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -100,12 +101,20 @@ def recover_saves(folders: set[str], ckpt: str | None) -> None:
 
 
 def check_ckpt_path(ckpt: str | None, parsed: bool = False) -> None:
-    """--ckpt_path names a complete checkpoint folder, before any rank starts (shapes: at load); `parsed`: just parsed,
-    before interrupted saves are recovered, only a file is refused (before Lightning unpickles it)."""
+    """--ckpt_path names a complete checkpoint folder or a readable file, before any rank starts (shapes: at load);
+    `parsed`: just parsed, before interrupted saves are recovered, only a file is read (before Lightning unpickles it)."""
     if ckpt is not None and ckpt not in CKPT_ALIASES and not (parsed and not os.path.isfile(ckpt)):
         if not os.path.exists(ckpt):
             raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
-        check_checkpoint(ckpt)  # a file: CheckpointError, not a distributed checkpoint folder
+        read_contents(ckpt) if os.path.isfile(ckpt) else check_checkpoint(ckpt)  # a file: read without unpickling
+
+
+def check_strategy_reads(path: str | None, trainer) -> None:
+    """A distributed checkpoint folder loads under ModelParallel only (any layout); a one-process strategy reads files."""
+    if path and os.path.isdir(path) and not isinstance(trainer.strategy, ModelParallelStrategy):
+        raise UserError(f"--ckpt_path {path} is a distributed checkpoint folder, which trainer.strategy="
+                        f"{type(trainer.strategy).__name__} cannot load: load it on one device with --trainer.strategy "
+                        "gpt_tp.checkpoint.ModelParallel --trainer.strategy.init_args.tensor_parallel_size 1")
 
 
 def check_not_complete(cfg, max_steps: int) -> None:
