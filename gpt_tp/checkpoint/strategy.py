@@ -60,6 +60,7 @@ class ModelParallel(ModelParallelStrategy):
                          save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
         self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
+        self._saved_in: set[Path] = set()  # the folders this run has saved into
 
     setup_environment = setup_with_mesh  # Lightning's, its mesh made by gpt_tp.ranks.build_mesh (every path's)
 
@@ -81,13 +82,14 @@ class ModelParallel(ModelParallelStrategy):
         final = Path(self.broadcast(str(filepath)))
         tmp = final.with_name(final.name + PARTIAL)
         zero = self.is_global_zero
-        if zero and not final.parent.is_dir():  # removed during the run: made again, said once
+        if zero and final.parent in self._saved_in and not final.parent.is_dir():  # removed during the run: said once
             rank_zero_warn(f"checkpoint folder {final.parent} was removed during the run: making it again (the "
                            "checkpoints it held are gone)")
         self._on_every_rank(f"preparing {final.parent}", lambda: zero and recover_interrupted_saves(final.parent, clean=True))
         try:
             self._on_every_rank(f"writing checkpoint {tmp}", lambda: super(ModelParallel, self).save_checkpoint(checkpoint, tmp, storage_options))
             self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and publish(tmp, final))
+            self._saved_in.add(final.parent)
         except Exception as e:  # every rank is here with the failure (shared): the partial goes at once, then one line
             self._on_every_rank(f"removing {tmp}", lambda: zero and shutil.rmtree(tmp, ignore_errors=True))
             # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer

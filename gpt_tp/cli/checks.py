@@ -167,8 +167,12 @@ def check_space(folder: str, config) -> None:
 
 def check_last(folders: set[str], ckpt: str | None, subcommand: str) -> None:
     """--ckpt_path last with no last.ckpt: linked to the newest checkpoint again (a kill between Lightning's unlink and
-    relink), else fit starts from step 0 and validate or predict is refused."""
-    if ckpt != "last" or not folders or any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders) or relink_last(folders):
+    relink), else fit starts from step 0 and validate or predict is refused; refused with no folder to look in."""
+    if ckpt == "last" and not folders:
+        raise UserError("--ckpt_path last: no ModelCheckpoint has a dirpath, so there is no folder to find last.ckpt in; "
+                        "set its dirpath (--trainer.callbacks.dirpath checkpoints/run after the --trainer.callbacks+= "
+                        "that adds it), or give --ckpt_path a checkpoint folder")
+    if ckpt != "last" or any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders) or relink_last(folders):
         return
     if subcommand != "fit":
         raise UserError(f"--ckpt_path last: no checkpoint in {', '.join(sorted(folders))} yet; give a "
@@ -186,8 +190,9 @@ def check_checkpoint_listed(listed: list, trainer) -> None:
                         "list, or the command line's) replaces the whole list (jsonargparse's rule), so this run would "
                         "keep no checkpoint to resume; add to the list instead, with `callbacks+:` in a config file or "
                         "--trainer.callbacks+=CLASS on the command line, or add "
-                        "--trainer.callbacks+=gpt_tp.checkpoint.AtomicModelCheckpoint; or set "
-                        "trainer.enable_checkpointing false")
+                        "--trainer.callbacks+=gpt_tp.checkpoint.AtomicModelCheckpoint --trainer.callbacks.dirpath "
+                        "checkpoints/run --trainer.callbacks.save_last link (a fixed folder: --ckpt_path last resumes "
+                        "from it); or set trainer.enable_checkpointing false")
 
 
 def check_shards(cfg, subcommand: str) -> None:
