@@ -97,6 +97,18 @@ def test_final_step_and_last_ckpt_in_fresh_used_and_copied_folders(tmp_path):
     rc, out = finished(again)
     assert rc == 0, out[-3000:]
     assert sorted(os.listdir(ck)) == ["last.ckpt", "step0000002.ckpt"] and step_of(ck / "last.ckpt") == 2
+    assert out.count(f"gpt_tp: --overwrite_checkpoints removed last.ckpt, step0000006.ckpt, step0000007.ckpt from {ck}") == 1
+
+
+def test_overwrite_checkpoints_says_what_it_removed(tmp_path, caplog):
+    """--overwrite_checkpoints's deletion (every rank's cli.py may run it): one line per folder naming what went."""
+    (tmp_path / "a.ckpt").mkdir()
+    (tmp_path / "b.ckpt").write_bytes(b"x")
+    (tmp_path / "keep.txt").write_text("mine")
+    with caplog.at_level("INFO"):
+        checks.remove_checkpoints({str(tmp_path), str(tmp_path / "empty")})
+    assert os.listdir(tmp_path) == ["keep.txt"]
+    assert [r.getMessage() for r in caplog.records] == [f"gpt_tp: --overwrite_checkpoints removed a.ckpt, b.ckpt from {tmp_path}"]
 
 
 def _children(pid: int) -> list[int]:

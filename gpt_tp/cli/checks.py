@@ -7,7 +7,6 @@ import glob
 import os
 import shutil
 import socket
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -17,7 +16,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
@@ -179,7 +178,7 @@ def check_last(folders: set[str], ckpt: str | None, subcommand: str) -> None:
                         "checkpoint folder, or train one first with cli.py fit")
     # a first run under Slurm resumes with `last` before any save: Lightning's warning would advise save_last
     warnings.filterwarnings("ignore", message=".*there is no last checkpoint available")
-    print(f"gpt_tp: no checkpoint in {', '.join(sorted(folders))}: starting from step 0", file=sys.stderr)
+    rank_zero_info(f"gpt_tp: no checkpoint in {', '.join(sorted(folders))}: starting from step 0")
 
 
 def check_checkpoint_listed(listed: list, trainer) -> None:
@@ -230,9 +229,9 @@ def check_weights(cfg, subcommand: str) -> None:
 
 
 def remove_checkpoints(folders: set[str]) -> None:
-    """Delete every `*.ckpt*` entry of `folders` (--overwrite_checkpoints); every rank's cli.py may do it at once."""
-    for p in (p for folder in folders for p in Path(folder).glob("*.ckpt*")):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+    """Delete every `*.ckpt*` entry of `folders` (--overwrite_checkpoints), said once; every rank may do it at once."""
+    for folder in sorted(folders):
+        if found := sorted(Path(folder).glob("*.ckpt*")):
+            rank_zero_info(f"gpt_tp: --overwrite_checkpoints removed {', '.join(p.name for p in found)} from {folder}")
+        for p in found:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)

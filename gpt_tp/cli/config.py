@@ -12,7 +12,7 @@ from pathlib import Path
 from jsonargparse import ActionConfigFile, ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from gpt_tp.checkpoint.contents import Contents
 from gpt_tp.cli.checks import check_ckpt_path
@@ -242,18 +242,15 @@ def _recorded(cfg, path: str, saved: Contents, argv: list[str]) -> None:
     whole = next((k for k in ("init_from", "model") if any(a.split("=", 1)[0] == f"--model.{k}" for a in argv)), None)
     fields = [f.name for f in dataclasses.fields(GPTConfig) if whole or set_by(argv, f"model.model.{f.name}")]
     asked = built_config(model.model, model.init_from) if fields else None
-    for f, was in ((f, getattr(saved.model, f)) for f in fields if getattr(asked, f) != getattr(saved.model, f)):
-        flag = (f"--model.model.{f}={getattr(asked, f)}" if set_by(argv, f"model.model.{f}")
-                else f"--model.{whole}={model[whole]} (model.model.{f}={getattr(asked, f)})")
-        raise UserError(f"{flag}, but {path} was trained with model.model.{f}={was}: drop the flag (the checkpoint's "
-                        "value is used), or start a new run")
+    given = {f"model.model.{f}": (getattr(asked, f), getattr(saved.model, f)) for f in fields}
+    if set_by(argv, "model.optimizer"):  # the class: its settings may change on resume
+        given["model.optimizer"] = (type(optimizer_from(model.optimizer.as_dict())).__name__, saved.optimizer)
+    for key, (now, was) in ((k, v) for k, v in given.items() if v[0] != v[1]):
+        flag = f"--{key}={now}" if set_by(argv, key) else f"--model.{whole}={model[whole]} ({key}={now})"
+        raise UserError(f"{flag}, but {path} was trained with {key}={was}: drop the flag (the checkpoint's value is "
+                        "used), or start a new run")
     model.model, model.init_from = Namespace(**dataclasses.asdict(saved.model)), None
-    recorded = saved.hparams.get("optimizer")
-    if set_by(argv, "model.optimizer"):
-        if (kind := type(optimizer_from(model.optimizer.as_dict())).__name__) != saved.optimizer:
-            raise UserError(f"--model.optimizer={kind}, but {path} was trained with model.optimizer={saved.optimizer}: "
-                            "drop the flag (the checkpoint's value is used), or start a new run")
-    elif isinstance(recorded, dict):
+    if not set_by(argv, "model.optimizer") and isinstance(recorded := saved.hparams.get("optimizer"), dict):
         model.optimizer = Namespace(class_path=recorded["class_path"], init_args=Namespace(**recorded["init_args"]))
 
 
@@ -289,7 +286,7 @@ def plan_layout(cfg, fit: bool) -> None:
         accum=cfg.trainer.accumulate_grad_batches or 1, total_batch_size=cfg.model.total_batch_size if fit else None,
         optimizer=optimizer_from(cfg.model.optimizer.as_dict()).kind)
     init.data_parallel_size, init.tensor_parallel_size = dp, tp
-    print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)", file=sys.stderr)
+    rank_zero_info(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)")
 
 
 def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int, cuda: bool) -> Run:
