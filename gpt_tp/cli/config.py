@@ -158,7 +158,7 @@ class TrainingCLI(LightningCLI):
             parser.link_arguments("overwrite_output", "prompt_writer.overwrite")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """Parsed; a file given to --ckpt_path is refused here (checkpoints are folders), before Lightning unpickles it."""
+        """Parsed; a file given to --ckpt_path is read here without unpickling (garbage refused before Lightning loads it)."""
         self.config = parse(parser, args)
         self.argv = sys.argv[1:] if args is None else list(args) if isinstance(args, list) else []  # set_by's
         if sub := self.config.get("subcommand"):
