@@ -118,8 +118,7 @@ class ModelParallel(ModelParallelStrategy):
         return checkpoint
 
     def _load_file(self, path: Path) -> dict:
-        """A one-process checkpoint file (--trainer.strategy auto): its full tensors into any layout, its optimizer
-        state's positions (groups built alike on every layout) re-keyed by parameter name."""
+        """A one-process checkpoint file: full tensors into any layout, optimizer state re-keyed by parameter name."""
         checkpoint, full = torch.load(path, mmap=True, map_location="cpu", weights_only=True), StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, checkpoint[WEIGHTS], options=full)
         names = {p: n for n, p in self.model.named_parameters()}
