@@ -163,6 +163,20 @@ def test_checkpoint_of_another_size_through_cli_leaves_it_unchanged(ckpt):
     assert snapshot(saved) == before
 
 
+def test_distributed_checkpoint_under_a_one_file_strategy(user_run, ckpt):
+    """A distributed checkpoint folder given to a one-process strategy (--trainer.strategy auto or ddp), which reads
+    files: one line naming ModelParallel on one device, before launch (loading a file into ModelParallel:
+    tests/test_user_paths.py::test_one_file_checkpoint_of_a_single_device_run_loads_into_tensor_parallel)."""
+    saved, _ = ckpt
+    for strategy in ("auto", "ddp"):
+        line = user_run(cli_main("validate", "--config", CPU, *ONE_DEVICE, "--trainer.strategy", strategy,
+                                 "--ckpt_path", str(saved)))
+        assert line == (f"error: --ckpt_path {saved} is a distributed checkpoint folder, which trainer.strategy="
+                        f"{'SingleDeviceStrategy' if strategy == 'auto' else 'DDPStrategy'} cannot load: load it on one "
+                        "device with --trainer.strategy gpt_tp.checkpoint.ModelParallel "
+                        "--trainer.strategy.init_args.tensor_parallel_size 1")
+
+
 def test_checkpoint_folders_given_for_the_wrong_flag(user_run, ckpt):
     """The folder holding the checkpoints given as --ckpt_path names its last.ckpt; a checkpoint given where a
     Hugging Face folder belongs (model.init_from, hellaswag --hf-dir) names --ckpt_path."""

@@ -150,7 +150,8 @@ def test_callbacks_in_tp2_fit_match_single_device(tmp_path, monkeypatch):
     assert res["histories"][0] == res["histories"][1]
     # logged to the CSV at the optimizer step, and plotted
     metrics = read_metrics(res["metrics_csv"])
-    assert [s for s, _ in metrics["hellaswag/acc_norm"]] == [2, 4]
+    assert [s for s, _ in metrics["hellaswag/acc_norm"]] == [2, 4]  # the steps taken; train and val: the step's index
+    assert [s for s, _ in metrics["val/loss"]] == [1, 3] and [s for s, _ in metrics["train/loss"]] == [0, 1, 2, 3]
     assert metrics["hellaswag/acc_norm"][-1][1] == pytest.approx(single["acc_norm"])
     assert "train/loss" in metrics and "val/loss" in metrics
     samples = Path(res["samples_txt"]).read_text().splitlines()

@@ -256,7 +256,7 @@ def test_prepare_on_a_full_disk_then_resumes(user_run, tmpfs, tmp_path):
         "; free space (or the quota), or write to another folder"), line
     left = sorted(os.listdir(fs / "out"))
     assert not [f for f in left if f.endswith(".tmp")] and len(left) > 1
-    state = json.loads((fs / "out" / "edufineweb_prepare.json").read_text())
+    state = json.loads((fs / "out" / "docs_prepare.json").read_text())
     npys = [f for f in left if f.endswith(".npy")]
     assert state["complete"] is False and {s["file"] for s in state["shards"]} <= set(npys)
     for f in npys:  # each shard on disk is whole (written to .tmp, then renamed); the state lists those it finished

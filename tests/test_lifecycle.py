@@ -99,6 +99,18 @@ def test_final_step_and_last_ckpt_in_fresh_used_and_copied_folders(tmp_path):
     rc, out = finished(again)
     assert rc == 0, out[-3000:]
     assert sorted(os.listdir(ck)) == ["last.ckpt", "step0000002.ckpt"] and step_of(ck / "last.ckpt") == 2
+    assert out.count(f"gpt_tp: --overwrite_checkpoints removed last.ckpt, step0000006.ckpt, step0000007.ckpt from {ck}") == 1
+
+
+def test_overwrite_checkpoints_says_what_it_removed(tmp_path, caplog):
+    """--overwrite_checkpoints's deletion (every rank's cli.py may run it): one line per folder naming what went."""
+    (tmp_path / "a.ckpt").mkdir()
+    (tmp_path / "b.ckpt").write_bytes(b"x")
+    (tmp_path / "keep.txt").write_text("mine")
+    with caplog.at_level("INFO"):
+        checks.remove_checkpoints({str(tmp_path), str(tmp_path / "empty")})
+    assert os.listdir(tmp_path) == ["keep.txt"]
+    assert [r.getMessage() for r in caplog.records] == [f"gpt_tp: --overwrite_checkpoints removed a.ckpt, b.ckpt from {tmp_path}"]
 
 
 def _children(pid: int) -> list[int]:
@@ -279,6 +291,38 @@ def test_callback_list_that_replaced_the_checkpoint(user_run, tmp_path, monkeypa
     checks.check_checkpoint_listed(kept.listed_callbacks, kept.trainer)  # appended: cpu.yaml's list, its checkpoint kept
     assert [type(c).__name__ for c in kept.trainer.checkpoint_callbacks] == ["AtomicModelCheckpoint"]
     assert type(kept.listed_callbacks[-1]).__name__ == "LearningRateMonitor"
+
+
+@pytest.mark.slow
+def test_the_missing_checkpoint_advice_leads_to_a_run_that_resumes(user_run, tmp_path):
+    """The refusal of a callback list with no ModelCheckpoint advises a checkpoint with a fixed dirpath and last.ckpt:
+    followed as printed, the run saves there, says so, and `--ckpt_path last` resumes it. A checkpoint without a
+    dirpath (Lightning's folder under the logs) is named in the closing line with no warning that its folder was
+    removed, and `--ckpt_path last` with no dirpath to look in is refused in one line."""
+    mine = ("--trainer.callbacks", "gpt_tp.train.malloc.HeapSplit")
+    run = ("--trainer.logger", "false", "--trainer.devices", "1", "--trainer.strategy.init_args.tensor_parallel_size", "1",
+           "--data.val_batches", "0",
+           "--trainer.default_root_dir", str(tmp_path / "root"), "--trainer.enable_progress_bar", "false")
+    line = user_run(cli_main("fit", "--config", CPU, *run, *mine))
+    advice = re.search(r"or add (--trainer\.callbacks\+=\S+ .*?) \(a fixed folder", line)[1].split()
+    assert advice[-4:] == ["--trainer.callbacks.dirpath", "checkpoints/run", "--trainer.callbacks.save_last", "link"]
+    advice[-3] = str(tmp_path / "checkpoints" / "run")
+    first = finished(fit(*run, *mine, *advice, "--trainer.max_steps", "2"))
+    again = finished(fit(*run, *mine, *advice, "--trainer.max_steps", "3", "--ckpt_path", "last"))
+    for code, out in (first, again):
+        assert code == 0 and "was removed during the run" not in out and "starting from step 0" not in out, out[-3000:]
+    ckpt = tmp_path / "checkpoints" / "run"
+    assert last_line(again[1]).startswith(f"gpt_tp fit: step 3; checkpoints in {ckpt} (last.ckpt -> ")
+    assert step_of(ckpt / "last.ckpt") == 3
+    plain = ("--trainer.callbacks+=gpt_tp.checkpoint.AtomicModelCheckpoint",)
+    code, out = finished(fit(*run, *mine, *plain, "--trainer.max_steps", "1"))
+    assert code == 0 and "was removed during the run" not in out, out[-3000:]
+    assert last_line(out) == (f"gpt_tp fit: step 1; checkpoints in {tmp_path / 'root' / 'checkpoints'} "
+                              "(epoch=1-step=1.ckpt); no logger")
+    line = user_run(cli_main("fit", "--config", CPU, *run, *mine, *plain, "--ckpt_path", "last"))
+    assert line == ("error: --ckpt_path last: no ModelCheckpoint has a dirpath, so there is no folder to find last.ckpt "
+                    "in; set its dirpath (--trainer.callbacks.dirpath checkpoints/run after the --trainer.callbacks+= "
+                    "that adds it), or give --ckpt_path a checkpoint folder")
 
 
 def test_fresh_run_into_a_used_folder_and_a_complete_run(user_run, ckpt, tmp_path):

@@ -32,6 +32,7 @@ def test_metrics_are_logged_with_the_same_keys():
     for key in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec", "train/mfu", "val/loss"):
         assert key in m and math.isfinite(m[key]), key
     assert m["train/lr"] == pytest.approx(get_lr(2, max_lr=1e-3, min_lr=6e-5, warmup_steps=1, max_steps=3))  # the 3rd step's
+    assert m["train/lr"] > 6e-5 == get_lr(3, 1e-3, 6e-5, 1, 3)  # the last trained step, one short of min_lr (as build-nanogpt)
     tokens_per_step = 2 * 32
     assert m["train/mfu"] == pytest.approx(model.config.flops_per_token(32) * m["train/tokens_per_sec"] / 1e12, rel=1e-4)
     assert m["train/tokens_per_sec"] > tokens_per_step / 60  # a step of 64 tokens took under a minute
@@ -230,3 +231,19 @@ def test_learning_rate_monitor_logs_the_steps_lr(tmp_path):
         for s in monitored:  # each micro-batch's value, both groups (decay, no decay)
             assert monitored[s] == [pytest.approx(get_lr(s, 1e-3, 6e-5, 2, steps))] * 4, s
             assert logged[s] == [pytest.approx(monitored[s][0])], s
+
+
+def test_the_progress_bar_prints_its_last_line_once(capsys):
+    """StepProgressBar (cli.py's) with a validation at the last step: the final `4/4` line is printed once (the bar's
+    close), with that step's loss, val loss and lr; the steps before it once each as they come."""
+    from gpt_tp.train.progress import StepProgressBar
+
+    t = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
+                  enable_model_summary=False, limit_val_batches=1, val_check_interval=2, num_sanity_val_steps=0,
+                  log_every_n_steps=1, inference_mode=False, callbacks=[StepProgressBar()])
+    capsys.readouterr()
+    t.fit(GPTModule("tiny", max_lr=1e-3, warmup_steps=1, total_batch_size=None), SyntheticDataModule(batch_size=2, seq_len=32))
+    out = capsys.readouterr().out
+    assert out.count("| 4/4 [") == 1 and out.count("| 3/4 [") == 1, out[-2000:]
+    last = out[out.index("| 4/4 ["):]
+    assert "val/loss=" in last and f"lr={get_lr(3, 1e-3, 6e-5, 1, 4):.2e}" in last

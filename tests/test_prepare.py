@@ -78,7 +78,7 @@ def reference(tmp_path_factory):
     docs = documents()
     write_jsonl(d / "docs.jsonl", docs)
     (d / "nanogpt").mkdir()
-    nanogpt_shards([t for t in docs if t], d / "nanogpt", 1000)
+    nanogpt_shards([t for t in docs if t], d / "nanogpt", 1000, prefix="docs")  # named as --local names them
     return d, docs
 
 
@@ -94,7 +94,7 @@ def test_local_jsonl_matches_build_nanogpt_byte_for_byte(tmp_path, reference):
     ref = shard_bytes(d / "nanogpt")
     assert len(ref) >= 4 and shard_bytes(tmp_path) == ref
     assert docs[-1] == "" and state["complete"] and state["documents"] == len(docs) - 1  # the empty one skipped
-    assert [s["file"] for s in state["shards"]][:2] == ["edufineweb_val_000000.npy", "edufineweb_train_000001.npy"]
+    assert [s["file"] for s in state["shards"]][:2] == ["docs_val_000000.npy", "docs_train_000001.npy"]  # --local names them
     # the stream decodes back to the documents, each preceded by <|endoftext|>
     enc = get_encoding()
     stream = np.concatenate([read_shard(tmp_path / s["file"]) for s in state["shards"]])
@@ -322,7 +322,10 @@ def test_small_corpus_warns_that_there_is_no_train_shard(tmp_path, capsys):
     n = sum(1 + len(get_encoding().encode_ordinary(t)) for t in docs if t)
     args = ["--local", str(tmp_path / "small.parquet"), "--workers", "1", "--quiet"]
     prep.main([*args, "--out", str(tmp_path / "one")])  # the default --shard-size: 1e8 tokens
-    assert sorted(p.name for p in (tmp_path / "one").glob("*.npy")) == ["edufineweb_val_000000.npy"]
+    assert sorted(p.name for p in (tmp_path / "one").glob("*.npy")) == ["small_val_000000.npy"]
+    with pytest.raises(DataError, match=r"one holds a val shard but no train shards \(prepare's shard 0 is val, the "
+                                        r"rest train\): prepare more text .* or a smaller --shard-size"):
+        GPTDataModule(tmp_path / "one", batch_size=2, seq_len=8).setup("fit")
     err = capsys.readouterr().err
     assert err == (f"warning: {tmp_path / 'one'}: all {n:,} tokens fit in the val shard (--shard-size 100000000), "
                    f"so there is no train shard to train on: rerun into an empty --out with a --shard-size below {n}, "
@@ -383,7 +386,7 @@ def test_error_out_dir_holds_other_shards(tmp_path, reference, existing):
     d, _ = reference
     out = tmp_path / "out"
     out.mkdir()
-    kw = dict(local=[d / "docs.jsonl"], shard_size=1000, workers=1, progress=False)
+    kw = dict(local=[d / "docs.jsonl"], shard_size=1000, workers=1, progress=False, prefix="edufineweb")
     if existing == "bin":  # llm.c's .bin shards
         (out / "edufineweb_train_000001.bin").write_bytes(np.array([20240520, 1, 3, 1, 2, 3], np.int32).tobytes())
         match = r"edufineweb_train_000001.bin, a shard of another format"

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -190,3 +191,37 @@ def test_checkpoint_records_the_model_and_optimizer_every_command_uses(tmp_path)
                               text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert one_error_line(proc) == (f"error: {line.format(ckpt / 'last.ckpt')}: drop the flag (the checkpoint's "
                                         "value is used), or start a new run")
+
+
+def val_loss(proc: subprocess.CompletedProcess) -> float:
+    return float(re.search(r"val/loss\s*│\s*(\S+)", proc.stdout)[1])
+
+
+@pytest.mark.slow
+def test_one_file_checkpoint_of_a_single_device_run_loads_into_tensor_parallel(tmp_path):
+    """`--trainer.strategy auto` on one device saves one file. It validates at TP=2 (configs/cpu.yaml) to the val loss
+    it has on one device, and resumes at TP=2 (its optimizer state re-keyed onto the sharded parameters) to the
+    weights a one-device resume reaches: the two resumed checkpoints validate alike at TP=2, within 1e-5."""
+    def ckpt(name: str) -> tuple[str, ...]:
+        return ("--trainer.callbacks", "gpt_tp.checkpoint.AtomicModelCheckpoint", "--trainer.callbacks.dirpath",
+                str(tmp_path / name), "--trainer.callbacks.save_last", "link")
+    common = ("--config", "configs/cpu.yaml", "--trainer.logger", "false", "--data.val_batches", "2")
+    auto = ("--trainer.devices", "1", "--trainer.strategy", "auto")
+    run("cli.py", "fit", *common, *auto, *ckpt("one"), "--trainer.max_steps", "2")
+    one = tmp_path / "one" / "last.ckpt"
+    assert one.is_file()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda args: run(*args), [
+            ("cli.py", "fit", *common, *ckpt("tp2"), "--trainer.max_steps", "3", "--ckpt_path", str(one)),
+            ("cli.py", "fit", *common, *auto, *ckpt("one_more"), "--trainer.max_steps", "3", "--ckpt_path", str(one))]))
+    assert (tmp_path / "tp2" / "last.ckpt" / "meta.pt").is_file() and (tmp_path / "one_more" / "last.ckpt").is_file()
+    with ThreadPoolExecutor(2) as pool:
+        at_tp2, on_one, tp2_resumed, one_resumed = map(val_loss, pool.map(lambda args: run(*args), [
+            ("cli.py", "validate", *common, "--ckpt_path", str(one)),
+            ("cli.py", "validate", *common, *auto, "--ckpt_path", str(one)),
+            ("cli.py", "validate", *common, "--ckpt_path", str(tmp_path / "tp2" / "last.ckpt")),
+            ("cli.py", "validate", *common, "--ckpt_path", str(tmp_path / "one_more" / "last.ckpt"))]))
+    print(f"val/loss of the one-file checkpoint: {at_tp2} at TP=2, {on_one} on one device; resumed to step 3: "
+          f"{tp2_resumed} (at TP=2), {one_resumed} (on one device)")
+    assert at_tp2 == pytest.approx(on_one, abs=1e-5) and tp2_resumed == pytest.approx(one_resumed, abs=1e-5)
+    assert abs(tp2_resumed - at_tp2) > 1e-4  # the resumed step changed the weights

@@ -15,6 +15,7 @@ from gpt_tp.checkpoint.store import CheckpointError, check_checkpoint
 from gpt_tp.model import GPT, GPTConfig
 
 HPARAMS, WEIGHTS, STEP, CALLBACKS = "hyper_parameters", "state_dict", "global_step", "callbacks"  # Lightning's keys
+OPTIMIZERS = "optimizer_states"  # a checkpoint file's list of optimizer state dicts
 CONFIG = "config"  # export's model.pt: {"config": the GPTConfig fields, "state_dict": the single-device GPT's}
 
 
@@ -49,11 +50,16 @@ def optimizer_name(optimizer) -> str:
 
 
 def read_contents(path: str | os.PathLike) -> Contents:
-    """The contents of the distributed checkpoint folder `path` (its meta.pt); CheckpointError if unreadable."""
+    """The contents of the distributed checkpoint folder `path` (its meta.pt), or of a one-process strategy's
+    checkpoint file (`--trainer.strategy auto`, mapped, not read whole); CheckpointError if unreadable."""
+    p = Path(path)
+    target = p if p.is_file() else p / META
     try:
-        return Contents.of(torch.load(Path(path) / META, weights_only=True, map_location="cpu"))
-    except Exception as e:  # noqa: BLE001 - any unreadable meta.pt is the same mistake
-        raise CheckpointError(f"{Path(path) / META} is unreadable ({type(e).__name__}: {e})") from e
+        return Contents.of(torch.load(target, mmap=target == p, weights_only=True, map_location="cpu"))
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
+        what = (f"{p} is a file, not a distributed checkpoint folder (.metadata + *.distcp + {META}) nor a readable "
+                "Lightning checkpoint" if target == p else f"{target} is unreadable")
+        raise CheckpointError(f"{what} ({type(e).__name__}: {e})") from e
 
 
 def load_consolidated(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, torch.Tensor]]:

@@ -14,7 +14,7 @@ def checkpoints_line(trainer) -> str:
     `checkpoints in DIR (last.ckpt -> step0000013.ckpt)`; '' when none was saved."""
     parts = []
     for cb in trainer.checkpoint_callbacks:
-        last = getattr(cb, "last_model_path", "") or ""
+        last = getattr(cb, "last_model_path", "") or getattr(cb, "best_model_path", "") or ""  # save_last or not
         if last and os.path.lexists(last):
             link = f" -> {os.readlink(last)}" if os.path.islink(last) else ""
             parts.append(f"checkpoints in {cb.dirpath} ({os.path.basename(last)}{link})")

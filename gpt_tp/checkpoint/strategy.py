@@ -13,11 +13,11 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.distributed.checkpoint import CheckpointException, load as dcp_load
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.constants import default_pg_timeout
 
 from gpt_tp.checkpoint.lightning_internals import META, mark_saved, setup_with_mesh
-from gpt_tp.checkpoint.contents import Contents, optimizer_name, read_contents
+from gpt_tp.checkpoint.contents import OPTIMIZERS, WEIGHTS, Contents, optimizer_name, read_contents
 from gpt_tp.checkpoint.store import (CheckpointError, CheckpointSpaceError, PARTIAL, check_checkpoint, checkpoint_space,
                                      checksums, human_bytes, is_space_error, publish, recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
@@ -61,6 +61,7 @@ class ModelParallel(ModelParallelStrategy):
                          save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
         self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
+        self._saved_in: set[Path] = set()  # the folders this run has saved into
 
     setup_environment = setup_with_mesh  # Lightning's, its mesh made by gpt_tp.ranks.build_mesh (every path's)
 
@@ -82,7 +83,7 @@ class ModelParallel(ModelParallelStrategy):
         final = Path(self.broadcast(str(filepath)))
         tmp = final.with_name(final.name + PARTIAL)
         zero = self.is_global_zero
-        if zero and not final.parent.is_dir():  # removed during the run: made again, said once
+        if zero and final.parent in self._saved_in and not final.parent.is_dir():  # removed during the run: said once
             rank_zero_warn(f"checkpoint folder {final.parent} was removed during the run: making it again (the "
                            "checkpoints it held are gone)")
         self._on_every_rank(f"preparing {final.parent}", lambda: zero and recover_interrupted_saves(final.parent, clean=True))
@@ -91,6 +92,7 @@ class ModelParallel(ModelParallelStrategy):
             part, sums = slice(self.global_rank, None, self.world_size), [None] * self.world_size  # each rank's share
             dist.all_gather_object(sums, self._on_every_rank(f"reading back {tmp}", lambda: checksums(tmp, part)))
             self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and publish(tmp, final, sums))
+            self._saved_in.add(final.parent)
         except Exception as e:  # every rank is here with the failure (shared): the partial goes at once, then one line
             self._on_every_rank(f"removing {tmp}", lambda: zero and shutil.rmtree(tmp, ignore_errors=True))
             # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer
@@ -106,16 +108,30 @@ class ModelParallel(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         path = Path(self.broadcast(str(checkpoint_path)))
         self._on_every_rank(f"recovering {path.parent}", lambda: self.is_global_zero and recover_interrupted_saves(path.parent))
-        state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
-        shapes = {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)}  # each rank: its share of CRC-32s
-        one_does(lambda: check_checkpoint(path, shapes, slice(self.global_rank, None, self.world_size)), doer=True)
+        if path.is_dir():  # a file's full tensors load as saved
+            state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
+            shapes = {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)}  # each rank checks its share
+            one_does(lambda: check_checkpoint(path, shapes, slice(self.global_rank, None, self.world_size)), doer=True)
         saved, optimizer = read_contents(path).optimizer, optimizer_name(self.lightning_module.hparams.get("optimizer"))
         if saved != optimizer:  # AdamW's moments are not Muon's buffers
             raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
                                   f"model.optimizer={optimizer}: resume with --model.optimizer {saved}, or start a new run")
-        sharded = is_parallelized(self.model)
-        checkpoint = super().load_checkpoint(path, weights_only=True) if sharded else self._load_plain(path)
+        checkpoint = (self._load_file(path) if path.is_file() else super().load_checkpoint(path, weights_only=True)
+                      if is_parallelized(self.model) else self._load_plain(path))
         _continue_checkpointing(self.lightning_module.trainer.checkpoint_callbacks, checkpoint, path)
+        return checkpoint
+
+    def _load_file(self, path: Path) -> dict:
+        """A one-process checkpoint file: full tensors into any layout, optimizer state re-keyed by parameter name."""
+        checkpoint, full = torch.load(path, mmap=True, map_location="cpu", weights_only=True), StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, checkpoint[WEIGHTS], options=full)
+        names = {p: n for n, p in self.model.named_parameters()}
+        for optimizer, saved in zip(self.optimizers, checkpoint[OPTIMIZERS]):
+            name = {i: names[p] for group, s in zip(optimizer.param_groups, saved["param_groups"])
+                    for i, p in zip(s["params"], group["params"])}
+            groups = [{**g, "params": [name[i] for i in g["params"]]} for g in saved["param_groups"]]
+            state = {"state": {name[i]: v for i, v in saved["state"].items()}, "param_groups": groups}
+            set_optimizer_state_dict(self.model, optimizer, state, options=full)
         return checkpoint
 
     def _load_plain(self, path: Path) -> dict:

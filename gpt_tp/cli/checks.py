@@ -7,7 +7,6 @@ import glob
 import os
 import shutil
 import socket
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -15,8 +14,9 @@ from pathlib import Path
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from gpt_tp.data.shards import find_shards
 from gpt_tp.errors import UserError
@@ -99,12 +99,20 @@ def recover_saves(folders: set[str], ckpt: str | None) -> None:
 
 
 def check_ckpt_path(ckpt: str | None, parsed: bool = False) -> None:
-    """--ckpt_path names a complete checkpoint folder, before any rank starts (shapes: at load); `parsed`: just parsed,
-    before interrupted saves are recovered, only a file is refused (before Lightning unpickles it)."""
+    """--ckpt_path names a complete checkpoint folder or a readable file, before any rank starts (shapes: at load);
+    `parsed`: just parsed, before interrupted saves are recovered, only a file is read (before Lightning unpickles it)."""
     if ckpt is not None and ckpt not in CKPT_ALIASES and not (parsed and not os.path.isfile(ckpt)):
         if not os.path.exists(ckpt):
             raise UserError(f"--ckpt_path {ckpt}: no such checkpoint (give a saved checkpoint folder, or 'last')")
-        check_checkpoint(ckpt)  # a file: CheckpointError, not a distributed checkpoint folder
+        read_contents(ckpt) if os.path.isfile(ckpt) else check_checkpoint(ckpt)  # a file: read without unpickling
+
+
+def check_strategy_reads(path: str | None, trainer) -> None:
+    """A distributed checkpoint folder loads under ModelParallel only (any layout); a one-process strategy reads files."""
+    if path and os.path.isdir(path) and not isinstance(trainer.strategy, ModelParallelStrategy):
+        raise UserError(f"--ckpt_path {path} is a distributed checkpoint folder, which trainer.strategy="
+                        f"{type(trainer.strategy).__name__} cannot load: load it on one device with --trainer.strategy "
+                        "gpt_tp.checkpoint.ModelParallel --trainer.strategy.init_args.tensor_parallel_size 1")
 
 
 def check_not_complete(cfg, max_steps: int) -> None:
@@ -157,15 +165,19 @@ def check_space(folder: str, config) -> None:
 
 def check_last(folders: set[str], ckpt: str | None, subcommand: str) -> None:
     """--ckpt_path last with no last.ckpt: linked to the newest checkpoint again (a kill between Lightning's unlink and
-    relink), else fit starts from step 0 and validate or predict is refused."""
-    if ckpt != "last" or not folders or any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders) or relink_last(folders):
+    relink), else fit starts from step 0 and validate or predict is refused; refused with no folder to look in."""
+    if ckpt == "last" and not folders:
+        raise UserError("--ckpt_path last: no ModelCheckpoint has a dirpath, so there is no folder to find last.ckpt in; "
+                        "set its dirpath (--trainer.callbacks.dirpath checkpoints/run after the --trainer.callbacks+= "
+                        "that adds it), or give --ckpt_path a checkpoint folder")
+    if ckpt != "last" or any(glob.glob(os.path.join(f, "last*.ckpt")) for f in folders) or relink_last(folders):
         return
     if subcommand != "fit":
         raise UserError(f"--ckpt_path last: no checkpoint in {', '.join(sorted(folders))} yet; give a "
                         "checkpoint folder, or train one first with cli.py fit")
     # a first run under Slurm resumes with `last` before any save: Lightning's warning would advise save_last
     warnings.filterwarnings("ignore", message=".*there is no last checkpoint available")
-    print(f"gpt_tp: no checkpoint in {', '.join(sorted(folders))}: starting from step 0", file=sys.stderr)
+    rank_zero_info(f"gpt_tp: no checkpoint in {', '.join(sorted(folders))}: starting from step 0")
 
 
 def check_checkpoint_listed(listed: list, trainer) -> None:
@@ -176,8 +188,9 @@ def check_checkpoint_listed(listed: list, trainer) -> None:
                         "list, or the command line's) replaces the whole list (jsonargparse's rule), so this run would "
                         "keep no checkpoint to resume; add to the list instead, with `callbacks+:` in a config file or "
                         "--trainer.callbacks+=CLASS on the command line, or add "
-                        "--trainer.callbacks+=gpt_tp.checkpoint.AtomicModelCheckpoint; or set "
-                        "trainer.enable_checkpointing false")
+                        "--trainer.callbacks+=gpt_tp.checkpoint.AtomicModelCheckpoint --trainer.callbacks.dirpath "
+                        "checkpoints/run --trainer.callbacks.save_last link (a fixed folder: --ckpt_path last resumes "
+                        "from it); or set trainer.enable_checkpointing false")
 
 
 def check_shards(cfg, subcommand: str) -> None:
@@ -215,9 +228,9 @@ def check_weights(cfg, subcommand: str) -> None:
 
 
 def remove_checkpoints(folders: set[str]) -> None:
-    """Delete every `*.ckpt*` entry of `folders` (--overwrite_checkpoints); every rank's cli.py may do it at once."""
-    for p in (p for folder in folders for p in Path(folder).glob("*.ckpt*")):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+    """Delete every `*.ckpt*` entry of `folders` (--overwrite_checkpoints), said once; every rank may do it at once."""
+    for folder in sorted(folders):
+        if found := sorted(Path(folder).glob("*.ckpt*")):
+            rank_zero_info(f"gpt_tp: --overwrite_checkpoints removed {', '.join(p.name for p in found)} from {folder}")
+        for p in found:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from jsonargparse import ActionConfigFile, ArgumentError, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import ModelParallelStrategy
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from gpt_tp.checkpoint.contents import Contents
 from gpt_tp.cli.checks import check_ckpt_path
@@ -158,7 +158,7 @@ class TrainingCLI(LightningCLI):
             parser.link_arguments("overwrite_output", "prompt_writer.overwrite")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """Parsed; a file given to --ckpt_path is refused here (checkpoints are folders), before Lightning unpickles it."""
+        """Parsed; a file given to --ckpt_path is read here without unpickling (garbage refused before Lightning loads it)."""
         self.config = parse(parser, args)
         self.argv = sys.argv[1:] if args is None else list(args) if isinstance(args, list) else []  # set_by's
         if sub := self.config.get("subcommand"):
@@ -236,34 +236,25 @@ def set_by(argv: list[str], key: str) -> bool:
     return any(a.split("=", 1)[0] == f"--{key}" or a.startswith(f"--{key}.") for a in argv)
 
 
-def _recorded(cfg, path: str, saved: Contents, argv: list[str]) -> None:
-    """cfg.model takes the checkpoint's model and optimizer; a command-line flag that disagrees is refused."""
-    model = cfg.model
-    whole = next((k for k in ("init_from", "model") if any(a.split("=", 1)[0] == f"--model.{k}" for a in argv)), None)
-    fields = [f.name for f in dataclasses.fields(GPTConfig) if whole or set_by(argv, f"model.model.{f.name}")]
-    asked = built_config(model.model, model.init_from) if fields else None
-    for f, was in ((f, getattr(saved.model, f)) for f in fields if getattr(asked, f) != getattr(saved.model, f)):
-        flag = (f"--model.model.{f}={getattr(asked, f)}" if set_by(argv, f"model.model.{f}")
-                else f"--model.{whole}={model[whole]} (model.model.{f}={getattr(asked, f)})")
-        raise UserError(f"{flag}, but {path} was trained with model.model.{f}={was}: drop the flag (the checkpoint's "
-                        "value is used), or start a new run")
-    model.model, model.init_from = Namespace(**dataclasses.asdict(saved.model)), None
-    recorded = saved.hparams.get("optimizer")
-    if set_by(argv, "model.optimizer"):
-        if (kind := type(optimizer_from(model.optimizer.as_dict())).__name__) != saved.optimizer:
-            raise UserError(f"--model.optimizer={kind}, but {path} was trained with model.optimizer={saved.optimizer}: "
-                            "drop the flag (the checkpoint's value is used), or start a new run")
-    elif isinstance(recorded, dict):
-        model.optimizer = Namespace(class_path=recorded["class_path"], init_args=Namespace(**recorded["init_args"]))
-
-
 def resolve_model(cfg, path: str | None, saved: Contents | None, argv: list[str]) -> None:
     """cfg.model.model becomes the model the run builds: the recorded model and optimizer of the checkpoint it loads
-    (`saved`: what `path` holds) where the command line `argv` does not set them; or init_from's config.json's, a
-    warning naming the model.model fields it does not use."""
+    (`saved`: what `path` holds) where the command line `argv` does not set them (a flag that disagrees is refused);
+    or init_from's config.json's, a warning naming the model.model fields it does not use."""
     model = cfg.model
     if saved is not None and saved.model is not None:
-        _recorded(cfg, path, saved, argv)
+        whole = next((k for k in ("init_from", "model") if any(a.split("=", 1)[0] == f"--model.{k}" for a in argv)), None)
+        fields = [f.name for f in dataclasses.fields(GPTConfig) if whole or set_by(argv, f"model.model.{f.name}")]
+        asked = built_config(model.model, model.init_from) if fields else None
+        given = {f"model.model.{f}": (getattr(asked, f), getattr(saved.model, f)) for f in fields}
+        if set_by(argv, "model.optimizer"):  # the class: its settings may change on resume
+            given["model.optimizer"] = (type(optimizer_from(model.optimizer.as_dict())).__name__, saved.optimizer)
+        for key, (now, was) in ((k, v) for k, v in given.items() if v[0] != v[1]):
+            flag = f"--{key}={now}" if set_by(argv, key) else f"--model.{whole}={model[whole]} ({key}={now})"
+            raise UserError(f"{flag}, but {path} was trained with {key}={was}: drop the flag (the checkpoint's value "
+                            "is used), or start a new run")
+        model.model, model.init_from = Namespace(**dataclasses.asdict(saved.model)), None
+        if not set_by(argv, "model.optimizer") and isinstance(recorded := saved.hparams.get("optimizer"), dict):
+            model.optimizer = Namespace(class_path=recorded["class_path"], init_args=Namespace(**recorded["init_args"]))
     elif model.init_from is not None:
         with contextlib.suppress(UserError):  # a folder GPTModule refuses: its loader names what is wrong with it
             built = built_config(model.model, model.init_from)  # its config.json decides the shape
@@ -289,7 +280,7 @@ def plan_layout(cfg, fit: bool) -> None:
         accum=cfg.trainer.accumulate_grad_batches or 1, total_batch_size=cfg.model.total_batch_size if fit else None,
         optimizer=optimizer_from(cfg.model.optimizer.as_dict()).kind)
     init.data_parallel_size, init.tensor_parallel_size = dp, tp
-    print(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)", file=sys.stderr)
+    rank_zero_info(f"gpt_tp planner: DP={dp} x TP={tp} (python -m gpt_tp.cli.planner shows the table)")
 
 
 def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int) -> Run:

@@ -95,6 +95,7 @@ class GPTCLI(TrainingCLI):
             checks.make_writable(folder, "checkpoint folder", "ModelCheckpoint dirpath", "its dirpath")
             checks.check_space(folder, self.model.config)
         checks.check_last(folders, ckpt, self.subcommand)
+        checks.check_strategy_reads(checks.resumed(cfg)[0], trainer)
 
     def before_fit(self) -> None:
         cfg = self.config[self.subcommand]

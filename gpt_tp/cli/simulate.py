@@ -89,7 +89,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
     device = "cuda" if torch.cuda.is_available() else "cpu"
     notes = [] if device == "cuda" else ["this torch has no CUDA: fake tensors on 'cpu' at the config's precision "
                                          "(FSDP2 asks torch.cuda.current_device() for 'cuda')"]
-    notes.append("torch.compile skipped: the eager step's memory")
+    notes += ["torch.compile skipped: the eager step's memory"] if run.compile else []
     notes += ["FSDP2 holds the unsharded float32 gradients from one micro-batch to the next (Run.sync_once): the "
               "tracker counts them among the activations or temporaries"] if run.sync_once else []
     dist.init_process_group("fake", rank=rank, world_size=dp * tp)  # torch makes its fake store

@@ -110,16 +110,18 @@ def check_out_dir(out: Path, prefix: str, settings: dict) -> dict:
     return {**state, "shards": good, "complete": state.get("complete", False) and len(good) == len(state["shards"])}
 
 
-def default_out(local) -> str:
-    """--out when none is given: FineWeb-Edu's folder for the Hub, else one named for the first local input."""
-    return f"{Path(local[0]).resolve().stem}_shards" if local else DEFAULT_OUT
+def default_out(local, prefix: bool = False) -> str:
+    """--out (prefix: --prefix) when none is given: FineWeb-Edu's for the Hub, else named for the first local input."""
+    name = Path(local[0]).resolve().stem if local else None
+    return (name or DEFAULT_PREFIX) if prefix else f"{name}_shards" if name else DEFAULT_OUT
 
 
 def prepare(out_dir=None, dataset=None, config=None, split="train", local=None, text_column="text",
-            shard_size=DEFAULT_SHARD_SIZE, prefix=DEFAULT_PREFIX, workers=None, encoding=ENCODING,
+            shard_size=DEFAULT_SHARD_SIZE, prefix=None, workers=None, encoding=ENCODING,
             progress=True) -> dict:
     """Tokenize ``local`` files/folders, or else the Hugging Face ``dataset`` / ``config`` / ``split`` (streamed;
-    default FineWeb-Edu sample-10BT), into shards under ``out_dir`` (None: default_out); return the final state."""
+    default FineWeb-Edu sample-10BT), into ``prefix`` shards under ``out_dir`` (None: default_out's); return the state."""
+    prefix = default_out(local, prefix=True) if prefix is None else prefix
     if local and (dataset or config):
         raise DataError("--local reads local files: do not also give --dataset/--config")
     if shard_size < 1:
@@ -227,7 +229,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", dest="out_dir", metavar="OUT",
                    help=f"output folder (default {DEFAULT_OUT}; with --local, <first input's name>_shards)")
     p.add_argument("--shard-size", type=_int, default=DEFAULT_SHARD_SIZE, help="tokens per shard (default 1e8)")
-    p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"shard file prefix (default {DEFAULT_PREFIX})")
+    p.add_argument("--prefix", help=f"shard file prefix (default {DEFAULT_PREFIX}; with --local, the first input's name)")
     p.add_argument("--workers", type=int, help="tokenizer processes (default half the CPUs)")
     p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default {ENCODING} = GPT-2 BPE)")
     p.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")

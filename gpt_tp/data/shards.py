@@ -200,6 +200,9 @@ def find_shards(data_dir, split: str) -> list[Path]:
         if m.group("split") == split:
             found.append((int(m.group("index")), d / name))
             prefixes.add(m.group("prefix"))
+    if not found and split == "train" and any(SHARD_RE.match(n) for n in os.listdir(d)):
+        raise DataError(f"{d} holds a val shard but no train shards (prepare's shard 0 is val, the rest train): prepare "
+                        "more text into an empty folder, or a smaller --shard-size so that the text makes 2+ shards")
     if not found:
         raise DataError(f"no {split} shards (*_{split}_NNNNNN.npy) in {d}: point data_dir at a folder made by "
                         "python -m gpt_tp.data.prepare or build-nanogpt's fineweb.py")

@@ -137,13 +137,11 @@ class GPTModule(L.LightningModule):
         self._last_micro_batch = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
         return self.step_fn.loss(x, y, self._last_micro_batch if self.run.sync_once else None)
 
-    # the coming step's lr and settings are set before Lightning's callbacks read them (on_train_batch_start)
-    def on_train_start(self) -> None:
+    def on_train_start(self) -> None:  # the coming step's lr, set before Lightning's callbacks read it
         self.step_fn.begin(self.global_step)
 
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        if self.global_step < self.trainer.max_steps:  # the optimizer keeps the last trained step's lr
-            self.step_fn.begin(self.global_step)
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:  # after the last step: that step's lr kept
+        self.step_fn.begin(min(self.global_step, self.trainer.max_steps - 1))
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         loss.backward(*args, **kwargs)

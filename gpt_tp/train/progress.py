@@ -26,7 +26,16 @@ class StepProgressBar(TQDMProgressBar):
         if bar is not None and self.is_enabled and step != bar.n and (step % self.refresh_rate == 0 or step == bar.total):
             bar.n = step
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
-            bar.refresh()
+            if step != bar.total:  # the last step's line: printed once, by the bar's close at the end of training
+                bar.refresh()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and trainer.global_step == trainer.max_steps:  # no line of its own at the end
+            return self.val_progress_bar.close()
+        super().on_validation_end(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
 
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = {k: v for k, v in super().get_metrics(trainer, pl_module).items() if k != "v_num"}

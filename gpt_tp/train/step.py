@@ -1,8 +1,8 @@
 """gpt_tp's training step, read top to bottom (docs/train.md, "The training step"): TrainStep's methods in the order
 one optimizer step runs them, and the GPTModule hook that hands over to each under Lightning.
 
-    begin(step)       this step's lr and optimizer settings            on_train_start, on_train_batch_end (the
-                                                                       coming step's, before callbacks read it)
+    begin(step)       the coming step's lr and optimizer settings      on_train_start, on_train_batch_end (before
+                                                                       Lightning's callbacks read them)
     loss(x, y, last)  per micro-batch; Lightning runs backward(loss/n)  training_step (fp16: the loss scaled)
     sync()            the gradient sync, after the last backward        backward
     check(...)        norm, DP-mean loss, callbacks' flags: one all-     on_before_optimizer_step (then logged)
