@@ -264,7 +264,7 @@ def test_prepare_on_a_full_disk_then_resumes(user_run, tmpfs, tmp_path):
     subprocess.run(["mount", "-o", "remount,size=4m", str(fs)], check=True)
     prep.main([*args, "--out", str(fs / "out")])  # the same command, with room now: resumes after the listed shards
     prep.main([*args, "--out", str(tmp_path / "ref")])
-    done, ref = (json.loads((d / "edufineweb_prepare.json").read_text()) for d in (fs / "out", tmp_path / "ref"))
+    done, ref = (json.loads((d / "docs_prepare.json").read_text()) for d in (fs / "out", tmp_path / "ref"))
     assert done["complete"] and done["shards"] == ref["shards"] and len(ref["shards"]) > len(state["shards"])
     for s in ref["shards"]:
         assert (fs / "out" / s["file"]).read_bytes() == (tmp_path / "ref" / s["file"]).read_bytes()
