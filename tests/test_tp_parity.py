@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from conftest import lightning_fits
 
 TINY_LAYERS = 2
 
