@@ -60,7 +60,7 @@ def test_two_nodes_tp_inside_dp_across(tmp_path):
 @pytest.mark.slow
 def test_cli_node_started_first_waits_for_node_0():
     """`cli.py fit` on 2 "nodes" of 2 processes through Lightning's launcher (no Slurm, no torchrun), node 0 started
-    60 s after node 1 has spawned its second process (past gpt_tp.cli.checks' 30 s rendezvous probe): node 1 waits in
+    35 s after node 1 has spawned its second process (past gpt_tp.cli.checks' 30 s rendezvous probe): node 1 waits in
     the process group, both train, and nothing blames torchrun's variables."""
     import time
 
@@ -77,7 +77,7 @@ def test_cli_node_started_first_waits_for_node_0():
         session = lambda: subprocess.run(["pgrep", "-s", str(procs[0].pid)], capture_output=True, text=True).stdout
         while len(session().split()) < 2 and procs[0].poll() is None:
             time.sleep(0.5)  # until Lightning's launcher has started node 1's local rank 1
-        time.sleep(60)
+        time.sleep(35)
         procs.append(start(0))
         for node, p in zip((1, 0), procs):  # node 1 first: if it gave up, node 0 would wait for it until killed
             log = p.communicate(timeout=600)[0]
