@@ -56,7 +56,8 @@ class TrainStep:
         """(mean loss over the micro-batches and DP ranks, global grad norm, `flags` summed over every rank): floats, from
         one all-reduce and one host sync. GPTModule sums its callbacks' step_flags(trainer), hands back flags_summed."""
         loss, self._loss_sum = self._loss_sum.float() / micro_batches, None
-        carry = torch.cat([loss.reshape(1), torch.tensor(flags, dtype=torch.float32, device=loss.device)])
+        # each flag filled on the device (a kernel argument): a host list copied to a GPU would wait for its stream
+        carry = torch.stack([loss, *(torch.full((), float(f), device=loss.device) for f in flags)])
         self._norm = grad_norm(self.model, carry)
         norm, loss, *flags = torch.cat([self._norm.float().reshape(1), carry]).tolist()  # the step's one host sync
         loss /= dist.get_world_size() if dist.is_initialized() else 1  # tensor-parallel ranks hold the same loss
