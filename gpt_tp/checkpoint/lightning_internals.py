@@ -77,6 +77,11 @@ class AtomicModelCheckpoint(LightningModelCheckpoint):
 
     @staticmethod
     def _link_checkpoint(trainer, filepath: str, linkpath: str) -> None:
+        link = lambda: AtomicModelCheckpoint._link_now(trainer, filepath, linkpath)  # noqa: E731
+        getattr(trainer.strategy, "when_committed", lambda act: act())(link)  # an asynchronous save: once committed
+
+    @staticmethod
+    def _link_now(trainer, filepath: str, linkpath: str) -> None:
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
             new = linkpath + ".new"
             if os.path.lexists(new):  # a killed run's leftover

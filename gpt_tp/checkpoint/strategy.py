@@ -3,6 +3,7 @@
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.distributed.checkpoint import CheckpointException, load as dcp_load
+from torch.distributed.checkpoint import CheckpointException, async_save, load as dcp_load
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.constants import default_pg_timeout
@@ -56,12 +58,15 @@ class ModelParallel(ModelParallelStrategy):
 
     def __init__(self, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
                  save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
-                 timeout: timedelta | None = default_pg_timeout) -> None:
+                 timeout: timedelta | None = default_pg_timeout, async_save: bool = False) -> None:
         super().__init__(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size,
                          save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
         self.distributed_checkpoint = save_distributed_checkpoint  # a DCP folder (True) or one consolidated file
+        self.async_save = async_save  # stage a copy, write it in the background, commit when every rank's is written
         self._saved_in: set[Path] = set()  # the folders this run has saved into
+        self._in_flight: tuple[Path, Future, list[Callable[[], object]]] | None = None  # the save being written
+        self._writer = None  # asynchronous saves: (stager, its gloo groups, a thread), made at the first
 
     setup_environment = setup_with_mesh  # Lightning's, its mesh made by gpt_tp.ranks.build_mesh (every path's)
 
@@ -80,6 +85,7 @@ class ModelParallel(ModelParallelStrategy):
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
         if not self.distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
+        self.finish_save()  # at most one save in flight: the one before is committed first
         final = Path(self.broadcast(str(filepath)))
         tmp = final.with_name(final.name + PARTIAL)
         zero = self.is_global_zero
@@ -87,23 +93,120 @@ class ModelParallel(ModelParallelStrategy):
             rank_zero_warn(f"checkpoint folder {final.parent} was removed during the run: making it again (the "
                            "checkpoints it held are gone)")
         self._on_every_rank(f"preparing {final.parent}", lambda: zero and recover_interrupted_saves(final.parent, clean=True))
+        if self.async_save and self._writer is None:  # once, on every rank: the background write's own groups
+            copies = StagingOptions(use_pinned_memory=self.root_device.type == "cuda", use_shared_memory=False,
+                                    use_async_staging=False, use_non_blocking_copy=False)  # copied before it returns
+            self._writer = (DefaultStager(copies), dist.new_group(backend="gloo"), dist.new_group(backend="gloo"),
+                            ThreadPoolExecutor(1))
         try:
+            if self.async_save:
+                write = self._on_every_rank(f"staging checkpoint {tmp}", lambda: self._write_async(checkpoint, tmp))
+                self._in_flight = (final, write, [])
+                return
             self._on_every_rank(f"writing checkpoint {tmp}", lambda: super(ModelParallel, self).save_checkpoint(checkpoint, tmp, storage_options))
-            part, sums = slice(self.global_rank, None, self.world_size), [None] * self.world_size  # each rank's share
-            dist.all_gather_object(sums, self._on_every_rank(f"reading back {tmp}", lambda: checksums(tmp, part)))
-            self._on_every_rank(f"publishing checkpoint {final}", lambda: zero and publish(tmp, final, sums))
-            self._saved_in.add(final.parent)
-        except Exception as e:  # every rank is here with the failure (shared): the partial goes at once, then one line
-            self._on_every_rank(f"removing {tmp}", lambda: zero and shutil.rmtree(tmp, ignore_errors=True))
-            # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer
-            # turns a short write into "unexpected pos" with no errno)
-            free, need = checkpoint_space(final.parent, self.lightning_module.config)
-            if not (is_space_error(e) or free < need):
-                raise
-            raise CheckpointSpaceError(
-                f"no space left to save {final.name} in {final.parent} ({human_bytes(free)} free; "
-                f"a checkpoint needs about {human_bytes(need)}): free space, lower save_top_k, or choose another dirpath; the "
-                f"checkpoints already there are intact (resume with --ckpt_path last)") from None
+            self._commit(final, f"reading back {tmp}", lambda: checksums(tmp, self._share))
+        except Exception as e:
+            self._failed(final, e)
+
+    @property
+    def _share(self) -> slice:
+        """This rank's share of a checkpoint folder's sorted files (it reads them back, checks them at load)."""
+        return slice(self.global_rank, None, self.world_size)
+
+    def _write_async(self, checkpoint: dict, tmp: Path) -> Future:
+        """Stage a copy of this rank's part of `checkpoint` (the state at this step) and write it into `tmp` in the
+        background; the Future gives the CRC-32s of this rank's share of the files once every rank's are written."""
+        stager, group, _, thread = self._writer
+        tmp.mkdir(parents=True, exist_ok=True)
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        if self.is_global_zero:
+            torch.save(checkpoint, tmp / META)  # the rest, small: before the write, so done with it
+        write = async_save(state, checkpoint_id=tmp, process_group=group, async_stager=stager)
+        return thread.submit(lambda: (write.result(), checksums(tmp, self._share))[1])  # DCP's result: every rank's written
+
+    def _commit(self, final: Path, what: str, share: Callable[[], dict[str, int]]) -> None:
+        """Publish the written `<final>.partial` as `final` with every rank's CRC-32s (`share()`: this rank's)."""
+        sums = [None] * self.world_size
+        dist.all_gather_object(sums, self._on_every_rank(what, share))
+        tmp = final.with_name(final.name + PARTIAL)
+        self._on_every_rank(f"publishing checkpoint {final}", lambda: self.is_global_zero and publish(tmp, final, sums))
+        self._saved_in.add(final.parent)
+
+    def _failed(self, final: Path, e: Exception):
+        """Every rank is here with the failure (shared): the partial goes at once, then one line."""
+        tmp = final.with_name(final.name + PARTIAL)
+        self._on_every_rank(f"removing {tmp}", lambda: self.is_global_zero and shutil.rmtree(tmp, ignore_errors=True))
+        # a full disk or quota: named by its errno where one survives, else by what is left (torch's zip writer
+        # turns a short write into "unexpected pos" with no errno)
+        free, need = checkpoint_space(final.parent, self.lightning_module.config)
+        if not (is_space_error(e) or free < need):
+            raise e
+        raise CheckpointSpaceError(
+            f"no space left to save {final.name} in {final.parent} ({human_bytes(free)} free; "
+            f"a checkpoint needs about {human_bytes(need)}): free space, lower save_top_k, or choose another dirpath; the "
+            f"checkpoints already there are intact (resume with --ckpt_path last)") from None
+
+    def finish_save(self, wait: bool = True) -> None:
+        """Commit the save in flight (on every rank): now, or (not wait) only if every rank's write has finished."""
+        if self._in_flight is None:
+            return
+        final, write, deferred = self._in_flight
+        if not wait:
+            done = torch.tensor([write.done()], dtype=torch.int32)
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._writer[2])  # a group the writes never use
+            if not done.item():
+                return
+        self._in_flight = None
+        try:
+            self._commit(final, f"writing checkpoint {final.with_name(final.name + PARTIAL)}", write.result)
+        except Exception as e:
+            self._failed(final, e)
+        for action in deferred:
+            action()
+
+    def when_committed(self, action: Callable[[], object]) -> None:
+        """`action()` now, or once the save in flight is committed (never if it fails): moving last.ckpt to it,
+        removing the checkpoint it replaces in the top k."""
+        if self._in_flight is None:
+            action()
+        else:
+            self._in_flight[2].append(action)
+
+    def remove_checkpoint(self, filepath) -> None:
+        self.when_committed(lambda: super(ModelParallel, self).remove_checkpoint(filepath))
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        self.finish_save(wait=False)  # a step boundary: the save in flight is committed once every rank has written
+
+    def on_exception(self, exception: BaseException) -> None:
+        if self._in_flight is not None:  # a peer may be gone: no collective, no commit
+            rank_zero_warn(f"checkpoint {self._in_flight[0]} was still being written when the run stopped with an error: "
+                           "it is lost; --ckpt_path last resumes from the newest committed checkpoint")
+            self._in_flight = None
+
+    def on_train_end(self) -> None:  # after the callbacks' (the final step's save): every rank waits, commits
+        self.finish_save()
+
+    def teardown(self) -> None:
+        try:
+            self.finish_save()  # a run that ended another way (validate, an interrupted fit: nothing in flight)
+        finally:
+            if self._writer is not None:
+                self._writer[0].close()
+                self._writer[3].shutdown()
+                self._writer = None
+            super().teardown()
+
+    def lightning_module_state_dict(self) -> dict:
+        if not (self.async_save and self.distributed_checkpoint):
+            return super().lightning_module_state_dict()
+        return get_model_state_dict(self.model)  # on the device: staged (to pinned memory on CUDA) by the save
+
+    def optimizer_state(self, optimizer) -> dict:
+        if not (self.async_save and self.distributed_checkpoint):
+            return super().optimizer_state(optimizer)
+        return get_optimizer_state_dict(self.model, optimizer)
 
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         path = Path(self.broadcast(str(checkpoint_path)))

@@ -71,7 +71,7 @@ class Simulation:
     rank: int
     device: str
     peak: dict[str, int]  # bytes by KINDS at the step's peak, and "total"
-    planned: dict[str, int]  # the planner's estimate without its fixed overhead, by KINDS, and "total"
+    planned: dict[str, int]  # the planner's estimate without its fixed overhead, by KINDS, "total" and "staging"
     collectives: dict[tuple[str, str], int]  # (process group, collective) -> count in one micro-batch and step
     notes: list[str] = field(default_factory=list)
 
@@ -138,7 +138,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
     m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing,
                           optimizer.kind, run.accumulate if run.sync_once else 1)
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
-    planned["total"] = sum(planned.values())
+    planned["total"], planned["staging"] = sum(planned.values()), m.staging
     if tp > 1 and config.vocab_size % tp == 0:
         notes.append(f"every rank holds its own 1/{tp} of wte/lm_head's vocabulary and of each block's heads; the "
                      "sizes are the same on every rank")
@@ -154,6 +154,8 @@ def format_simulation(s: Simulation, memory_gib: float | None) -> str:
     diff = s.peak["total"] / s.planned["total"] - 1 if s.planned["total"] else math.nan
     lines.append(f"simulated peak {s.peak['total'] / GIB:.2f} GiB, planner {s.planned['total'] / GIB:.2f} GiB "
                  f"({diff:+.2%}), both without the planner's fixed overhead (CUDA context, NCCL, allocator slack)")
+    lines.append(f"an asynchronous save (trainer.strategy.init_args.async_save) stages {s.planned['staging'] / GIB:.2f} "
+                 "GiB per rank in host memory (pinned on CUDA), beside these")
     if memory_gib is not None:
         lines.append(f"{'fits' if s.fits(memory_gib) else 'does not fit'} {memory_gib:g} GiB per device "
                      f"({USABLE_FRACTION:.0%} usable)")

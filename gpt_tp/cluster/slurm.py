@@ -115,12 +115,14 @@ class Preemption(Callback):
         if self.dirpath is None:  # the run's own checkpoints: last.ckpt names the step
             saved = [p for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)
                      if (p := save_step(cb, trainer))]
+            getattr(trainer.strategy, "finish_save", lambda: None)()  # an asynchronous save: committed before leaving
             where = (f"saved {checkpoints_line(trainer)}; resume with --ckpt_path last" if saved
                      else "nothing saved (trainer.callbacks has no ModelCheckpoint)")
         else:
             path = os.path.join(self.dirpath, f"preempt-step={step}.ckpt")
             rank_zero_info(f"[{PREFIX}] preemption signal ({name}): saving {path} at step {step}")
             trainer.save_checkpoint(path)
+            getattr(trainer.strategy, "finish_save", lambda: None)()
             where = f"saved {path}; resume with --ckpt_path {path}"
         trainer.strategy.barrier("gpt_tp_preemption_saved")
         job = os.environ.get("SLURM_ARRAY_JOB_ID")

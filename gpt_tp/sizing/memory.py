@@ -24,6 +24,7 @@ class Memory:
     transient: int  # logits + their grad at the loss; FSDP2's gathered blocks
     overhead: int
     sync_once: bool = False  # accumulating at DP > 1, the unsharded gradients (in grads) fit: one reduce-scatter a step
+    staging: int = 0  # host memory (pinned on CUDA; not in total) of an asynchronous save's copy: params + optimizer
 
     @property
     def states(self) -> int:
@@ -108,7 +109,8 @@ def memory_per_device(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_
     s = sizes.state_bytes(config, dp, tp, precision_bytes(precision)[0], optimizer)
     a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)
     transient = transient_bytes(config, dp, tp, batch_size, seq_len, precision, sdpa, ac)
-    m = Memory(s["params"], s["grads"], s["optimizer"], sum(a.values()), transient, int(overhead_gib * GIB))
+    m = Memory(s["params"], s["grads"], s["optimizer"], sum(a.values()), transient, int(overhead_gib * GIB),
+               staging=s["params"] + s["optimizer"])
     held = replace(m, grads=sizes.numel(sizes.local_params(config, tp)) * precision_bytes(precision)[0], sync_once=True)
     return held if dp > 1 and accumulate > 1 and fits(held, device_memory_gib) else m
 
