@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ("--model.model.n_layer", "6", "--model.model.n_head", "12", "--model.model.n_embd", "768",
-         "--model.model.block_size", "64", "--data.batch_size", "1", "--data.seq_len", "64")
+         "--model.model.block_size", "64", "--data.batch_size", "1", "--data.seq_len", "64", "--model.total_batch_size", "null")
 
 
 class StepClock(Callback):
@@ -42,7 +42,7 @@ class StepClock(Callback):
 
 def fit(tmp: Path, mode: str, steps: int, every: int) -> dict:
     clock = tmp / f"{mode}.json"
-    saves = [] if mode == "none" else [
+    saves = ["--trainer.enable_checkpointing", "false"] if mode == "none" else [
         "--trainer.callbacks+=gpt_tp.checkpoint.AtomicModelCheckpoint", f"--trainer.callbacks.dirpath={tmp / mode}",
         f"--trainer.callbacks.every_n_train_steps={every}", "--trainer.callbacks.save_top_k=2",
         "--trainer.callbacks.monitor=step", "--trainer.callbacks.mode=max", "--trainer.callbacks.save_last=link"]

@@ -6,11 +6,15 @@ bit-identical to the uninterrupted run); a kill -9 or a full disk during the wri
 
 import json
 import os
+import re
 import shutil
+import signal
+import time
 
 import pytest
 
 from test_io_faults import CHECKPOINT_MIB, errors, fit, losses, tmpfs  # noqa: F401 - tmpfs: the fixture
+from test_lifecycle import checkpointing, finished, fit as launch, step_of
 
 from gpt_tp.checkpoint import check_checkpoint
 
@@ -18,9 +22,10 @@ ASYNC = ("--trainer.strategy.init_args.async_save", "true")
 CHECKPOINTS = "gpt_tp.checkpoint.AtomicModelCheckpoint"
 
 
-def slow(log, delay_s: float = 3.0, kill_at: int = -1) -> tuple[str, ...]:
+def slow(log, delay_s: float = 3.0, kill_at: int = -1, fail_at: int = -1) -> tuple[str, ...]:
     return ("--trainer.callbacks+=tests.workers.async_save.SlowWrite", "--trainer.callbacks.delay_s", str(delay_s),
-            "--trainer.callbacks.record", str(log), "--trainer.callbacks.kill_at", str(kill_at))
+            "--trainer.callbacks.record", str(log), "--trainer.callbacks.kill_at", str(kill_at),
+            "--trainer.callbacks.fail_at", str(fail_at))
 
 
 def seen(log) -> dict[int, dict]:
@@ -91,3 +96,65 @@ def test_full_disk_during_async_write_is_one_line(tmp_path, tmpfs):
     assert "Traceback" not in full.stderr
     assert sorted(os.listdir(fs)) == ["last.ckpt", "step0000003.ckpt"]
     assert os.readlink(fs / "last.ckpt") == "step0000003.ckpt"
+
+
+@pytest.mark.slow
+def test_sigterm_waits_for_the_save_in_flight(tmp_path):
+    """SIGTERM to the process group while the step-3 save is being written (3 s late): the run saves the step
+    reached, waits for both writes and commits them before it leaves (exit 143), the closing line naming that step."""
+    ck, log = tmp_path / "ck", tmp_path / "seen.jsonl"
+    proc = launch("--config", checkpointing(ck), "--trainer.max_steps", "400", *ASYNC, *slow(log),
+                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ck / "step0000003.ckpt.partial").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        rc, out = finished(proc, timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 143, out[-3000:]
+    stop = re.search(r"gpt_tp fit: stopped by SIGTERM at step (\d+); saved checkpoints in \S+ \(last\.ckpt -> "
+                     r"(step\d+\.ckpt)\); resume with --ckpt_path last", out)
+    assert stop, out[-3000:]
+    step = int(stop[1])
+    assert os.readlink(ck / "last.ckpt") == stop[2] and step_of(ck / "last.ckpt") == step > 3
+    assert not list(ck.glob("*.partial"))
+    for saved in ck.glob("step*.ckpt"):
+        check_checkpoint(saved, part=slice(None))
+
+
+@pytest.mark.slow
+def test_an_error_while_a_save_is_in_flight_says_it_is_lost(tmp_path):
+    """Every rank fails at step 3's start, the step-3 save still being written: one error line (exit 2) and one
+    warning that the save is lost; nothing was committed, so no last.ckpt."""
+    ckpt, log = tmp_path / "ckpt", tmp_path / "seen.jsonl"
+    proc = fit(tmp_path, ckpt, *ASYNC, *slow(log, fail_at=3), checkpoints=CHECKPOINTS)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert errors(proc) == ["error: injected failure at step 3"]
+    assert proc.stderr.count(f"checkpoint {ckpt / 'step0000003.ckpt'} was still being written when the run stopped "
+                             "with an error: it is lost; --ckpt_path last resumes from the newest committed checkpoint") == 1
+    assert not (ckpt / "last.ckpt").exists() and not (ckpt / "step0000003.ckpt").exists()
+
+
+def test_planner_and_simulate_count_the_staging_copy():
+    """An asynchronous save's copy is the rank's weights and AdamW's two moments, fp32: GPT-2 124M's parameters x 12
+    bytes at TP=1 (host memory, outside the device total); --simulate prints it."""
+    import torch
+
+    from gpt_tp.cli.simulate import KINDS, Simulation, format_simulation
+    from gpt_tp.model import GPT, GPTConfig
+    from gpt_tp.ranks import Layout
+    from gpt_tp.sizing.memory import memory_per_device
+
+    config = GPTConfig.from_name("gpt2")
+    with torch.device("meta"):
+        numel = sum(p.numel() for p in GPT(config).parameters())  # the tied wte/lm_head once, as the copy holds it
+    m = memory_per_device(config, 1, 1, 4, 1024, precision="32-true")
+    assert m.staging == 12 * numel and m.total == m.states + m.activations + m.transient + m.overhead
+    planned = {**dict.fromkeys(KINDS, 0), "total": 0, "staging": m.staging}
+    text = format_simulation(Simulation(Layout(1, 1), 0, "cpu", planned, planned, {}), None)
+    assert (f"an asynchronous save (trainer.strategy.init_args.async_save) stages {12 * numel / 2**30:.2f} GiB per rank "
+            "in host memory (pinned on CUDA), beside these") in text

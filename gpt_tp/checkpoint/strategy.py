@@ -194,7 +194,7 @@ class ModelParallel(ModelParallelStrategy):
         finally:
             if self._writer is not None:
                 self._writer[0].close()
-                self._writer[3].shutdown()
+                self._writer[3].shutdown(wait=False)  # after an error a write may wait on a gone peer
                 self._writer = None
             super().teardown()
 

@@ -10,15 +10,17 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 from torch.distributed.checkpoint import FileSystemWriter
 
+from gpt_tp.errors import UserError
+
 
 class SlowWrite(Callback):
     """Every rank's checkpoint write (DCP's FileSystemWriter.write_data, which reads the staged copy) starts `delay_s`
     late, so training runs on meanwhile. At each batch's start rank 0 appends to `record` a JSON line: the step, the
     checkpoint folder's entries and what its last.ckpt names; at step `kill_at` it SIGKILLs the whole run (the test
-    starts it in a session of its own)."""
+    starts it in a session of its own); at step `fail_at` every rank raises a UserError."""
 
-    def __init__(self, delay_s: float, record: str, kill_at: int = -1):
-        self.delay_s, self.record, self.kill_at = delay_s, record, kill_at
+    def __init__(self, delay_s: float, record: str, kill_at: int = -1, fail_at: int = -1):
+        self.delay_s, self.record, self.kill_at, self.fail_at = delay_s, record, kill_at, fail_at
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         write, delay = FileSystemWriter.write_data, self.delay_s
@@ -30,6 +32,8 @@ class SlowWrite(Callback):
         FileSystemWriter.write_data = slow
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.fail_at:
+            raise UserError(f"injected failure at step {self.fail_at}")
         if not trainer.is_global_zero:
             return
         folder = Path(trainer.checkpoint_callback.dirpath)
