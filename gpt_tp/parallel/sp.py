@@ -35,7 +35,8 @@ def to_sequence_order(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.reshape(n, B, t, *x.shape[2:]).transpose(0, 1).reshape(B, n * t, *x.shape[2:])  # copy
 
 
-def autocast_dtype_of(x: torch.Tensor) -> torch.dtype | None:  # the next matmul's dtype (None: no autocast)
+def autocast_dtype_of(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype the next matmul runs in under autocast (None outside autocast)."""
     return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
 
 
@@ -46,7 +47,9 @@ def cast_for_matmul(x: torch.Tensor) -> torch.Tensor:
     return x.to(dtype) if dtype is not None and x.is_floating_point() else x
 
 
-class _TP:  # a local module's TP group, fixed when the plan is applied (plain values: compile-friendly)
+class _TP:
+    """What a local module needs of its TP group, fixed when the plan is applied (plain values: compile-friendly)."""
+
     def __init__(self, mesh: DeviceMesh):
         self.mesh, self.n, self.rank = mesh, mesh.size(), mesh.get_local_rank()
         self.group = mesh.get_group().group_name

@@ -37,10 +37,12 @@ class TokenBatches(IterableDataset):
                             "lower batch_size/seq_len or add data")
 
     @property
-    def batches_per_epoch0(self) -> int:  # the most any epoch has
+    def batches_per_epoch0(self) -> int:
+        """Global batches in epoch 0 (the most any epoch has)."""
         return (len(self.stream) - 1) // self.span
 
-    def epoch_layout(self, epoch: int) -> tuple[TokenStream, int, int]:  # (shards in order, first token, global batches)
+    def epoch_layout(self, epoch: int) -> tuple[TokenStream, int, int]:
+        """(stream in this epoch's shard order, first token offset, number of global batches)."""
         if epoch == 0:
             return self.stream, 0, self.batches_per_epoch0
         rng = np.random.default_rng([self.seed, epoch])
@@ -112,7 +114,8 @@ class GPTDataModule(L.LightningDataModule):
         self._consumed = 0  # training batches the trainer took since then
         self._yielded = 0  # batches the train loader returned since then
 
-    def data_parallel(self) -> tuple[int, int]:  # (rank, size) among data-parallel replicas; TP ranks share a rank
+    def data_parallel(self) -> tuple[int, int]:
+        """(rank, size) of this process among data-parallel replicas (TP ranks share a rank)."""
         if self.dp_rank is not None or self.dp_size is not None:
             return self.dp_rank or 0, self.dp_size or 1
         return (layout := layout_of(getattr(self, "trainer", None))).dp_rank, layout.dp
@@ -136,7 +139,7 @@ class GPTDataModule(L.LightningDataModule):
             self.val_data = val
 
     def train_dataloader(self) -> DataLoader:
-        if self.train_data is None:  # a data module used without a trainer
+        if self.train_data is None:
             self.setup("fit")
         return _ResumableLoader(self.train_data, self._train_position_at_iter, self._count_yield, batch_size=None,
                                 num_workers=self.num_workers, pin_memory=self.pin_memory)
@@ -164,10 +167,11 @@ class GPTDataModule(L.LightningDataModule):
     def _count_yield(self) -> None:
         self._yielded += 1
 
-    def train_position(self) -> int:  # the index of the next global batch to train on
+    def train_position(self) -> int:
+        """The index of the next global batch to train on (without a trainer: counted by the loader's yields)."""
         return self._start + (self._consumed if self.trainer is not None else self._yielded)
 
-    def state_dict(self) -> dict:  # the training position and the batch geometry
+    def state_dict(self) -> dict:
         return {"train_batches": self.train_position(), "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "dp_size": self.data_parallel()[1], "seed": self.seed,
                 "accumulate_grad_batches": getattr(self.trainer, "accumulate_grad_batches", None)}

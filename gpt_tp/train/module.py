@@ -68,7 +68,8 @@ class GPTModule(L.LightningModule):
         self.step_fn: TrainStep | None = None  # the training step, made with the optimizer
         self.run: Run | None = None  # the resolved run: cli.py's (use_run), or resolved from the trainer at setup
 
-    def use_run(self, run: Run) -> None:  # the run as cli.py resolved and checked it before launch: setup keeps it
+    def use_run(self, run: Run) -> None:
+        """The run as cli.py resolved and checked it before launch: setup then resolves nothing again."""
         self.run = run
 
     def setup(self, stage: str) -> None:
