@@ -128,6 +128,5 @@ class PromptWriter(BasePredictionWriter):
             one_does(self._write)
 
     def _write(self) -> None:
-        Path(self.output).parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(self.output) as f:
             f.write("".join(json.dumps(r) + "\n" for r in self.rows).encode())
