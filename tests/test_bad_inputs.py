@@ -259,7 +259,7 @@ def test_bad_prompts(user_run, tmp_path):
         cli_main(*predict, "--prompts_file", str(tmp_path / "bin.txt")))
     # an --output that cannot be written is refused before launch, not after every prompt has been continued
     (tmp_path / "plain").write_text("mine")
-    assert f"--output {tmp_path}/plain/x.jsonl: cannot create its folder {tmp_path}/plain (Not a directory)" in user_run(
+    assert f"--output {tmp_path}/plain/x.jsonl: cannot create its folder {tmp_path}/plain (File exists)" in user_run(
         cli_main(*predict, "--prompt", "hi", "--output", str(tmp_path / "plain" / "x.jsonl")))
 
 

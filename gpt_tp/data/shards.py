@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt_tp.data.tokenizer import EOT
-from gpt_tp.errors import DataError
+from gpt_tp.errors import DataError, UserError
 
 GPT2_VOCAB = EOT + 1  # ids GPT-2's BPE produces; a model's vocab_size above it (50304) is padding
 SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d{6})\.npy$")
@@ -92,6 +92,16 @@ def atomic_file(path, unique: bool = False):
         if isinstance(e, OSError) and e.errno is not None:
             raise OSError(e.errno, e.strerror, path) from e
         raise
+
+
+def make_writable(folder, what: str, flag: str, fix: str) -> None:
+    """Create `folder` before any rank starts: not a failure on rank 0 alone while the others wait in a collective."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{flag}: cannot create {what} {folder} ({e.strerror}); {fix}") from e
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}: {what} {folder} is not writable; {fix}")
 
 
 def shard_header(path) -> tuple[int, int]:
