@@ -79,7 +79,7 @@ class HellaSwagCallback(StepCallback):
 
 def build_model(args) -> GPT:
     """A GPT from --hf-dir, --ckpt_path (a checkpoint folder, a .ckpt file or an exported model.pt) or --model."""
-    torch.manual_seed(args.seed)
+    torch.manual_seed(1337)  # --model's random init: the same weights every run
     if args.hf_dir:
         config, sd = load_hf_dir(args.hf_dir)
     elif args.ckpt_path:  # a bad one: load_model's CheckpointError names it
@@ -100,7 +100,6 @@ def main(argv=None) -> dict:
     src.add_argument("--ckpt_path", help="Lightning checkpoint of GPTModule: distributed checkpoint folder (any TP/DP "
                      "layout) or .ckpt file; or an exported model.pt")
     src.add_argument("--model", default="tiny", help="random init of a named size (smoke test), default tiny")
-    ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--path", help="local hellaswag_val.jsonl (default: download into --cache-dir)")
     ap.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
     ap.add_argument("--limit", type=int, help="score only the first N examples")
