@@ -108,14 +108,9 @@ def _mistake(e: BaseException | None) -> str | None:
     return " ".join(text.split())
 
 
-def one_line_warning(message, category, filename, lineno, line=None) -> str:
-    """warnings.formatwarning for a command's user: `UserWarning: message`, without the Python file and source line."""
-    return f"{category.__name__}: {message}\n"
-
-
 def run(main: Callable[[], object]) -> None:
     """Run a command's ``main`` and exit: 0 (or main's int), 2 and one line for a user's mistake, 1 and a traceback."""
-    warnings.formatwarning = one_line_warning
+    warnings.formatwarning = lambda message, category, *_: f"{category.__name__}: {message}\n"  # no file, no source line
     try:
         result = main()
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0

@@ -6,8 +6,6 @@ import re
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from gpt_tp.errors import UserError
-
 GIB = 1024**3
 
 # NVIDIA's dense (no sparsity) bf16 tensor-core figures; the first key whose words are all words of
@@ -37,12 +35,6 @@ def detect_peak_flops(device: torch.device) -> float | None:
 def detect_device_memory_gib() -> float | None:
     """Memory of CUDA device 0 in GiB, or None without CUDA."""
     return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
-
-
-def check_peak_flops(peak_flops: float | None) -> None:
-    """model.peak_flops, when given, is a positive FLOP/s figure (None: detected for known GPUs)."""
-    if peak_flops is not None and not peak_flops > 0:
-        raise UserError(f"model.peak_flops={peak_flops} must be > 0 (the device's peak FLOP/s), or null to detect it")
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, devices: int) -> float | None:

@@ -50,11 +50,3 @@ def model_vocab(model) -> int | None:
     """Token ids the model takes: its config's vocab_used (below a padded vocabulary) or vocab_size, else None."""
     config = model_config(model)
     return getattr(config, "vocab_used", None) or getattr(config, "vocab_size", None)
-
-
-def block_size_of(model) -> int:
-    """The model's block_size (longest sequence it takes); ValueError without a config."""
-    config = model_config(model)
-    if config is None:
-        raise ValueError("the model's block_size is needed: give it a config (model.config or model.model.config)")
-    return config.block_size

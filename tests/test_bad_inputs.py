@@ -36,6 +36,7 @@ CONFIG_FILES = {
     "yaml-typo-key": ("data:\n  batchsize: 4\n", "does not accept option 'data.batchsize'"),
     "yaml-wrong-type": ("data:\n  batch_size: four\n", 'Parser key "data.batch_size"'),
     "yaml-syntax": ("data: [1, 2\n", "Problems parsing config"),
+    "yaml-old-key": ("model:\n  muon_lr: 0.01\n", "error: Subcommand 'fit' does not accept option 'model.muon_lr'"),
     "yaml-model-max-steps": ("model:\n  max_steps: 19073\ntrainer:\n  max_steps: 100\n",
                              "my.yaml: model.max_steps follows trainer.max_steps (one number"),
 }
@@ -75,8 +76,8 @@ FLAGS = {
                          "model.optimizer.lr=-0.01: Muon's peak learning rate must be >= 0 (default 0.02)"),
     "optimizer-unknown": (["--model.optimizer", "sgd"], "model.optimizer=sgd: use one of AdamW, Muon (--model.optimizer Muon --model.optimizer.lr 0.02)"),
     "optimizer-old-name": (["--model.optimizer", "muon"], "model.optimizer=muon: use one of AdamW, Muon"),
-    "muon-lr-old-flag": (["--model.muon_lr", "0.01"], "model.muon_lr is now Muon's lr: --model.optimizer Muon --model.optimizer.lr 0.02"),
-    "betas-old-flag": (["--model.betas", "[0.9, 0.95]"], "model.betas is now the optimizer's: --model.optimizer.betas"),
+    "muon-lr-old-flag": (["--model.muon_lr", "0.01"], "error: unrecognized arguments: --model.muon_lr 0.01 (see python cli.py fit --help)"),
+    "betas-old-flag": (["--model.betas", "[0.9, 0.95]"], "error: unrecognized arguments: --model.betas [0.9, 0.95] (see python cli.py fit --help)"),
     "max-steps-zero": (["--trainer.max_steps", "0"], "trainer.max_steps=0: give the run's length in optimizer steps (>= 1)"),
     "model-max-steps": (["--model.max_steps", "30"], "model.max_steps follows trainer.max_steps (one number: the run's length and its learning-rate schedule's); set --trainer.max_steps only"),
     "n-layer-0": (["--model.model.n_layer", "0"], "model.n_layer=0: must be >= 1"),
@@ -258,7 +259,7 @@ def test_bad_prompts(user_run, tmp_path):
         cli_main(*predict, "--prompts_file", str(tmp_path / "bin.txt")))
     # an --output that cannot be written is refused before launch, not after every prompt has been continued
     (tmp_path / "plain").write_text("mine")
-    assert f"--output {tmp_path}/plain/x.jsonl: cannot create its folder {tmp_path}/plain (Not a directory)" in user_run(
+    assert f"--output {tmp_path}/plain/x.jsonl: cannot create its folder {tmp_path}/plain (File exists)" in user_run(
         cli_main(*predict, "--prompt", "hi", "--output", str(tmp_path / "plain" / "x.jsonl")))
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, one_error_line, read_json, run_torchrun
+from gpt_tp.checkpoint import CheckpointError
 from gpt_tp.errors import DataError
 from gpt_tp.eval import hellaswag as hs
 from gpt_tp.eval import hellaswag_data as hd
@@ -192,9 +193,9 @@ def test_cli_hf_dir_and_ckpt_match_in_process(tmp_path, tiny, enc, monkeypatch):
     assert (got["correct"], got["correct_norm"]) == (expected["correct"], expected["correct_norm"])
 
     (tmp_path / "dcp").mkdir()  # an empty folder is no distributed checkpoint
-    with pytest.raises(hd.HellaSwagError, match="dcp"):
+    with pytest.raises(CheckpointError, match="dcp"):
         hs.main(["--ckpt_path", str(tmp_path / "dcp"), "--path", str(FIXTURE)])
-    with pytest.raises(hd.HellaSwagError, match="not found"):
+    with pytest.raises(CheckpointError, match="not found"):
         hs.main(["--ckpt_path", str(tmp_path / "nope.ckpt"), "--path", str(FIXTURE)])
 
 

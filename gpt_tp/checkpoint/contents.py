@@ -42,11 +42,8 @@ class Contents:
 
 
 def optimizer_name(optimizer) -> str:
-    """The optimizer class of a model.optimizer hyper-parameter: {"class_path": ...}, or an older checkpoint's "adamw"
-    or "muon" (none: AdamW)."""
-    if isinstance(optimizer, dict):
-        return optimizer["class_path"].rpartition(".")[2]
-    return {"muon": "Muon"}.get(optimizer, "AdamW")
+    """The optimizer class of a model.optimizer hyper-parameter ({"class_path": ...}; none: AdamW)."""
+    return optimizer["class_path"].rpartition(".")[2] if isinstance(optimizer, dict) else "AdamW"
 
 
 def read_contents(path: str | os.PathLike) -> Contents:

@@ -18,7 +18,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from gpt_tp.data.shards import find_shards
+from gpt_tp.data.shards import find_shards, make_writable
 from gpt_tp.errors import UserError
 from gpt_tp.checkpoint.contents import Contents, read_contents
 from gpt_tp.checkpoint.last import relink_last
@@ -124,23 +124,12 @@ def check_not_complete(cfg, max_steps: int) -> None:
                         f"trainer.max_steps {max_steps}); raise --trainer.max_steps to train further")
 
 
-def make_writable(folder: str, what: str, flag: str, fix: str) -> None:
-    """Create `folder` before any rank starts: not a failure on rank 0 alone while the others wait in a collective."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{flag}: cannot create the {what} {folder} ({e.strerror}); set {fix} to a writable "
-                        "folder") from e
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"{flag}: the {what} {folder} is not writable; set {fix} to a writable folder")
-
-
 def check_log_folders(trainer) -> None:
     """trainer.default_root_dir and every logger's save_dir can be written."""
-    make_writable(trainer.default_root_dir, "log folder", "trainer.default_root_dir", "it")
+    make_writable(trainer.default_root_dir, "the log folder", "trainer.default_root_dir", "set it to a writable folder")
     for lg in trainer.loggers:
         if getattr(lg, "save_dir", None) is not None:
-            make_writable(lg.save_dir, "log folder", "trainer.logger", "the logger's save_dir")
+            make_writable(lg.save_dir, "the log folder", "trainer.logger", "set the logger's save_dir to a writable folder")
 
 
 def check_unused(folder: str) -> None:

@@ -53,11 +53,6 @@ class TrainingParser(LightningArgumentParser):
 MAX_STEPS = ("model.max_steps follows trainer.max_steps (one number: the run's length and its learning-rate schedule's); "
              "set --trainer.max_steps only")
 
-# the optimizer settings that moved into model.optimizer's class (AdamW or Muon), where a user's old flag or key is told
-MOVED = {"muon_lr": "model.muon_lr is now Muon's lr: --model.optimizer Muon --model.optimizer.lr 0.02",
-         "muon_fp32": "model.muon_fp32 is now Muon's fp32: --model.optimizer Muon --model.optimizer.fp32 true",
-         **{k: f"model.{k} is now the optimizer's: --model.optimizer.{k}" for k in ("weight_decay", "betas", "eps", "fused")}}
-
 
 class ConfigFile(ActionConfigFile):
     """--config, refusing a file that sets model.max_steps: the link from trainer.max_steps would overwrite it silently
@@ -99,10 +94,8 @@ def parse(parser: LightningArgumentParser, args: list[str] | None, sub: str | No
         message = _short_union_error(" ".join(str(e).split()))
         if "model.max_steps" in message:  # a link target: jsonargparse's own refusal, said plainly
             raise UserError(MAX_STEPS) from None
-        if old := re.search(r"\bmodel\.(muon_lr|muon_fp32|weight_decay|betas|eps|fused)\b", message):
-            raise UserError(MOVED[old[1]]) from None  # the optimizer's settings are its class's now
         unknown = re.match(r'Parser key "model.optimizer": .*Expected a dot import path string: (\S+)$', message)
-        if unknown:  # a class_path of gpt_tp.train.optim's, or a lowercase name of the old flag
+        if unknown:  # not a class_path of gpt_tp.train.optim's
             raise UserError(f"model.optimizer={unknown[1]}: use one of AdamW, Muon (--model.optimizer Muon "
                             "--model.optimizer.lr 0.02)") from None
         sub = sub or next((a for a in argv if a in TrainingCLI.subcommands()), None)

@@ -92,7 +92,8 @@ class GPTCLI(TrainingCLI):
         for folder in sorted(folders) if fit else ():  # no room to save: fails now, not mid-run
             if ckpt is None and not cfg.overwrite_checkpoints:
                 checks.check_unused(folder)
-            checks.make_writable(folder, "checkpoint folder", "ModelCheckpoint dirpath", "its dirpath")
+            checks.make_writable(folder, "the checkpoint folder", "ModelCheckpoint dirpath",
+                                 "set its dirpath to a writable folder")
             checks.check_space(folder, self.model.config)
         checks.check_last(folders, ckpt, self.subcommand)
         checks.check_strategy_reads(checks.resumed(cfg)[0], trainer)

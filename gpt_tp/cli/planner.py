@@ -48,10 +48,9 @@ def main(argv: list[str] | None = None) -> Plan:
     args, training = ap.parse_known_args(argv)
     if training and not training[0].startswith("-"):
         ap.error(f"unrecognized arguments: {' '.join(training)}")
-    settings = training_settings(training) if training else {
-        "config": GPTConfig.from_name("gpt2"), "devices_per_node": None, "num_nodes": 1, "batch_size": 16,
-        "seq_len": None, "precision": "bf16-mixed", "ac": "none", "dp": "auto", "tp": "auto", "accum": 1,
-        "total_batch_size": None}
+    # without a training config: GPT-2, and plan()'s own defaults for the rest
+    settings = training_settings(training) if training else {"config": GPTConfig.from_name("gpt2"),
+                                                             "devices_per_node": None, "seq_len": None}
     if args.model:
         settings["config"] = GPTConfig.from_name(args.model)
     if args.vocab_size is not None:

@@ -10,39 +10,29 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from gpt_tp.data.tokenizer import EOT
-from gpt_tp.errors import DataError
+from gpt_tp.errors import DataError, UserError
 
 GPT2_VOCAB = EOT + 1  # ids GPT-2's BPE produces; a model's vocab_size above it (50304) is padding
-SPLITS = ("train", "val")
 SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d{6})\.npy$")
 _SHARD_LIKE_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>train|val)_(?P<index>\d+)\.[A-Za-z0-9]+$")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def check_token_ids(ids, vocab_size: int, where: str) -> None:
-    """DataError unless every id in ``ids`` (numpy array or torch tensor, any shape) is in 0..min(50257, vocab_size)-1,
+    """DataError unless every id in ``ids`` (any array, a CPU tensor too, any shape) is in 0..min(50257, vocab_size)-1,
     naming ``where``, the first bad position, its id and the fix (sought only when the min/max pass fails)."""
-    limit = min(GPT2_VOCAB, int(vocab_size))
-    if isinstance(ids, torch.Tensor):
-        if ids.is_floating_point() or ids.is_complex():
-            raise DataError(f"{where}: token ids must be integers, got dtype {ids.dtype}")
-        if ids.numel() == 0:
-            return
-        lo, hi = (0 if ids.dtype == torch.uint8 else int(ids.min())), int(ids.max())
-    else:
-        ids = np.asarray(ids)
-        if ids.size == 0:
-            return
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise DataError(f"{where}: token ids must be integers, got dtype {ids.dtype}")
-        lo, hi = (0 if np.issubdtype(ids.dtype, np.unsignedinteger) else int(ids.min())), int(ids.max())
-    if lo >= 0 and hi < limit:
+    limit, ids = min(GPT2_VOCAB, int(vocab_size)), np.asarray(ids)
+    if ids.size == 0:
         return
-    flat = int(((ids < 0) | (ids >= limit)).reshape(-1).nonzero()[0][0])  # the first bad id (numpy or torch)
-    pos = tuple(int(i) for i in np.unravel_index(flat, tuple(ids.shape))) if ids.ndim > 1 else flat
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise DataError(f"{where}: token ids must be integers, got dtype {ids.dtype}")
+    lo = 0 if np.issubdtype(ids.dtype, np.unsignedinteger) else int(ids.min())  # a shard's uint16: no min pass
+    if lo >= 0 and int(ids.max()) < limit:
+        return
+    flat = int(np.flatnonzero((ids < 0) | (ids >= limit))[0])  # the first bad id
+    pos = tuple(int(i) for i in np.unravel_index(flat, ids.shape)) if ids.ndim > 1 else flat
     value = int(ids.reshape(-1)[flat])
     if value < 0:
         why = "is negative: the data is corrupt; rebuild it with python -m gpt_tp.data.prepare"
@@ -56,8 +46,6 @@ def check_token_ids(ids, vocab_size: int, where: str) -> None:
 
 
 def shard_name(prefix: str, split: str, index: int) -> str:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return f"{prefix}_{split}_{index:06d}.npy"
 
 
@@ -104,6 +92,16 @@ def atomic_file(path, unique: bool = False):
         if isinstance(e, OSError) and e.errno is not None:
             raise OSError(e.errno, e.strerror, path) from e
         raise
+
+
+def make_writable(folder, what: str, flag: str, fix: str) -> None:
+    """Create `folder` before any rank starts: not a failure on rank 0 alone while the others wait in a collective."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{flag}: cannot create {what} {folder} ({e.strerror}); {fix}") from e
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{flag}: {what} {folder} is not writable; {fix}")
 
 
 def shard_header(path) -> tuple[int, int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from gpt_tp.checkpoint import CheckpointError, load_model
+from gpt_tp.checkpoint import load_model
 from gpt_tp.collective import one_does
 from gpt_tp.entry import ArgumentParser, pick_device, run, torchrun_mesh
 from gpt_tp.eval.hellaswag_data import DEFAULT_CACHE_DIR, HellaSwagError, read_examples, resolve_path
@@ -15,7 +15,7 @@ from gpt_tp.eval.hellaswag_score import evaluate
 from gpt_tp.infer.sampling import StepCallback
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.parallel import parallelize
-from gpt_tp.ranks import block_size_of, layout_of
+from gpt_tp.ranks import layout_of, model_config
 
 
 class HellaSwagCallback(StepCallback):
@@ -50,7 +50,7 @@ class HellaSwagCallback(StepCallback):
         self.examples = read_examples(resolve_path(self.path, self.cache_dir), self.limit)
 
     def compute(self, trainer, pl_module) -> dict:
-        return evaluate(pl_module, self.examples, block_size=block_size_of(pl_module), batch_size=self.batch_size,
+        return evaluate(pl_module, self.examples, block_size=model_config(pl_module).block_size, batch_size=self.batch_size,
                         layout=layout_of(trainer, pl_module), device=pl_module.device,
                         forward_context=trainer.precision_plugin.forward_context, pad_to=self.pad_to)
 
@@ -79,14 +79,11 @@ class HellaSwagCallback(StepCallback):
 
 def build_model(args) -> GPT:
     """A GPT from --hf-dir, --ckpt_path (a checkpoint folder, a .ckpt file or an exported model.pt) or --model."""
-    torch.manual_seed(args.seed)
+    torch.manual_seed(1337)  # --model's random init: the same weights every run
     if args.hf_dir:
         config, sd = load_hf_dir(args.hf_dir)
-    elif args.ckpt_path:
-        try:
-            config, sd = load_model(args.ckpt_path)
-        except CheckpointError as e:
-            raise HellaSwagError(str(e)) from e
+    elif args.ckpt_path:  # a bad one: load_model's CheckpointError names it
+        config, sd = load_model(args.ckpt_path)
     else:
         config, sd = GPTConfig.from_name(args.model), None
     model = GPT(config)
@@ -103,7 +100,6 @@ def main(argv=None) -> dict:
     src.add_argument("--ckpt_path", help="Lightning checkpoint of GPTModule: distributed checkpoint folder (any TP/DP "
                      "layout) or .ckpt file; or an exported model.pt")
     src.add_argument("--model", default="tiny", help="random init of a named size (smoke test), default tiny")
-    ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--path", help="local hellaswag_val.jsonl (default: download into --cache-dir)")
     ap.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
     ap.add_argument("--limit", type=int, help="score only the first N examples")

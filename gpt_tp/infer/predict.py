@@ -2,14 +2,13 @@
 (a `Prompts`), --output into `PromptWriter`. Every rank runs every prompt, seeded per prompt: one text on any layout."""
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from gpt_tp.collective import one_does
-from gpt_tp.data.shards import atomic_file
+from gpt_tp.data.shards import atomic_file, make_writable
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.errors import UserError
 from gpt_tp.infer.sampling import PROMPT, sample_texts
@@ -101,16 +100,8 @@ class PromptWriter(BasePredictionWriter):
                 raise UserError(f"--output {output} is a folder; give the name of a file for the JSON lines")
             if Path(output).exists() and not overwrite:
                 raise UserError(f"--output {output} exists; give a new file, or pass --overwrite_output to replace it")
-            folder = Path(output).absolute().parent
-            try:
-                if folder.exists() and not folder.is_dir():
-                    raise NotADirectoryError(20, "Not a directory")
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise UserError(f"--output {output}: cannot create its folder {folder} ({e.strerror}); give a file in a "
-                                "writable folder") from e
-            if not os.access(folder, os.W_OK | os.X_OK):
-                raise UserError(f"--output {output}: the folder {folder} is not writable; give a file in a writable folder")
+            make_writable(Path(output).absolute().parent, "its folder", f"--output {output}",
+                          "give a file in a writable folder")
         self.output = output
         self.rows: list[dict] = []
 
@@ -128,6 +119,5 @@ class PromptWriter(BasePredictionWriter):
             one_does(self._write)
 
     def _write(self) -> None:
-        Path(self.output).parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(self.output) as f:
             f.write("".join(json.dumps(r) + "\n" for r in self.rows).encode())

@@ -15,7 +15,7 @@ from gpt_tp.data.shards import check_token_ids
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.errors import UserError
 from gpt_tp.parallel.loss import mask_padded_vocab
-from gpt_tp.ranks import block_size_of, layout_of, model_vocab
+from gpt_tp.ranks import layout_of, model_config, model_vocab
 
 PROMPT = "Hello, I'm a language model,"
 
@@ -40,7 +40,7 @@ def generate(model, prompt: list[int], *, num_samples: int = 4, max_length: int 
         raise UserError("the prompt encodes to no tokens: give a non-empty prompt")
     limits = [v for v in (model_vocab(model), vocab_limit) if v is not None]
     if limits:
-        check_token_ids(torch.tensor(prompt), min(limits), "the sampling prompt")
+        check_token_ids(prompt, min(limits), "the sampling prompt")
     if max_length <= len(prompt):
         raise UserError(f"max_length={max_length} must exceed the prompt's {len(prompt)} tokens")
     max_ctx = block_size - block_size % tp  # longest window the model (and sequence parallelism) takes
@@ -63,7 +63,7 @@ def generate(model, prompt: list[int], *, num_samples: int = 4, max_length: int 
 def sample_texts(model, enc, prompt: str = PROMPT, trainer=None, **kwargs) -> list[str]:
     """generate() decoded with `enc`; vocab_limit defaults to enc's size, the rest to `trainer`'s (if given)."""
     if trainer is not None:
-        kwargs = {"block_size": block_size_of(model), "tp": layout_of(trainer, model).tp, "device": model.device,
+        kwargs = {"block_size": model_config(model).block_size, "tp": layout_of(trainer, model).tp, "device": model.device,
                   "forward_context": trainer.precision_plugin.forward_context, **kwargs}
     kwargs.setdefault("vocab_limit", enc.n_vocab)
     return [enc.decode(r) for r in generate(model, enc.encode(prompt), **kwargs).tolist()]
@@ -112,16 +112,14 @@ class TextSampleCallback(StepCallback):
             raise UserError(f"TextSampleCallback num_samples={num_samples} and top_k={top_k} must be >= 1")
         self.prompt, self.num_samples, self.max_length = prompt, num_samples, max_length
         self.top_k, self.seed = top_k, seed
-        self._enc = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        self._enc = self._enc or get_encoding()
-        if len(self._enc.encode(self.prompt)) >= self.max_length:
+        if len(get_encoding().encode(self.prompt)) >= self.max_length:
             raise UserError(f"TextSampleCallback max_length={self.max_length} must exceed the prompt's token count: "
                             "raise max_length or shorten the prompt")
 
     def compute(self, trainer, pl_module) -> list[str]:
-        return sample_texts(pl_module, self._enc, self.prompt, trainer=trainer, num_samples=self.num_samples,
+        return sample_texts(pl_module, get_encoding(), self.prompt, trainer=trainer, num_samples=self.num_samples,
                             max_length=self.max_length, top_k=self.top_k, seed=self.seed)
 
     def run(self, trainer, pl_module) -> list[str]:

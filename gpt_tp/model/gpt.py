@@ -130,12 +130,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
-        self.checkpoint_kwargs = None  # activation checkpointing (None: off): see checkpoint_activations
-
-    def checkpoint_activations(self, context_fn=None) -> None:
-        """Recompute this block's forward in backward (non-reentrant); `context_fn` picks what is kept anyway (None:
-        only the input, and no context_fn is passed at all, which torch.compile needs). Parameter names stay."""
-        self.checkpoint_kwargs = {} if context_fn is None else {"context_fn": context_fn}
+        self.checkpoint_kwargs = None  # activation checkpointing, set by gpt_tp.parallel.apply_ac (None: off)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -144,6 +139,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_kwargs is None:
             return self._forward(x)
+        # recompute the block in backward (non-reentrant); parameter names stay
         return checkpoint(self._forward, x, use_reentrant=False, **self.checkpoint_kwargs)
 
 
@@ -172,34 +168,33 @@ class GPT(nn.Module):
         """lm_head shares wte's matrix (GPT-2 ties them). Call again after anything that replaces parameters."""
         self.lm_head.weight = self.transformer.wte.weight
 
-    def init_plan(self) -> list[tuple[torch.Tensor, float | None, float | torch.Tensor]]:
-        """build-nanogpt's init as (parameter, std, constant); std None means fill with the constant."""
-        plan = []
+    @torch.no_grad()
+    def init_weights(self, fill=torch.Tensor.copy_) -> None:
+        """build-nanogpt's init. Every parameter is drawn at its full (unsharded) shape on the CPU from init_seed and
+        handed to fill(param, full): the same numbers whatever the device or the sharding (gpt_tp.parallel's fill keeps
+        the local shard)."""
+        gen = torch.Generator().manual_seed(self.init_seed)
+
+        def init(param: torch.Tensor, std: float | None = None, const: float | torch.Tensor = 0.0) -> None:
+            full = torch.empty(param.shape, device="cpu")  # float32 draws, then cast: same numbers in any dtype
+            if std is None:
+                full.copy_(torch.as_tensor(const))
+            else:
+                full.normal_(0.0, std, generator=gen)
+            fill(param, full)
+
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 std = 0.02 * (2 * self.config.n_layer) ** -0.5 if hasattr(module, "RESIDUAL_SCALE_INIT") else 0.02
                 if module is not self.lm_head:  # lm_head.weight is wte.weight, initialised as an embedding
-                    plan.append((module.weight, std, 0.0))
+                    init(module.weight, std)
                 if module.bias is not None:
-                    plan.append((module.bias, None, self.config.vocab_mask() if module is self.lm_head else 0.0))
+                    init(module.bias, const=self.config.vocab_mask() if module is self.lm_head else 0.0)
             elif isinstance(module, nn.Embedding):
-                plan.append((module.weight, 0.02, 0.0))
+                init(module.weight, 0.02)
             elif isinstance(module, nn.LayerNorm):
-                plan += [(module.weight, None, 1.0), (module.bias, None, 0.0)]
-        return plan
-
-    @torch.no_grad()
-    def init_weights(self, fill=torch.Tensor.copy_) -> None:
-        """Draw every parameter at its full (unsharded) shape on the CPU from init_seed and hand it to fill(param,
-        full): the same numbers whatever the device or the sharding (gpt_tp.parallel's fill keeps the local shard)."""
-        gen = torch.Generator().manual_seed(self.init_seed)
-        for param, std, const in self.init_plan():
-            full = torch.empty(param.shape, device="cpu")  # float32 draws, then cast: same numbers in any dtype
-            if std is not None:
-                full.normal_(0.0, std, generator=gen)
-            else:
-                full.copy_(const) if torch.is_tensor(const) else full.fill_(const)
-            fill(param, full)
+                init(module.weight, const=1.0)
+                init(module.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab_size). Under bf16 autocast the residual stream is bf16."""

@@ -46,13 +46,14 @@ def check_compiled_ac(mode: str, compile: bool, tp: int) -> None:
 
 
 def apply_ac(model: GPT, mode: str) -> None:
-    """Activation checkpointing per block (Block.checkpoint_activations): "full", "selective" or "none"."""
+    """Activation checkpointing per block: "full", "selective" or "none"."""
     check_ac_mode(mode)
     if mode == "none":
         return
-    context_fn = partial(create_selective_checkpoint_contexts, _selective_policy) if mode == "selective" else None
+    # full: no context_fn passed at all, which torch.compile needs
+    kwargs = {"context_fn": partial(create_selective_checkpoint_contexts, _selective_policy)} if mode == "selective" else {}
     for block in model.transformer.h:
-        block.checkpoint_activations(context_fn)
+        block.checkpoint_kwargs = kwargs
 
 
 def parallelize(model: GPT, mesh: DeviceMesh | None, compile: bool = False, param_dtype: torch.dtype | None = None,

@@ -56,8 +56,7 @@ def grad_norm(model: nn.Module, carry: torch.Tensor | None = None) -> torch.Tens
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None, norm: torch.Tensor | None = None) -> torch.Tensor:
-    """Scale the synced gradients down to max_norm (if set) by their global norm: `norm` from grad_norm, or taken
-    here. Returns the norm before clipping; a second call with the same max_norm changes nothing."""
+    """Scale the synced gradients down to max_norm (if set) by their global norm (`norm`, or taken here); returns it."""
     norm = grad_norm(model) if norm is None else norm
     if max_norm:
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm, foreach=True)

@@ -86,9 +86,8 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
 def check_run(config: GPTConfig, tp: int, dp: int, seq_len: int | None, batch_size: int | None = None,
               accum: int = 1, total_batch_size: int | None = None, world_size: int | None = None,
               devices_per_node: int | None = None) -> None:
-    """The one check of a run's shapes (gpt_tp.train.run.resolve_run's, before anything is built): T <= block_size,
-    the model splits as dp x tp, a TP group stays inside a node of devices_per_node (None: unchecked), and
-    B x T x dp x accum is total_batch_size."""
+    """The one check of a run's shapes (gpt_tp.train.run.resolve_run's, before anything is built); devices_per_node
+    None: a TP group's node is not checked."""
     if seq_len is not None and seq_len > config.block_size:
         raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
     validate_layout(config, tp=tp, dp=dp, world_size=world_size, seq_len=seq_len)

@@ -172,7 +172,6 @@ class GPTDataModule(L.LightningDataModule):
         return self._start + (self._consumed if self.trainer is not None else self._yielded)
 
     def state_dict(self) -> dict:
-        """Saved in checkpoints by Lightning: the training position and the batch geometry."""
         return {"train_batches": self.train_position(), "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "dp_size": self.data_parallel()[1], "seed": self.seed,
                 "accumulate_grad_batches": getattr(self.trainer, "accumulate_grad_batches", None)}

@@ -56,18 +56,6 @@ class HeldTensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
     file = "the TensorBoard event file"
 
 
-def quiet_writer_threads(previous):
-    """A threading.excepthook that passes over an OSError in TensorBoard's event-writer thread (the logger raises it
-    again at its next write, where HeldWrites keeps it for LogWriteCheck) and hands everything else to `previous`."""
-    def hook(args) -> None:
-        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
-        if isinstance(args.exc_value, OSError) and any("event_file_writer" in f.filename for f in frames):
-            return
-        previous(args)
-
-    return hook
-
-
 # Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
 QUIET_INFO = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
               "Trainer already configured with model summary callbacks")  # the last: cli.py adds GPTSummary
@@ -77,7 +65,14 @@ def quiet_lightning() -> None:
     """Silence Lightning's lines a gpt_tp user can do nothing about; every rank runs this (gpt_tp.cli.main)."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
         lambda record: not record.getMessage().startswith(QUIET_INFO))
-    threading.excepthook = quiet_writer_threads(threading.excepthook)  # TensorBoard's thread: its error comes back
+    previous = threading.excepthook
+
+    def hook(args) -> None:  # an OSError in TensorBoard's writer thread comes back at the logger's next write
+        frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback else []
+        if not (isinstance(args.exc_value, OSError) and any("event_file_writer" in f.filename for f in frames)):
+            previous(args)
+
+    threading.excepthook = hook
     # Lightning 2.6's own pytree code on torch 2.13, once per rank
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # predict's prompts are a plain iterable on purpose (every rank runs every prompt): no batch indices to infer

@@ -7,7 +7,6 @@ import lightning as L
 import torch
 
 from gpt_tp.errors import UserError
-from gpt_tp.hardware import check_peak_flops
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import AdamW, Muon, Schedule, optimizer_from
@@ -48,7 +47,8 @@ class GPTModule(L.LightningModule):
         super().__init__()
         check_ac_mode(activation_checkpointing)
         Schedule(max_lr, min_lr, warmup_steps, 1 if max_steps is None else max_steps)  # checked when made
-        check_peak_flops(peak_flops)
+        if peak_flops is not None and not peak_flops > 0:
+            raise UserError(f"model.peak_flops={peak_flops} must be > 0 (the device's peak FLOP/s), or null to detect it")
         if float32_matmul_precision not in (None, "highest", "high", "medium"):
             raise UserError(f"model.float32_matmul_precision={float32_matmul_precision}: use highest, high (TF32 on "
                             "CUDA) or medium")
