@@ -235,6 +235,7 @@ def test_failed_fsync_stops_every_rank_at_once(tmp_path):
     assert sorted(os.listdir(ckpt_dir)) == []  # the partial folder removed at once
 
 
+@pytest.mark.slow  # about 2 s in this process (a Trainer built): the fast tier keeps its time
 def test_cli_puts_a_moved_aside_checkpoint_back_first(tmp_path, user_run):
     """`cli.py fit --ckpt_path X` (its entry, in this process) when a kill left only `X.old`: the CLI's checks put X
     back before testing that it exists, so the run goes on to load it (here a stand-in folder, refused for its

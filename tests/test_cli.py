@@ -255,6 +255,7 @@ def test_progress_bar_counts_optimizer_steps():
     assert "val/loss" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # about 2 s in this process (a Trainer built): the fast tier keeps its time
 def test_unwritable_log_folder_is_one_line_before_launch(tmp_path, user_run):
     (tmp_path / "logs").write_text("a file where the log folder should be")
     line = user_run(lambda: cli_module.main(["fit", "--config", "configs/cpu.yaml", "--trainer.logger",
