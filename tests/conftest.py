@@ -250,3 +250,13 @@ def lightning_runs(tmp_path_factory):
         return done[nproc]
 
     return get
+
+
+# ---- trim (tests/test_lifecycle.py, test_user_paths.py, test_slurm.py, test_multinode.py, ...): a run two files make --
+@pytest.fixture(scope="session")
+def one_node_of_4(tmp_path_factory) -> dict:
+    """tests/workers/multinode_fit.py as one node of 4 processes (DP=2 x TP=2): the record the two-node runs of
+    tests/test_multinode.py and tests/test_slurm.py must equal, made once."""
+    from test_multinode import launch_nodes
+
+    return launch_nodes(1, 4, 2, tmp_path_factory.mktemp("one_node_of_4") / "one")

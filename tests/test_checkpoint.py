@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+import cli  # imported here, not under capsys: Lightning's log handlers keep the stream they first see
 from conftest import ROOT, WORKERS, read_json, run_python, run_torchrun
 from torch.distributed.checkpoint import save as dcp_save
 
@@ -234,18 +235,18 @@ def test_failed_fsync_stops_every_rank_at_once(tmp_path):
     assert sorted(os.listdir(ckpt_dir)) == []  # the partial folder removed at once
 
 
-@pytest.mark.slow
-def test_cli_puts_a_moved_aside_checkpoint_back_first(tmp_path):
-    """`cli.py fit --ckpt_path X` when a kill left only `X.old`: the CLI's checks put X back before testing that it
-    exists, so the run goes on to load it (here a stand-in folder, refused for its content, not as missing)."""
+@pytest.mark.slow  # about 2 s in this process (a Trainer built): the fast tier keeps its time
+def test_cli_puts_a_moved_aside_checkpoint_back_first(tmp_path, user_run):
+    """`cli.py fit --ckpt_path X` (its entry, in this process) when a kill left only `X.old`: the CLI's checks put X
+    back before testing that it exists, so the run goes on to load it (here a stand-in folder, refused for its
+    content, not as missing)."""
     aside = tmp_path / "step0004.ckpt.old"
     aside.mkdir()
     (aside / "meta.pt").write_bytes(b"x")
-    cmd = [sys.executable, "cli.py", "fit", "--config", "configs/cpu.yaml", "--trainer.devices", "1", "--trainer.logger", "false",
-           "--trainer.strategy.init_args.tensor_parallel_size", "1", "--ckpt_path", str(tmp_path / "step0004.ckpt")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 2
-    assert f"error: {tmp_path}/step0004.ckpt is not a complete distributed checkpoint: .metadata missing" in proc.stderr.splitlines()
+    line = user_run(lambda: cli.main(["fit", "--config", "configs/cpu.yaml", "--trainer.devices", "1", "--trainer.logger",
+                                      "false", "--trainer.strategy.init_args.tensor_parallel_size", "1",
+                                      "--ckpt_path", str(tmp_path / "step0004.ckpt")]))
+    assert line == f"error: {tmp_path}/step0004.ckpt is not a complete distributed checkpoint: .metadata missing"
     assert sorted(os.listdir(tmp_path)) == ["step0004.ckpt"]
 
 

@@ -57,27 +57,39 @@ def last_line(out: str) -> str:
     return [line for line in out.splitlines() if line.startswith("gpt_tp fit:")][-1]
 
 
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory) -> tuple[int, str, Path]:
+    """One TP=2 run of 4 steps saving every 3 (steps 3 and 4, last.ckpt -> step 4): its exit code, output and folder.
+    Tests that change the folder work on a copy."""
+    ck = tmp_path_factory.mktemp("four_steps") / "ck"
+    return *finished(fit("--config", checkpointing(ck), "--trainer.max_steps", "4")), ck
+
+
+def copy_of(four_steps, to: Path) -> Path:
+    shutil.copytree(four_steps[2], to, symlinks=True)
+    return to
+
+
 @pytest.mark.slow
-def test_final_step_and_last_ckpt_in_fresh_used_and_copied_folders(tmp_path):
+def test_final_step_and_last_ckpt_in_fresh_used_and_copied_folders(tmp_path, four_steps, user_run):
     """4 steps saving every 3: step 4 is saved and last.ckpt names it. A fresh run into that folder is refused
-    (nothing changed), a resume at max_steps is refused as complete; resumes in the same and in a copied folder move
-    last.ckpt to their own newest step with no -v1 files; --overwrite_checkpoints true starts again. Commands that
-    neither write what the other reads run side by side (the two refusals; the copy's resume and the overwrite)."""
-    ck = tmp_path / "ck"
-    config = checkpointing(ck)
-    rc, out = finished(fit("--config", config, "--trainer.max_steps", "4"))
+    (nothing changed), a resume at max_steps is refused as complete (both refusals in this process: they come before
+    any process group starts); resumes in the same and in a copied folder move last.ckpt to their own newest step
+    with no -v1 files; --overwrite_checkpoints true starts again. Commands that neither write what the other reads
+    run side by side (the copy's resume and the overwrite)."""
+    rc, out, made = four_steps
     assert rc == 0, out[-3000:]
+    assert last_line(out) == f"gpt_tp fit: step 4; checkpoints in {made} (last.ckpt -> step0000004.ckpt); no logger"
+    ck = copy_of(four_steps, tmp_path / "ck")
+    config = checkpointing(ck)
     assert sorted(os.listdir(ck)) == ["last.ckpt", "step0000003.ckpt", "step0000004.ckpt"]
     assert os.readlink(ck / "last.ckpt") == "step0000004.ckpt" and step_of(ck / "last.ckpt") == 4
-    assert last_line(out) == f"gpt_tp fit: step 4; checkpoints in {ck} (last.ckpt -> step0000004.ckpt); no logger"
 
     before = snapshot(ck)
-    fresh = fit("--config", config, "--trainer.max_steps", "6")
-    complete = fit("--config", config, "--ckpt_path", "last", "--trainer.max_steps", "4")
-    line = one_error_line(subprocess.CompletedProcess([], *finished(fresh), ""))
+    line = user_run(cli_main("fit", "--config", CPU, "--config", config, "--trainer.max_steps", "6"))
     assert line.startswith(f"error: ModelCheckpoint dirpath {ck} holds another run's checkpoints (last.ckpt, "
                            "step0000003.ckpt, step0000004.ckpt): continue that run with --ckpt_path last"), line
-    line = one_error_line(subprocess.CompletedProcess([], *finished(complete), ""))
+    line = user_run(cli_main("fit", "--config", CPU, "--config", config, "--ckpt_path", "last", "--trainer.max_steps", "4"))
     assert line == (f"error: --ckpt_path last: the run is already complete ({ck}/last.ckpt is at step 4 >= "
                     "trainer.max_steps 4); raise --trainer.max_steps to train further")
     assert snapshot(ck) == before
@@ -344,19 +356,15 @@ def test_fresh_run_into_a_used_folder_and_a_complete_run(user_run, ckpt, tmp_pat
 
 
 @pytest.mark.slow
-def test_damaged_checkpoint_is_refused_in_one_line_by_every_command(tmp_path, command_here):
-    """A TP=2 run saves steps 2 and 4; a copy of its folder with step 4's rank-1 shard cut short, and one with 20 kB of
-    rank 0's overwritten at the same size. fit --ckpt_path last (TP=2), validate (TP=2), predict (one process) and
-    export each refuse it in one line naming the file and step 2, the newest intact checkpoint beside it, and change
-    nothing."""
+def test_damaged_checkpoint_is_refused_in_one_line_by_every_command(tmp_path, four_steps, command_here):
+    """The TP=2 run's steps 3 and 4 (the four_steps fixture); a copy of its folder with step 4's rank-1 shard cut
+    short, and one with 20 kB of rank 0's overwritten at the same size. fit --ckpt_path last (TP=2), validate (TP=2),
+    predict (one process) and export each refuse it in one line naming the file and step 3, the newest intact
+    checkpoint beside it, and change nothing."""
     from gpt_tp.checkpoint.export import main as export_main
 
-    ck = tmp_path / "ck"
-    rc, out = finished(fit("--config", checkpointing(ck, every=2), "--trainer.max_steps", "4"))
-    assert rc == 0, out[-3000:]
-    cut, over = tmp_path / "cut", tmp_path / "over"
-    for copy in (cut, over):
-        shutil.copytree(ck, copy, symlinks=True)
+    assert four_steps[0] == 0, four_steps[1][-3000:]
+    cut, over = copy_of(four_steps, tmp_path / "cut"), copy_of(four_steps, tmp_path / "over")
     shard = cut / "step0000004.ckpt" / "__1_0.distcp"
     size = shard.stat().st_size
     os.truncate(shard, size - 1000)
@@ -365,17 +373,17 @@ def test_damaged_checkpoint_is_refused_in_one_line_by_every_command(tmp_path, co
         f.write(os.urandom(20_000))
     before = {d: snapshot(d) for d in (cut, over)}
     short = (f"error: checkpoint {cut}/last.ckpt is damaged: {cut}/last.ckpt/__1_0.distcp is cut short ({size - 1000} "
-             f"bytes; its .metadata needs {size}); the newest intact checkpoint beside it is {cut}/step0000002.ckpt")
+             f"bytes; its .metadata needs {size}); the newest intact checkpoint beside it is {cut}/step0000003.ckpt")
     changed = (f"error: checkpoint {over}/step0000004.ckpt is damaged: {over}/step0000004.ckpt/__0_0.distcp does not "
-               f"match the CRC-32 its save recorded; the newest intact checkpoint beside it is {over}/step0000002.ckpt")
+               f"match the CRC-32 its save recorded; the newest intact checkpoint beside it is {over}/step0000003.ckpt")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
-    def cli_run(*args: str) -> str:
+    def cli_run(*args: str) -> str:  # the CRC-32s are read where the shards load: after launch, on each rank
         proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
         return one_error_line(proc)
 
-    assert cli_run("fit", "--config", CPU, "--config", checkpointing(cut, every=2), "--ckpt_path", "last",
+    assert cli_run("fit", "--config", CPU, "--config", checkpointing(cut), "--ckpt_path", "last",
                    "--trainer.max_steps", "6") == short
     tp2 = ("--trainer.logger", "false", "--trainer.callbacks", "[]")
     assert cli_run("validate", "--config", CPU, *tp2, "--ckpt_path", f"{over}/step0000004.ckpt") == changed

@@ -40,10 +40,10 @@ def launch_nodes(nodes: int, devices: int, tp: int, out, timeout: int = 600) -> 
 
 
 @pytest.mark.slow
-def test_two_nodes_tp_inside_dp_across(tmp_path):
+def test_two_nodes_tp_inside_dp_across(tmp_path, one_node_of_4):
     """2 nodes x 2 processes, TP=2 inside a node, DP=2 across: the losses equal DP=2 x TP=2 on one node of 4, and
     no TP group spans two nodes."""
-    one = launch_nodes(1, 4, 2, tmp_path / "one")
+    one = one_node_of_4
     two = launch_nodes(2, 2, 2, tmp_path / "two")
     assert len(two["losses"]) == 4 and two["losses"][-1] < two["losses"][0]
     assert two["losses"] == one["losses"]

@@ -76,25 +76,12 @@ def _rank_lines(log: str) -> list[tuple[str, ...]]:
                       r"SLURM_NODEID=(\d+) MASTER_ADDR=(\S+) MASTER_PORT=(\d+)", log)
 
 
-def test_sbatch_trains_with_slurm_ranks(slurm, tmp_path):
-    """The CPU sbatch (2 tasks, TP=2 over gloo) runs to max_steps; each Lightning rank is Slurm's SLURM_PROCID.
-    The rendezvous port is launch.sh's, from the job id, not the MASTER_PORT exported from the submitting shell."""
-    job = _submit(slurm, tmp_path, env={"MAX_STEPS": "8", "MASTER_PORT": "29500"})
-    info = _wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}, 300)
-    log = (tmp_path / f"slurm-gpt_tp_cpu-{job}.out").read_text()
-    assert info["JobState"] == "COMPLETED", log[-6000:]
-    ranks = _rank_lines(log)
-    assert sorted((r[0], r[3]) for r in ranks) == [("0", "0"), ("1", "1")], log[-4000:]  # global rank == SLURM_PROCID
-    assert all(r[1] == "2" and r[2] == job for r in ranks)
-    assert {(r[6], r[7]) for r in ranks} == {("localhost", str(15000 + int(job) % 16000))}, ranks
-    steps = [int(r["step"]) for r in _metrics(tmp_path) if r.get("train/loss")]
-    assert sorted(steps) == list(range(8)), steps  # logged at steps 0..7: 8 optimizer steps
-
-
-def test_preemption_requeues_and_resumes(slurm, tmp_path):
-    """scancel --signal=USR1 mid-run (what --signal=USR1@90 sends near the time limit): every rank saves at the
-    same step, rank 0 requeues the job, the requeued job resumes from that checkpoint and finishes."""
-    job = _submit(slurm, tmp_path, env={"MAX_STEPS": "16"})
+def test_sbatch_trains_with_slurm_ranks_and_preemption_requeues_and_resumes(slurm, tmp_path):
+    """The CPU sbatch (2 tasks, TP=2 over gloo), each Lightning rank Slurm's SLURM_PROCID, its rendezvous port
+    launch.sh's, from the job id, not the MASTER_PORT exported from the submitting shell. scancel --signal=USR1
+    mid-run (what --signal=USR1@90 sends near the time limit): every rank saves at the same step, rank 0 requeues the
+    job, the requeued job resumes from that checkpoint and runs to max_steps, every step logged once."""
+    job = _submit(slurm, tmp_path, env={"MAX_STEPS": "16", "MASTER_PORT": "29500"})
     log_path = tmp_path / f"slurm-gpt_tp_cpu-{job}.out"
     wait_for(lambda: log_path.exists() and "[gpt_tp] rank 0: step 3" in log_path.read_text(), 300, "step 3 of the job")
     slurm.run("scancel", "--signal=USR1", job)
@@ -102,6 +89,10 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
     log = log_path.read_text()
     assert info["JobState"] == "COMPLETED", log[-6000:]
     assert int(info.get("Restarts", "0")) == 1, info
+    ranks = _rank_lines(log)  # each start of the job: its two ranks
+    assert sorted((r[0], r[3]) for r in ranks) == [("0", "0"), ("0", "0"), ("1", "1"), ("1", "1")], log[-4000:]
+    assert all(r[1] == "2" and r[2] == job for r in ranks)
+    assert {(r[6], r[7]) for r in ranks} == {("localhost", str(15000 + int(job) % 16000))}, ranks
     saved = re.findall(r"preemption signal \(SIGUSR1\): saving (\S+) at step (\d+)", log)
     assert len(saved) == 1, log[-6000:]
     path, step = saved[0][0], int(saved[0][1])
@@ -117,6 +108,7 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
     assert min(after) == step and max(after) == 15, after  # continues at the saved step, ends at max_steps
     before = [int(r["step"]) for r in rows if r["_file"] == files[0]]
     assert max(before) == step - 1, before  # nothing lost: the first run logged every step up to the checkpoint
+    assert sorted(before + after) == list(range(16)), (before, after)  # 16 optimizer steps, each logged once
     assert latest_checkpoint(str(tmp_path / "ckpt")) == path
 
 
@@ -153,13 +145,11 @@ def test_sigterm_saves_at_a_step_and_ends(slurm, tmp_path, how):
     assert max(steps) == step - 1, steps  # every step up to the checkpoint logged
 
 
-def test_two_nodes_under_sbatch(slurm_two_nodes, tmp_path):
+def test_two_nodes_under_sbatch(slurm_two_nodes, tmp_path, one_node_of_4):
     """`sbatch --nodes=2 --ntasks-per-node=2` on two slurmd of this host (nodes n1, n2): srun starts
     tests/workers/multinode_fit.py 4 times and Lightning's SLURMEnvironment takes the ranks and nodes from srun. Ranks
     0-1 run on n1 and 2-3 on n2, each TP group stays inside a node, each DP group spans both, and the losses equal the
     same run as one node of 4 processes (tests/test_multinode.py), bit for bit."""
-    from test_multinode import launch_nodes
-
     from conftest import WORKERS, read_json
 
     slurm = slurm_two_nodes
@@ -172,7 +162,7 @@ def test_two_nodes_under_sbatch(slurm_two_nodes, tmp_path):
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n[1-2]", (info, log[-6000:])
     two = read_json(tmp_path / "two.json")
-    one = launch_nodes(1, 4, 2, tmp_path / "one")
+    one = one_node_of_4
     assert len(two["losses"]) == 4 and two["losses"][-1] < two["losses"][0]
     assert two["losses"] == one["losses"]
     ranks = {r["rank"]: r for r in two["ranks"]}

@@ -93,7 +93,7 @@ def test_process_group_timeout_ends_a_rank_waiting_on_a_hung_peer(tmp_path):
         _cleanup(procs)
 
 
-@pytest.mark.skipif(skip_reason() is None, reason="a real Slurm is installed: test_preemption_requeues_and_resumes and test_sigterm_saves_at_a_step_and_ends (tests/test_slurm.py) cover this")
+@pytest.mark.skipif(skip_reason() is None, reason="a real Slurm is installed: test_sbatch_trains_with_slurm_ranks_and_preemption_requeues_and_resumes and test_sigterm_saves_at_a_step_and_ends (tests/test_slurm.py) cover this")
 @pytest.mark.parametrize("sig", ["SIGUSR1", "SIGTERM"])
 @pytest.mark.slow
 def test_signal_saves_once_at_the_same_step_and_resumes(tmp_path, sig):
@@ -124,8 +124,11 @@ def test_signal_saves_once_at_the_same_step_and_resumes(tmp_path, sig):
     assert f"Restored all states from the checkpoint at {saved[0][0]}" in text
 
 
-@pytest.mark.slow
-def test_latest_checkpoint_skips_incomplete(tmp_path):
+def test_latest_checkpoint_skips_incomplete(tmp_path, command_here):
+    """latest_checkpoint, and `python -m gpt_tp.cluster.slurm latest`'s entry (in this process; launch.sh runs that
+    process in tests/test_slurm.py's jobs): the newest folder with meta.pt."""
+    from gpt_tp.cluster.slurm import main as slurm_main
+
     a, b, c = tmp_path / "a.ckpt", tmp_path / "b.ckpt", tmp_path / "c.ckpt"
     a.mkdir(), b.mkdir(), c.mkdir()
     (a / "meta.pt").write_bytes(b"x")
@@ -135,7 +138,7 @@ def test_latest_checkpoint_skips_incomplete(tmp_path):
     (tmp_path / "d.ckpt.partial").mkdir()
     assert latest_checkpoint(str(tmp_path), str(tmp_path / "missing")) == str(b)
     assert latest_checkpoint(str(tmp_path / "missing")) is None
-    out = subprocess.run([sys.executable, "-m", "gpt_tp.cluster.slurm", "latest", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    out = command_here(lambda: slurm_main(["latest", str(tmp_path)]))
     assert out.returncode == 0 and out.stdout.strip() == str(b)
 
 

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import ROOT, WORKERS, one_error_line
+import cli  # imported here, not under capsys: Lightning's log handlers keep the stream they first see
+from conftest import ROOT, WORKERS
 
 from gpt_tp.checkpoint.export import ExportError
 from gpt_tp.checkpoint.export import main as export_main
@@ -144,12 +145,12 @@ def test_killed_run_keeps_the_rows_it_logged(tmp_path):
     assert all(math.isfinite(r["train/loss"]) and r["train/loss"] > 5 for r in logged.values())
 
 
-@pytest.mark.slow
-def test_export_mistakes_are_one_line(tmp_path):
-    """`python -m gpt_tp.checkpoint.export` on a missing checkpoint: one line, exit code 2; a non-empty --out is refused, untouched."""
+def test_export_mistakes_are_one_line(tmp_path, command_here):
+    """export's entry (what `python -m gpt_tp.checkpoint.export` runs; that process itself:
+    test_hugging_face_fine_tune_resume_export_hellaswag) on a missing checkpoint: one line, exit code 2; a non-empty
+    --out is refused, untouched."""
     ckpt = tmp_path / "nothing.ckpt"
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.checkpoint.export", str(ckpt), "--out", str(tmp_path / "x")], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    proc = command_here(lambda: export_main([str(ckpt), "--out", str(tmp_path / "x")]))
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: checkpoint folder {ckpt} does not exist"), proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # no traceback
     assert not (tmp_path / "x").exists()
@@ -161,11 +162,12 @@ def test_export_mistakes_are_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_checkpoint_records_the_model_and_optimizer_every_command_uses(tmp_path):
+def test_checkpoint_records_the_model_and_optimizer_every_command_uses(tmp_path, user_run):
     """A run trained with --model.model.n_embd 48 and --model.optimizer Muon (one process) is resumed, validated and
     predicted from without those flags: each command uses the checkpoint's model and optimizer (a --config file's
     values are not the user's flags). A flag that agrees is accepted; one that disagrees is refused in one line
-    naming both values, before anything runs."""
+    naming both values, before anything runs (in this process; the real `cli.py validate`'s refusal:
+    tests/test_bad_inputs.py::test_checkpoint_of_another_size_through_cli_leaves_it_unchanged)."""
     ckpt = tmp_path / "ckpt"
     base = ("--config", "configs/cpu.yaml", "--trainer.logger", "false", "--trainer.devices", "1",
             "--trainer.strategy.init_args.tensor_parallel_size", "1", "--data.val_batches", "1",
@@ -187,10 +189,8 @@ def test_checkpoint_records_the_model_and_optimizer_every_command_uses(tmp_path)
     for flag, line in ((("--model.model.n_embd", "64"), "--model.model.n_embd=64, but {} was trained with "
                         "model.model.n_embd=48"), (("--model.optimizer", "AdamW"), "--model.optimizer=AdamW, but {} "
                         "was trained with model.optimizer=Muon")):
-        proc = subprocess.run([sys.executable, "cli.py", "validate", *base, *last, *flag], cwd=ROOT, capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert one_error_line(proc) == (f"error: {line.format(ckpt / 'last.ckpt')}: drop the flag (the checkpoint's "
-                                        "value is used), or start a new run")
+        assert user_run(lambda: cli.main(["validate", *base, *last, *flag])) == (
+            f"error: {line.format(ckpt / 'last.ckpt')}: drop the flag (the checkpoint's value is used), or start a new run")
 
 
 def val_loss(proc: subprocess.CompletedProcess) -> float:
