@@ -19,3 +19,12 @@ def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsd
     tracker = MemTracker()
     tracker.track_external(model, optimizer)
     return tracker
+
+
+def shard_slices(p, rank: int) -> tuple[slice, ...]:
+    """The block of DTensor p's global tensor that `rank` (in its mesh) holds, one slice per dim, by DTensor's own
+    arithmetic (Shard, FSDP2's _StridedShard, uneven chunks); gpt_tp.train.muon checks that the blocks tile p."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    coordinate = (p.device_mesh.mesh == rank).nonzero()[0].tolist()
+    shape, offset = _compute_local_shape_and_global_offset(p.shape, p.device_mesh.shape, coordinate, p.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
