@@ -52,8 +52,8 @@ class CollectiveRecorder(TorchDispatchMode):
     emits) and c10d ops (torch.distributed.all_reduce, FSDP2's all-gathers and reduce-scatters).
 
     bytes is the size of the full tensor a collective produces or consumes (all-gather: its output, reduce-scatter:
-    its input, all-reduce: the buffer, all-to-all: what this rank sends the others); `groups` maps process-group names to (label, size), e.g. from
-    groups_of(mesh). Like CommDebugMode, DTensor ops are let through so their collectives are seen once desugared.
+    its input, all-reduce: the buffer, all-to-all: what this rank sends the others); `groups` maps process-group
+    names to (label, size), e.g. from groups_of(mesh). Like CommDebugMode, DTensor ops are let through so their collectives are seen once desugared.
     """
 
     def __init__(self, groups: dict[str, tuple[str, int]]):

@@ -24,11 +24,10 @@ def _numel(block: tuple[slice, ...]) -> int:
 
 
 class _Layout:
-    """How one matrix's Newton-Schulz runs. X is the matrix as torch orients it, [short, long] (transposed when rows >
-    cols). "local": the whole matrix is on this rank. "owner": `blocks`, each rank's shard as slices of the matrix, by
-    rank. "sharded": its Gram X X^T sums over the long side, so the mesh dims that split the long side (`summed`)
-    all-reduce it; those that split the short side (`gathered`, FSDP2's dim 0 of the row-parallel c_proj) are
-    all-gathered first, each rank then keeping its own slice of the update. `scheme` forces one where the split allows."""
+    """How one matrix's Newton-Schulz runs, X as torch orients it, [short, long]. "local": whole on this rank. "owner":
+    `blocks`, each rank's shard as slices of the matrix. "sharded": X X^T sums over the long side, so the mesh dims
+    splitting it (`summed`) all-reduce it; those splitting the short side (`gathered`, FSDP2's dim 0 of a row-parallel
+    c_proj) all-gather it first, each rank keeping its slice of the update. `scheme` forces one where splits allow."""
 
     def __init__(self, p: torch.Tensor, ns_bytes: int, scheme: str | None = None):
         rows, cols = p.shape
@@ -112,9 +111,8 @@ def newton_schulz(xs: list[torch.Tensor], keys: list, dtype: torch.dtype, mm: to
 class ShardedMuon(torch.optim.AdamW):
     """One optimizer for the whole model: groups with "muon": True get torch.optim.Muon's update (momentum, Nesterov,
     Newton-Schulz by each matrix's scheme, decoupled weight decay, lr x sqrt(max(1, rows/cols))), the others AdamW's.
-    Per-parameter state as the two torch optimizers keep it (Muon's momentum_buffer a DTensor like its parameter),
-    so DCP saves and reshards it. ns_dtype: torch.bfloat16 as torch.optim.Muon, float32 for tests. scheme: "owner" or
-    "sharded" for every split matrix (benchmarks/muon_comm.py compares them); None: muon_scheme's choice per matrix."""
+    State as the torch optimizers keep it (momentum_buffer a DTensor like its parameter: DCP saves, reshards it).
+    ns_dtype: bf16 as torch.optim.Muon, float32 for tests. scheme: "owner"/"sharded" forced, None: muon_scheme's."""
 
     def __init__(self, params, ns_dtype: torch.dtype = torch.bfloat16, scheme: str | None = None, **adamw):
         super().__init__(params, **adamw)
@@ -181,7 +179,8 @@ class ShardedMuon(torch.optim.AdamW):
             update = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
             shards[p] = update.to(self.ns_dtype)
         rest = [p for p in shards if p not in self.owners]
-        updates = self._by_owners({p: shards[p] for p in shards if p in self.owners})
+        owned = {p: shards[p] for p in shards if p in self.owners}
+        updates = self._by_owners(owned) if owned else {}
         xs = self._newton_schulz(rest, [self.layouts[p].gather(shards[p]) for p in rest])  # the short side whole
         updates.update((p, self.layouts[p].scatter(x)) for p, x in zip(rest, xs))
         for group, p in todo:
@@ -193,14 +192,13 @@ class ShardedMuon(torch.optim.AdamW):
     def _newton_schulz(self, ps: list, xs: list) -> list:
         """newton_schulz on the [rows, cols] matrices (or short-side-whole shards) xs of the parameters ps."""
         keys = [None if p in self.owners else self.layouts[p].key() for p in ps]
-        xs = newton_schulz([x.T if self.layouts[p].transpose else x for p, x in zip(ps, xs)], keys, self.ns_dtype, self.mm)
-        return [x.T if self.layouts[p].transpose else x for p, x in zip(ps, xs)]
+        flip = [self.layouts[p].transpose for p in ps]
+        xs = newton_schulz([x.T if t else x for t, x in zip(flip, xs)], keys, self.ns_dtype, self.mm)
+        return [x.T if t else x for t, x in zip(flip, xs)]
 
     def _by_owners(self, shards: dict) -> dict:
         """Owner-computed matrices' update shards -> this rank's blocks of their orthogonalized updates: one all-to-all
         sends each shard to its matrix's owner, which runs Newton-Schulz on it whole, another each rank its blocks."""
-        if not shards:
-            return {}
         me, world = dist.get_rank(), dist.get_world_size()
         order = sorted(shards, key=self.owners.__getitem__)  # by owner, then in the model's order
         mine = [p for p in order if self.owners[p] == me]
