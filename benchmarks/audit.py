@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     step = build(config, mesh, device, optimizer=args.optimizer)
     x = torch.randint(0, min(config.vocab_size, 50257), (args.batch_size, args.seq_len))
     collectives, rows = measure_collectives(step, x, torch.roll(x, -1, 1), groups_of(mesh))
-    modeled_rows = step_collectives(config, args.batch_size, args.seq_len, dp, tp, optimizer=args.optimizer)
+    modeled_rows = step_collectives(config, args.batch_size, args.seq_len, dp, tp, optimizer=args.optimizer,
+                                   rank=dist.get_rank())
     report = {
         "model": args.model, "n_layer": config.n_layer, "dp": dp, "tp": tp, "optimizer": args.optimizer,
         "measured": {"collectives": collectives, "collective_rows": rows,

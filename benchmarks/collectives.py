@@ -52,8 +52,8 @@ class CollectiveRecorder(TorchDispatchMode):
     emits) and c10d ops (torch.distributed.all_reduce, FSDP2's all-gathers and reduce-scatters).
 
     bytes is the size of the full tensor a collective produces or consumes (all-gather: its output, reduce-scatter:
-    its input, all-reduce: the buffer); `groups` maps process-group names to (label, size), e.g. from
-    groups_of(mesh). Like CommDebugMode, DTensor ops are let through so their collectives are seen once desugared.
+    its input, all-reduce: the buffer, all-to-all: what this rank sends the others); `groups` maps process-group
+    names to (label, size), e.g. from groups_of(mesh). Like CommDebugMode, DTensor ops are let through so their collectives are seen once desugared.
     """
 
     def __init__(self, groups: dict[str, tuple[str, int]]):
@@ -94,6 +94,10 @@ class CollectiveRecorder(TorchDispatchMode):
                     nbytes = _nbytes(args[0]) * args[1]
             elif kind == "reduce_scatter" and ns == "c10d":
                 nbytes = _nbytes(args[1])
+            elif kind == "all_to_all" and ns == "c10d":  # (output, input, pg, out splits, in splits): the bytes sent
+                inp, me = args[1], torch.distributed.ProcessGroup.unbox(args[2]).rank()  # to others, not to itself
+                row = inp.element_size() * inp[0].numel() if len(inp) else 0
+                nbytes = _nbytes(inp) - (args[4][me] if args[4] else len(inp) // size) * row
             else:
                 nbytes = _nbytes(args[0])
             self.records.append((label, kind, size, nbytes))
@@ -120,7 +124,10 @@ def groups_of(mesh) -> dict[str, tuple[str, int]]:
 
 def wire_bytes(kind: str, nbytes: float, group_size: int) -> float:
     """Bytes each rank sends for a collective over a tensor of nbytes (the full, unsharded size), with the ring
-    algorithm: all-gather and reduce-scatter (p-1)/p N, all-reduce twice that (reduce-scatter + all-gather)."""
+    algorithm: all-gather and reduce-scatter (p-1)/p N, all-reduce twice that (reduce-scatter + all-gather); an
+    all-to-all's nbytes are already those this rank sends."""
+    if kind == "all_to_all":
+        return float(nbytes)
     return (2.0 if kind == "all_reduce" else 1.0) * (group_size - 1) / group_size * nbytes if group_size > 1 else 0.0
 
 
@@ -187,36 +194,53 @@ def norm_collective(dp: int, tp: int) -> list[dict]:
     return [collective("world" if dp > 1 and tp > 1 else DP if dp > 1 else TP, "all_reduce", dp * tp, 1, 4)]
 
 
-def muon_collectives(config: GPTConfig, dp: int, tp: int, ns_steps: int = 5, ns_bytes: int = 2) -> list[dict]:
-    """Muon's optimizer step (gpt_tp.train.muon) on the 4L block matrices, each with short side C. c_attn and c_fc
-    are split along their long side over TP and DP, the c_projs along their long side over TP and their short side
-    (FSDP2's dim 0) over DP. Per group of ranks that split long sides: one all-reduce of each matrix's squared norm
-    and ns_steps of its C x C Gram, float32; at DP > 1 each c_proj all-gathered over DP in Newton-Schulz's dtype."""
-    L, C = config.n_layer, config.n_embd
+def muon_collectives(config: GPTConfig, dp: int, tp: int, ns_steps: int = 5, ns_bytes: int = 2, rank: int = 0,
+                     scheme: str | None = None) -> list[dict]:
+    """Muon's optimizer step (gpt_tp.train.muon) on `rank`, for the 4L block matrices, each with short side C, by the
+    scheme gpt_tp.sizing.sizes.muon_scheme picks for each kind (`scheme` forces one, as ShardedMuon's does). c_attn
+    and c_fc are split along their long side over TP and DP, the c_projs along their long side over TP and their short
+    side (FSDP2's dim 0) over DP. Owner-computed: two all-to-alls over the whole mesh in Newton-Schulz's dtype, this
+    rank's shards of the matrices others own (sizes.muon_owners) to them, then its own matrices' update blocks back.
+    Sharded: per group of ranks that split long sides one all-reduce of each matrix's squared norm and ns_steps of
+    its C x C Gram, float32; at DP > 1 each c_proj all-gathered over DP."""
+    L, C, p = config.n_layer, config.n_embd, dp * tp
+    if p == 1:
+        return []
+    kinds = [(3 * C, True), (C, False), (4 * C, True), (4 * C, False)]  # (long side, split over DP along it) per block
+    picks = [scheme or sizes.muon_scheme(C, long, tp * dp if col else tp, 1 if col else dp, ns_bytes)
+             for long, col in kinds]
+    owned = [long * C for _ in range(L) for (long, _), pick in zip(kinds, picks) if pick == "owner"]
+    owners = sizes.muon_owners(owned, p)
+    label = TP if dp == 1 else DP if tp == 1 else "world"
+    rows = [collective(label, "all_to_all", p, 1, sum(n // p for n, o in zip(owned, owners) if o != rank) * ns_bytes),
+            collective(label, "all_to_all", p, 1, sum(n - n // p for n, o in zip(owned, owners) if o == rank) * ns_bytes)
+            ] if owned else []
     colwise = [d for d, n in ((DP, dp), (TP, tp)) if n > 1]
     groups: dict[tuple[str, int], int] = {}  # (label, size) -> matrices summed over it, in one flat all-reduce
-    for dims in (colwise, [TP] if tp > 1 else []):
-        if dims:
+    for (long, col), pick in zip(kinds, picks):
+        dims = colwise if col else [TP] if tp > 1 else []
+        if dims and pick == "sharded":
             group = ("world", dp * tp) if len(dims) == 2 else (dims[0], dp if dims == [DP] else tp)
-            groups[group] = groups.get(group, 0) + 2 * L
-    rows = [collective(label, "all_reduce", size, 1 + ns_steps, n * 4 * (1 + ns_steps * C * C))
-            for (label, size), n in groups.items()]
-    if dp > 1:
-        rows.append(collective(DP, "all_gather", dp, 2 * L, L * (C * C + 4 * C * C) // tp * ns_bytes))
+            groups[group] = groups.get(group, 0) + L
+    rows += [collective(label, "all_reduce", size, 1 + ns_steps, n * 4 * (1 + ns_steps * C * C))
+             for (label, size), n in groups.items()]
+    gathered = [long for (long, col), pick in zip(kinds, picks) if not col and pick == "sharded"]
+    if dp > 1 and gathered:
+        rows.append(collective(DP, "all_gather", dp, len(gathered) * L, L * sum(gathered) * C // tp * ns_bytes))
     return rows
 
 
 def muon_gather_all_bytes(config: GPTConfig, dp: int, tp: int, ns_bytes: int = 2) -> float:
-    """The baseline Muon's sharded scheme is measured against: every rank all-gathers each block matrix whole, in
-    Newton-Schulz's dtype. Wire bytes per rank per step (ring all-gather)."""
+    """Every block matrix all-gathered whole once, in Newton-Schulz's dtype: wire bytes per rank (ring all-gather),
+    the bound on Muon's step (docs/performance.md, "Muon")."""
     return wire_bytes("all_gather", config.n_layer * 12 * config.n_embd ** 2 * ns_bytes, dp * tp)
 
 
 def step_collectives(config: GPTConfig, batch_size: int, seq_len: int, dp: int = 1, tp: int = 1,
-                     precision: str = "32-true", optimizer: str = "adamw") -> list[dict]:
+                     precision: str = "32-true", optimizer: str = "adamw", rank: int = 0) -> list[dict]:
     """A step's collectives per (mesh dim, kind): count, full-tensor and per-rank wire bytes; batch_size per DP rank.
-    AdamW's step communicates nothing; Muon's: muon_collectives."""
+    AdamW's step communicates nothing; Muon's: muon_collectives (on `rank`)."""
     precision_bytes(precision)
     return merge(tp_collectives(config, batch_size, seq_len, dp, tp, precision)
                  + fsdp_collectives(config, dp, tp, precision) + norm_collective(dp, tp)
-                 + (muon_collectives(config, dp, tp) if optimizer == "muon" else []))
+                 + (muon_collectives(config, dp, tp, rank=rank) if optimizer == "muon" else []))

@@ -1,13 +1,13 @@
-"""Muon's optimizer step, sharded (gpt_tp.train.muon) against gathering every matrix whole: bytes and time.
+"""Muon's optimizer step by each of its schemes (gpt_tp.train.muon), owner-computes and sharded: bytes and time.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmarks.muon_comm --model gpt2 --layers 2
 
-On a DP x TP mesh (TP the rest of the processes), the model's block matrices get random gradients; then the two
-optimizer steps alternate, --steps times each, on the same parameters: Muon as --model.optimizer Muon runs it (Newton-
-Schulz on the long-side shards, Grams all-reduced) and the gather-everything baseline (gather_all: each matrix
-all-gathered whole in bf16, orthogonalized on every rank, its slice kept). Rank 0 prints, per scheme, the median
-step time (the slowest rank's) and the collectives recorded in one step with their bytes, beside
-benchmarks.collectives' muon_collectives and muon_gather_all_bytes.
+On a DP x TP mesh (TP the rest of the processes), the model's block matrices get random gradients; then Muon's step on
+them alone, every matrix by one scheme, alternates between the two schemes, --steps times each, on the same
+parameters: "owner" (each matrix's shards sent to one owner rank, Newton-Schulz once there, the update's blocks sent
+back) and "sharded" (Newton-Schulz on the long-side shards, Grams all-reduced). Rank 0 prints, per scheme, the median
+step time (the slowest rank's) and the collectives this rank recorded in one step with their bytes, beside
+benchmarks.collectives.muon_collectives, and the bytes of all-gathering every matrix once (muon_gather_all_bytes).
 """
 
 import os
@@ -24,7 +24,8 @@ from benchmarks.step import build, slowest
 from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
 from gpt_tp.errors import UserError
 from gpt_tp.model import SIZES, GPTConfig
-from gpt_tp.train.optim import Muon
+from gpt_tp.train.muon import ShardedMuon
+from gpt_tp.train.optim import is_muon_weight
 
 
 def step_time(opt, device: torch.device) -> float:
@@ -47,32 +48,32 @@ def main(argv: list[str] | None = None) -> int:
     dp, tp = args.dp, max(1, world // args.dp)
     mesh, device = torchrun_mesh(dp, tp, "cpu")
     torch.manual_seed(0)
-    step = build(config, mesh, device, optimizer="muon")  # gpt_tp's training step: its model and optimizer
-    model, sharded = step.model, step.optimizer
-    gathered = Muon(fused=True).build(model, 6e-4)
-    gathered.gather_all = True
+    model = build(config, mesh, device, optimizer="muon").model  # gpt_tp's training step's model
+    matrices = [p for n, p in model.named_parameters() if is_muon_weight(n)]
+    schemes = {s: ShardedMuon([{"params": matrices, "muon": True}], scheme=s, lr=0.02, weight_decay=0.1)
+               for s in ("owner", "sharded")}
     for p in model.parameters():
         local = torch.randn((p.to_local() if isinstance(p, DTensor) else p).shape)
         p.grad = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()) \
             if isinstance(p, DTensor) else local
     out = {}
-    for name, opt in (("sharded", sharded), ("gather_all", gathered)):
+    for name, opt in schemes.items():
         with CollectiveRecorder(groups_of(mesh)) as rec:
             opt.step()  # also makes the momentum buffers
         rows = merge([collective(*r[:3], 1, r[3]) for r in rec.records])
         out[name] = {"rows": rows, "times": []}
     for _ in range(args.steps):
-        for name, opt in (("sharded", sharded), ("gather_all", gathered)):
+        for name, opt in schemes.items():
             out[name]["times"].append(step_time(opt, device))
     if dist.get_rank() == 0:
         print(f"{args.model} shapes, {args.layers} blocks, DP={dp} x TP={tp}: Muon's optimizer step")
-        modeled = {"sharded": sum(r["wire_bytes"] for r in muon_collectives(config, dp, tp)),
-                   "gather_all": muon_gather_all_bytes(config, dp, tp)}
+        modeled = {s: sum(r["wire_bytes"] for r in muon_collectives(config, dp, tp, scheme=s)) for s in schemes}
+        print(f"  all-gathering every matrix once: {muon_gather_all_bytes(config, dp, tp) / 2**20:.2f} MiB per rank")
         for name, r in out.items():
             wire = sum(row["wire_bytes"] for row in r["rows"])
             kinds = ", ".join(f"{row['dim']} {row['kind']} {row['count']}x" for row in r["rows"])
-            print(f"  {name:<11} step {statistics.median(r['times']):.3f} s (median of {args.steps}), wire bytes per "
-                  f"rank {wire / 2**20:.2f} MiB (model {modeled[name] / 2**20:.2f} MiB): {kinds}")
+            print(f"  {name:<11} step {statistics.median(r['times']):.3f} s (median of {args.steps}), wire bytes on "
+                  f"rank 0 {wire / 2**20:.2f} MiB (model {modeled[name] / 2**20:.2f} MiB): {kinds}")
     return 0
 
 

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 256, "vocab_size": 50304}
 
 
-def fit_config(args, optimizer: str, lr: float, run_dir: Path) -> dict:
-    """The cli.py fit config of one run (JSON is YAML: cli.py --config reads it)."""
+def fit_config(args, optimizer: str, lr: float, run_dir: Path, dp: int = 1) -> dict:
+    """The cli.py fit config of one run on 2 processes, DP=dp x TP=2/dp (JSON is YAML: cli.py --config reads it)."""
     model = {"model": MODEL, "total_batch_size": None, "warmup_steps": args.steps // 10}
     model |= {"max_lr": lr, "min_lr": lr / 10} if optimizer == "adamw" else {
         "optimizer": {"class_path": "gpt_tp.train.optim.Muon", "init_args": {"lr": lr}},
@@ -38,7 +38,7 @@ def fit_config(args, optimizer: str, lr: float, run_dir: Path) -> dict:
         "trainer": {
             "accelerator": "cpu", "devices": 2, "precision": "32-true", "max_steps": args.steps,
             "strategy": {"class_path": "gpt_tp.checkpoint.ModelParallel",
-                         "init_args": {"data_parallel_size": 1, "tensor_parallel_size": 2}},
+                         "init_args": {"data_parallel_size": dp, "tensor_parallel_size": 2 // dp}},
             "log_every_n_steps": 1, "val_check_interval": args.val_every, "check_val_every_n_epoch": None,
             "num_sanity_val_steps": 0, "enable_checkpointing": False, "enable_progress_bar": False,
             "inference_mode": False, "gradient_clip_val": 1.0,
@@ -51,11 +51,11 @@ def fit_config(args, optimizer: str, lr: float, run_dir: Path) -> dict:
     }
 
 
-def fit_once(args, optimizer: str, lr: float, run_dir: Path) -> dict:
-    """One `python cli.py fit` run: its val losses by step and its step times."""
+def fit_once(args, optimizer: str, lr: float, run_dir: Path, dp: int = 1) -> dict:
+    """One `python cli.py fit` run: its val losses by step, its step times (s, by step) and their median."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / "config.yaml"
-    config.write_text(json.dumps(fit_config(args, optimizer, lr, run_dir), indent=1))
+    config.write_text(json.dumps(fit_config(args, optimizer, lr, run_dir, dp), indent=1))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     with (run_dir / "output.txt").open("w") as log:
         proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(config)], cwd=ROOT,
@@ -64,11 +64,11 @@ def fit_once(args, optimizer: str, lr: float, run_dir: Path) -> dict:
         tail = (run_dir / "output.txt").read_text()[-3000:]
         raise RuntimeError(f"cli.py fit ({optimizer}, lr {lr}) exited {proc.returncode}; its output ends:\n{tail}")
     rows = list(csv.DictReader((run_dir / "fit" / "version_0" / "metrics.csv").open()))
-    step_s = {int(r["step"]): args.batch_size * 256 / float(r["train/tokens_per_sec"])
+    step_s = {int(r["step"]): args.batch_size * 256 * dp / float(r["train/tokens_per_sec"])
               for r in rows if r.get("train/tokens_per_sec")}
     val = {int(r["step"]) + 1: float(r["val/loss"]) for r in rows if r.get("val/loss")}
     wall = {s: sum(t for k, t in step_s.items() if k < s) for s in val}
-    return {"optimizer": optimizer, "lr": lr, "val": val, "wall_s": wall,
+    return {"optimizer": optimizer, "lr": lr, "val": val, "wall_s": wall, "step_s": step_s,
             "median_step_s": statistics.median(step_s.values())}
 
 

@@ -19,3 +19,14 @@ def memory_tracker(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsd
     tracker = MemTracker()
     tracker.track_external(model, optimizer)
     return tracker
+
+
+def shard_slices(p, rank: int) -> tuple[slice, ...]:
+    """The block of DTensor p that `rank` holds, one slice per dim, by DTensor's own arithmetic (Shard, FSDP2's
+    _StridedShard, uneven chunks), outside any dispatch mode (--simulate's fake tensors)."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        coordinate = (p.device_mesh.mesh == rank).nonzero()[0].tolist()
+        shape, offset = _compute_local_shape_and_global_offset(p.shape, p.device_mesh.shape, coordinate, p.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))

@@ -19,6 +19,9 @@ import sys
 import pytest
 from conftest import ROOT, one_error_line, read_json, run_torchrun
 
+from benchmarks import collectives
+from gpt_tp.model import GPTConfig
+
 
 def audit(tmp_path, nproc: int, *args: str) -> dict:
     """python -m benchmarks.audit on nproc processes (the tiny model, T=64); its JSON report. The command exits 0
@@ -141,17 +144,21 @@ def test_mistakes_are_one_error_line(command_here):
 @pytest.mark.slow
 def test_muon_collectives_and_state(shared_audit, dp, tp):
     """--optimizer muon: the optimizer step communicates what benchmarks.collectives.muon_collectives says (the audit
-    exits 0 only then), by hand for L = 2 blocks, C = 64: at TP=2 one flat all-reduce of the 4L squared norms, then
-    one of the 4L C x C Grams per Newton-Schulz step (5); at DP=2 x TP=2 c_attn and c_fc summed over the whole mesh,
-    the c_projs all-gathered over DP (2L) and summed over TP. One momentum buffer per block matrix (12 C^2 elements
-    a block), two AdamW moments for every other parameter."""
+    exits 0 only then, on every rank), by hand for L = 2 blocks, C = 64 (12 C^2 elements a block, 24 C^2 in all, bf16):
+    every matrix owner-computed, two all-to-alls over the whole mesh and nothing else; rank 0 owns 12 C^2 elements at
+    TP=2 and sends its half of the others' matrices, then half of its own matrices' updates: 12 C^2 x 2 bytes, the
+    bytes of all-gathering every matrix once; at DP=2 x TP=2 it owns 7 C^2, sends (24 - 7) / 4 C^2 and 7 x 3 / 4 C^2,
+    0.53 of that. One momentum buffer per block matrix (12 C^2 elements a block), two AdamW moments for every other
+    parameter."""
     r = shared_audit(dp * tp, "--dp", str(dp), "--optimizer", "muon", "--batch-size", "2")
     L, C = 2, 64
-    c = r["measured"]["collectives"]["optimizer"]
-    assert c == ({"all_reduce": 6} if dp == 1 else {"all_reduce": 12, "all_gather": 2 * L})
+    assert r["measured"]["collectives"]["optimizer"] == {"all_to_all": 2}
+    sent = sum(row["wire_bytes"] for row in r["measured"]["collective_rows"] if row["kind"] == "all_to_all")
+    assert sent == (12 * C * C * 2 if dp == 1 else (17 + 21) * C * C // 4 * 2)
+    assert sent <= collectives.muon_gather_all_bytes(GPTConfig.from_name("tiny"), dp, tp) == 2 * L * 12 * C * C * (dp * tp - 1) // (dp * tp)
     if dp == 1:
         rows = [row for row in r["measured"]["collective_rows"] if row["kind"] == "all_reduce"]
         adamw_all_reduces = 4 * (128 * 64 + (2 * L + 1) * 2 * 64) + 2 * 64 * 12 + 4  # as in the AdamW test, B = 2
-        assert sum(row["bytes"] for row in rows) == adamw_all_reduces + 4 * L * 4 + 5 * 4 * L * C * C * 4
+        assert sum(row["bytes"] for row in rows) == adamw_all_reduces
     n, matrices = 3_327_744, L * 12 * C * C
     assert r["modeled"]["state_bytes_tp1"]["optimizer"] == 4 * (2 * n - matrices)

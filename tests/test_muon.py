@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import yaml
 from lightning.pytorch.plugins import MixedPrecision
 
 from conftest import ROOT, WORKERS
@@ -86,33 +87,50 @@ def test_step_closure_sees_every_group():
 ], ids=["tp2-bf16", "tp2-fp32", "dp2xtp1-bf16", "dp2xtp1-fp32", "dp2xtp2-bf16", "dp2xtp2-fp32"])
 def test_sharded_muon_matches_one_device(parity_runs, dp, nproc, fp32):
     """8 steps from the same init and data, clip 1.0 by the global norm, the schedule on both peaks: losses within
-    1e-3 relative of one device's torch.optim.Muon with bf16 Newton-Schulz as torch runs it, 1e-5 in float32. The
-    optimizer step's collectives are benchmarks.collectives.muon_collectives', to the byte: at TP=2 one flat all-reduce
-    of the 8 squared norms, then one of the 8 C x C Grams per Newton-Schulz step (float32); at DP=2 the c_projs
-    gathered over DP in bf16 (their short side is FSDP2's dim 0)."""
+    1e-3 relative of one device's torch.optim.Muon with bf16 Newton-Schulz as torch runs it, 1e-5 in float32. Every
+    block matrix is owner-computed (gpt_tp.sizing.sizes.muon_scheme): the optimizer step's collectives are two
+    all-to-alls over the whole mesh, benchmarks.collectives.muon_collectives' to the byte on every rank, and no rank
+    sends more than all-gathering every matrix once would (muon_gather_all_bytes). By hand for L = 2, C = 64 (12 C^2
+    elements a block; each rank owns matrices of 12 C^2 elements at 2 ranks, 7 or 5 C^2 at 4): a rank sends its shard
+    of every matrix another owns, then its matrices' update blocks to the others."""
     tp = nproc // dp
     # tests/workers/muon_parity.py's runs, in conftest's PARITY_LAUNCHES (the quick case with test_tp_parity's)
     layout = f"dp{dp}xtp{tp}" if dp > 1 else f"tp{tp}"
     results = parity_runs("quick" if (layout, fp32) == ("tp2", False) else f"slow{nproc}",
                           f"muon_{layout}_{'fp32' if fp32 else 'bf16'}")
-    tol = 1e-5 if fp32 else 1e-3
-    for res in results:
+    tol, nbytes, config = (1e-5, 4, GPTConfig.from_name("tiny")) if fp32 else (1e-3, 2, GPTConfig.from_name("tiny"))
+    C, L, label = 64, 2, {(1, 2): "tensor_parallel", (2, 1): "data_parallel", (2, 2): "world"}[dp, tp]
+    owned = {2: [12, 12], 4: [7, 7, 5, 5]}[nproc]  # C^2 elements each rank owns (sizes.muon_owners: 4C^2 x 4, 3C^2 x 2,
+    for res in results:                            # C^2 x 2)
         assert res["muon_groups"] == 1 and res["muon_params"] == 8
         assert res["losses"] == pytest.approx(res["ref_losses"], rel=tol)
         assert res["losses"][-1] < res["losses"][0] - 0.1
         assert res["buffers_like_params"] is True  # DTensors with their parameter's placements
         recorded = res["optimizer_collectives"]
         measured = collectives.merge([collectives.collective(g, k, n, 1, b) for g, k, n, b in recorded])
-        modeled = collectives.muon_collectives(GPTConfig.from_name("tiny"), dp, tp, ns_bytes=4 if fp32 else 2)
+        modeled = collectives.muon_collectives(config, dp, tp, ns_bytes=nbytes, rank=res["rank"])
         assert measured == collectives.merge(modeled)
+        mine = owned[res["rank"]]
+        assert [r[:3] for r in recorded] == [[label, "all_to_all", nproc]] * 2
+        assert [r[3] for r in recorded] == [(24 - mine) * C * C // nproc * nbytes, mine * C * C * (nproc - 1) // nproc * nbytes]
+        assert sum(r[3] for r in recorded) <= collectives.muon_gather_all_bytes(config, dp, tp, nbytes)
     assert len({tuple(r["losses"]) for r in results}) == 1
-    C, L = 64, 2
-    if (dp, tp) == (1, 2):
-        assert results[0]["kinds"] == {"tensor_parallel:all_reduce": 6}
-        assert sum(r[3] for r in results[0]["optimizer_collectives"]) == 8 * 4 + 5 * 8 * C * C * 4
-    if (dp, tp) == (2, 2):
-        assert results[0]["kinds"] == {"data_parallel:all_gather": 2 * L, "world:all_reduce": 6,
-                                       "tensor_parallel:all_reduce": 6}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_muon_sends_at_most_one_gather_at_every_shipped_config(name):
+    """At each shipped config's model and layout, the bytes any rank sends in a Muon step (muon_collectives: every
+    matrix owner-computed there) are at most those of all-gathering every block matrix once, and below the sharded Gram
+    scheme's (whose C x C float32 Grams, 5 a matrix, send 3.7-6.7x that)."""
+    cfg = yaml.safe_load((ROOT / "configs" / name).read_text())
+    strategy = cfg["trainer"]["strategy"]["init_args"]
+    dp, tp = strategy["data_parallel_size"], strategy["tensor_parallel_size"]
+    config = GPTConfig.resolve(cfg["model"]["model"])
+    once = collectives.muon_gather_all_bytes(config, dp, tp)
+    sent = [sum(r["wire_bytes"] for r in collectives.muon_collectives(config, dp, tp, rank=r)) for r in range(dp * tp)]
+    sharded = sum(r["wire_bytes"] for r in collectives.muon_collectives(config, dp, tp, scheme="sharded"))
+    assert {r["kind"] for r in collectives.muon_collectives(config, dp, tp)} == {"all_to_all"}
+    assert 0 < max(sent) <= once < sharded
 
 
 MUON = ("--optimizer", "muon", "--muon-fp32")  # ckpt_fit.py: Muon, Newton-Schulz in float32

@@ -31,7 +31,7 @@ TRACKER_KINDS = {
 # c10d's ops (FSDP2's, the loss's) and functional collectives (DTensor's, sequence parallelism's) by a common name
 COLLECTIVE_NAMES = {"_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather", "allreduce_": "all_reduce",
                     "all_reduce": "all_reduce", "_reduce_scatter_base_": "reduce_scatter",
-                    "reduce_scatter_tensor": "reduce_scatter"}
+                    "reduce_scatter_tensor": "reduce_scatter", "alltoall_base_": "all_to_all"}
 
 
 def _tensors(args):

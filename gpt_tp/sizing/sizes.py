@@ -88,3 +88,34 @@ def checkpoint_bytes(config: GPTConfig) -> int:
 def fsdp_gather_bytes(precision: str) -> int:
     """Bytes per element FSDP2 all-gathers: 2 under bf16-mixed (parallelize's param_dtype), else the parameters'."""
     return 2 if str(precision) == "bf16-mixed" else PRECISIONS[str(precision)][0]
+
+
+# Muon's schemes per matrix (gpt_tp.train.muon) are weighed by wire bytes + flops / FLOPS_PER_BYTE, per rank per step: an
+# H100's dense bf16 peak (989e12 FLOP/s) over a 50 GB/s link, the time of one wire byte in flops
+FLOPS_PER_BYTE = 2e4
+
+
+def muon_costs(short: int, long: int, summed: int, gathered: int, ns_bytes: int = 2, ns_steps: int = 5) -> dict:
+    """{scheme: (wire bytes, flops)} per rank per step of Newton-Schulz on a [short, long] matrix split by `summed` x
+    `gathered` ranks along its long x short side. "owner": (p-1)/p^2 of it sent each way on average, 1/p of the work;
+    "sharded": the short side all-gathered, the norm and ns_steps float32 Grams all-reduced, A A on every rank."""
+    p, size, gram = summed * gathered, short * long * ns_bytes, 2 * short * short * long
+    owner = (2 * (p - 1) / p**2 * size, ns_steps * (2 * gram + 2 * short**3) / p)
+    sharded = ((gathered - 1) / gathered * size / summed + 2 * (summed - 1) / summed * 4 * (1 + ns_steps * short**2),
+               ns_steps * (2 * gram / summed + 2 * short**3))
+    return {"owner": owner, "sharded": sharded}
+
+
+def muon_scheme(short: int, long: int, summed: int, gathered: int, ns_bytes: int = 2) -> str:
+    """The scheme of muon_costs with the lower bytes + flops / FLOPS_PER_BYTE (owner-computes on a tie)."""
+    costs = muon_costs(short, long, summed, gathered, ns_bytes)
+    return min(costs, key=lambda k: costs[k][0] + costs[k][1] / FLOPS_PER_BYTE)
+
+
+def muon_owners(numels: list[int], world: int) -> list[int]:
+    """Each matrix's owner rank: the largest first, each to the least loaded rank (the lowest on a tie)."""
+    load, out = [0] * world, [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda i: -numels[i]):
+        out[i] = min(range(world), key=lambda r: load[r])
+        load[out[i]] += numels[i]
+    return out

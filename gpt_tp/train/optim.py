@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_tp.errors import UserError
 from gpt_tp.model import BLOCK_MATRICES
@@ -146,9 +147,11 @@ class Muon(AdamW):
                             "attn.c_proj, mlp.c_fc, mlp.c_proj) for Muon; use model.optimizer=AdamW")
         muon = {"params": [p for p in model.parameters() if id(p) in matrices], "lr": self.lr,
                 "weight_decay": self.weight_decay, "muon": True}
-        return ShardedMuon(self.groups([p for p in params if id(p) not in matrices]) + [muon],
-                           ns_dtype=torch.float32 if self.fp32 else torch.bfloat16, lr=lr, betas=self.betas,
-                           eps=self.eps, fused=self.is_fused(params))
+        opt = ShardedMuon(self.groups([p for p in params if id(p) not in matrices]) + [muon],
+                          ns_dtype=torch.float32 if self.fp32 else torch.bfloat16, lr=lr, betas=self.betas,
+                          eps=self.eps, fused=self.is_fused(params))
+        rank_zero_info(opt.describe({p: n for n, p in model.named_parameters() if id(p) in matrices}))
+        return opt
 
     def apply(self, optimizer: torch.optim.Optimizer, lr: float, max_lr: float) -> None:
         """AdamW's groups as AdamW sets them; the Muon group: its lr on the same multiplier, and weight decay."""
