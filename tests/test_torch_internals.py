@@ -94,3 +94,29 @@ def test_memory_tracker_reports_by_the_kinds_simulate_reads():
     by_kind = {str(k).split(".")[-1]: v for k, v in peak.items()}
     assert str(device) == "cpu" and by_kind["PARAM"] == by_kind["GRAD"] == (64 * 32 + 32) * 4
     assert by_kind["OPT"] >= 2 * (64 * 32 + 32) * 4  # AdamW's two moments
+
+
+def test_shard_slices_tile_the_tensor_by_dtensors_own_arithmetic():
+    """Owner-computes Muon sends each rank's block of a matrix by shard_slices: on a 2x2 mesh (rank 3 of 4, the fake
+    group), uneven chunks and FSDP-over-TP (Shard(0), Shard(1)); the blocks of all ranks tile the tensor once, this
+    rank's block is its local tensor's shape, and a dispatch mode in force (--simulate's) does not see the arithmetic."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from gpt_tp.torch_internals import TorchDispatchMode, shard_slices
+
+    class Refuse(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            raise AssertionError(f"{func} ran under the dispatch mode")
+
+    with process_group("fake", rank=3, world_size=4):
+        mesh = init_device_mesh("cpu", (2, 2))
+        for placements in ([Shard(0), Shard(1)], [Shard(1), Shard(0)], [Shard(0), Shard(0)]):
+            p = distribute_tensor(torch.zeros(7, 5), mesh, placements)
+            with Refuse():
+                blocks = [shard_slices(p, r) for r in range(4)]
+            count = torch.zeros(7, 5)
+            for rows, cols in blocks:
+                count[rows, cols] += 1
+            assert count.eq(1).all(), (placements, blocks)
+            assert tuple(s.stop - s.start for s in blocks[3]) == tuple(p.to_local().shape), (placements, blocks)
