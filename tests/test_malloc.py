@@ -21,27 +21,32 @@ def where(policy: str, *mode: str) -> dict:
 
 
 @pytest.mark.slow
-def test_mallopt_is_called_once_before_the_fit_starts():
-    """glibc documents mallopt as MT-Unsafe: HeapSplit sets the threshold once, when it is built (cli.py builds the
-    callbacks before the fit starts its process group and gloo's threads), and never while a run's threads allocate."""
-    assert where("split", "calls") == {"mallopt": ["built"]}
+def test_split_keeps_the_run_long_state_out_of_the_heap():
+    """split: the weights and AdamW state of 128 KiB and more have mappings of their own (glibc may still serve a
+    request from a freed heap chunk that fits it: at most 1 of the 27 tensors), the gradients too, each keeping its
+    buffer from step to step (across a validation, before which Lightning frees them), and once the first optimizer
+    step has returned, per-step buffers come from the heap (before it, a 1 MiB buffer had its own mapping too, the
+    sanity validation's included)."""
+    r = where("split")
+    assert r["n_state"] == 27  # (wte + 4 matrices x 2 blocks) x (weight, exp_avg, exp_avg_sq)
+    assert r["state_in_heap"] < 0.1
+    assert r["grads_in_heap"] == [0.0] * 4 and r["grads_kept"]
+    assert not r["before_first_step"] and r["after_first_step"]
+    assert not r["in_validation"]  # the sanity check, before the first step
+
+
+@pytest.mark.slow
+def test_mallopt_is_called_when_built_and_once_in_the_fit():
+    """HeapSplit calls mallopt (which glibc documents as unsafe while other threads allocate) when it is built, before
+    the fit starts its process group, and split once more, after the first optimizer step; never in any other step."""
+    assert where("split", "calls") == {"mallopt": ["built", "fit"]}
     assert where("mmap", "calls") == {"mallopt": ["built"]}
 
 
 @pytest.mark.slow
-def test_split_keeps_each_gradient_in_its_buffer():
-    """split: the weights, gradients and AdamW state of 128 KiB and more, like every buffer under 64 MiB, come from
-    the heap, and each gradient keeps its buffer from step to step (across a validation too, before which Lightning
-    frees them); without the callback a new gradient buffer is allocated every step."""
-    r = where("split")
-    assert r["n_state"] == 27  # (wte + 4 matrices x 2 blocks) x (weight, exp_avg, exp_avg_sq)
-    assert r["grads_kept"] and r["grads_in_heap"] == [1.0] * 4
-    assert r["before_first_step"] and r["after_first_step"] and r["in_validation"]
-
-
-@pytest.mark.slow
-def test_split_validate_run_uses_the_heap():
-    """A validate run's batches' buffers come from the heap."""
+def test_split_validate_run_uses_the_heap_once_it_starts():
+    """A validate run has no optimizer step: its weights, loaded, are the run-long state, and its batches' buffers
+    come from the heap."""
     assert where("split", "validate") == {"in_validation": True}
 
 
@@ -66,7 +71,7 @@ def test_glibc_keeps_freed_heap_pages_resident():
 @pytest.mark.slow
 def test_glibc_defaults_mix_run_long_state_into_the_heap():
     """Without the callback, glibc's own rising threshold puts most of the same state in the heap, among the per-step
-    buffers, and a new gradient buffer is allocated every step."""
+    buffers, and a new gradient buffer is allocated every step: the layout split avoids."""
     r = where("glibc")
     assert r["state_in_heap"] > 0.5 and min(r["grads_in_heap"]) > 0.5
     assert not r["grads_kept"]
