@@ -36,6 +36,14 @@ def test_split_keeps_the_run_long_state_out_of_the_heap():
 
 
 @pytest.mark.slow
+def test_mallopt_is_called_when_built_and_once_in_the_fit():
+    """HeapSplit calls mallopt (which glibc documents as unsafe while other threads allocate) when it is built, before
+    the fit starts its process group, and split once more, after the first optimizer step; never in any other step."""
+    assert where("split", "calls") == {"mallopt": ["built", "fit"]}
+    assert where("mmap", "calls") == {"mallopt": ["built"]}
+
+
+@pytest.mark.slow
 def test_split_validate_run_uses_the_heap_once_it_starts():
     """A validate run has no optimizer step: its weights, loaded, are the run-long state, and its batches' buffers
     come from the heap."""

@@ -17,22 +17,22 @@ STEP_THRESHOLD = 64 * 1024 * 1024  # above glibc's 32 MiB ceiling: only the larg
 
 
 @functools.cache
-def _glibc_fn(name: str):
-    """glibc's function `name`, loaded at first use and kept (a training step calls it); None off glibc or where it
-    lacks the function."""
+def _glibc_fn(name: str, *argtypes):
+    """glibc's function `name` (these argument types, int result), loaded once; None off glibc or where it lacks it."""
     try:
-        return getattr(ctypes.CDLL("libc.so.6"), name, None)
-    except OSError:
+        return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)((name, ctypes.CDLL("libc.so.6")))
+    except (OSError, AttributeError):
         return None
 
 
-def _glibc_call(name: str, *args: int) -> int | None:
-    return None if (fn := _glibc_fn(name)) is None else fn(*args)
+def set_mmap_threshold(nbytes: int) -> None:
+    if (fn := _glibc_fn("mallopt", ctypes.c_int, ctypes.c_int)) is not None:
+        fn(M_MMAP_THRESHOLD, nbytes)
 
 
 def trim_heap() -> bool:
     """malloc_trim(0): glibc returns its heaps' free pages, those between buffers in use too. Returns whether it ran."""
-    return _glibc_call("malloc_trim", 0) is not None
+    return (fn := _glibc_fn("malloc_trim", ctypes.c_size_t)) is not None and fn(0) >= 0
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ class HeapSplit(Callback):
         self._hook = None
         self._grads: list = []  # (parameter, its gradient) held from one optimizer step to the next backward
         if self.active:  # from here on: cli.py builds the trainer's callbacks before the model
-            _glibc_call("mallopt", M_MMAP_THRESHOLD, STATE_THRESHOLD)  # glibc stops moving the threshold
+            set_mmap_threshold(STATE_THRESHOLD)  # glibc stops moving the threshold
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.active and self.policy == "split" and self._hook is None:
@@ -86,7 +86,7 @@ class HeapSplit(Callback):
     def _state_ready(self) -> None:
         if self._pending:
             self._pending = False
-            _glibc_call("mallopt", M_MMAP_THRESHOLD, STEP_THRESHOLD)
+            set_mmap_threshold(STEP_THRESHOLD)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step > 0:  # the first optimizer step has returned: the optimizer state exists

@@ -3,6 +3,7 @@ non-zero exits and aborts ("terminate called ...", SIGABRT, glibc's "malloc(): .
 CI test. With --resume: a 4-step one-device run of tests/workers/ckpt_fit.py saves a checkpoint, and each run resumes
 it at TP=2 with gradient accumulation 2 (tests/test_checkpoint.py's resume at another layout). --malloc-check runs
 every job under glibc's heap checks (MALLOC_CHECK_=3, glibc's debug malloc preloaded where glibc has one).
+--heap-split lists gpt_tp.train.malloc.HeapSplit in the resumed runs (configs/cpu.yaml lists it).
 
     python tests/tools/stress_exit.py --runs 30            # about 25 s a run on 2 CPU cores
     python tests/tools/stress_exit.py --runs 50 --resume --malloc-check
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=str(ROOT), help="the checkout whose worker to run (default: this one)")
     ap.add_argument("--keep", default=None, help="write each failed run's full output to this folder")
     ap.add_argument("--resume", action="store_true", help="the job: a one-device checkpoint resumed at TP=2, accumulation 2")
+    ap.add_argument("--heap-split", action="store_true", help="with --resume: the resumed runs list HeapSplit")
     ap.add_argument("--malloc-check", action="store_true", help="MALLOC_CHECK_=3 with glibc's debug malloc")
     args = ap.parse_args(argv)
     # faulthandler: an abort prints every Python thread's stack, showing where the process was
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "tests/workers/ckpt_fit.py", "--steps", "4", "--ckpt-dir", f"{tmp}/one",
                             "--out", f"{tmp}/one"], cwd=args.root, env=env, capture_output=True, check=True)
             job = ["tests/workers/ckpt_fit.py", "--tp", "2", "--accum", "2", "--steps", "6", "--resume",
-                   os.path.realpath(f"{tmp}/one/last.ckpt")]
+                   os.path.realpath(f"{tmp}/one/last.ckpt")] + (["--heap-split"] if args.heap_split else [])
         if args.malloc_check:
             debug = ctypes.util.find_library("c_malloc_debug")  # glibc >= 2.34 reads MALLOC_CHECK_ only with it loaded
             env |= {"MALLOC_CHECK_": "3", **({"LD_PRELOAD": debug} if debug else {})}

@@ -25,6 +25,7 @@ from stop_at import StopAt  # the run stops at --steps of the 12-step schedule e
 from gpt_tp.checkpoint import ModelParallel
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.model import GPTConfig
+from gpt_tp.train.malloc import HeapSplit
 from gpt_tp.train.module import GPTModule
 from gpt_tp.train.optim import AdamW, Muon
 
@@ -101,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--fail-fsync", default=None, help="rank 0's fsync fails; the time it failed goes to this file")
     ap.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="model.optimizer: AdamW or Muon")
     ap.add_argument("--muon-fp32", action="store_true", help="Muon's fp32: Newton-Schulz in float32")
+    ap.add_argument("--heap-split", action="store_true", help="list gpt_tp.train.malloc.HeapSplit (configs/cpu.yaml's)")
     ap.add_argument("--out", required=True)
     return ap
 
@@ -129,7 +131,8 @@ def fit(args) -> None:
     trainer = L.Trainer(
         accelerator="cpu", devices=world, strategy=ModelParallel(data_parallel_size=args.dp, tensor_parallel_size=args.tp),
         max_steps=12, accumulate_grad_batches=args.accum, gradient_clip_val=1.0, inference_mode=False, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, log_every_n_steps=1, callbacks=[rec := Record(), ckpt, StopAt(args.steps)],
+        enable_model_summary=False, limit_val_batches=0, log_every_n_steps=1,
+        callbacks=[rec := Record(), ckpt, StopAt(args.steps), *([HeapSplit()] if args.heap_split else [])],
     )
     L.seed_everything(1234, verbose=False)
     config = GPTConfig(n_layer=2, n_head=4, n_embd=args.n_embd, block_size=64, dropout=args.dropout)

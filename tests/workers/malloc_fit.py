@@ -5,7 +5,8 @@ gradient kept its buffer from step to step, and whether a 1 MiB buffer
 allocated before / after the first optimizer step came from the heap (a fit with sanity validation), or, with
 `validate`, whether one allocated during a validate run did. With `trim`: 24 MiB of buffers freed in the heap
 below one kept above them before step 2, and how much resident memory a malloc_trim at the start of the loss
-then returns. Usage: malloc_fit.py POLICY [validate | trim]"""
+then returns. With `calls`: when each of HeapSplit's mallopt calls came, "built" (before the fit started, so before
+any process group) or "fit". Usage: malloc_fit.py POLICY [validate | trim | calls]"""
 
 import json
 import sys
@@ -14,6 +15,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from gpt_tp.train import malloc
 from gpt_tp.train.malloc import HeapSplit, trim_heap
 from gpt_tp.train.module import GPTModule
 from synthetic_data import SyntheticDataModule
@@ -75,15 +77,34 @@ class Where(Callback):
         self.grad_ptrs.append([p.grad.data_ptr() for p in module.parameters()])
 
 
+class Phase(Callback):
+    """Records, for each mallopt call HeapSplit makes through gpt_tp.train.malloc's _glibc_fn, the phase it came in."""
+
+    def __init__(self):
+        self.phase, self.calls = "built", []
+        real = malloc._glibc_fn
+
+        def spy(name, *types):
+            fn = real(name, *types)
+            if name != "mallopt" or fn is None:
+                return fn
+            return lambda *args: (self.calls.append(self.phase), fn(*args))[1]
+        malloc._glibc_fn = spy
+
+    def on_fit_start(self, trainer, pl_module):
+        self.phase = "fit"
+
+
 def main(policy: str, mode: str | None) -> None:
     torch.manual_seed(0)
+    phase = Phase()
     heap = [] if policy == "glibc" else [HeapSplit(policy)]  # before the model, as cli.py builds them
     module = (Holes if mode == "trim" else GPTModule)({"n_layer": 2, "n_head": 4, "n_embd": 256, "block_size": 64},
                                                       total_batch_size=None, warmup_steps=1, max_steps=4)
     where = Where()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1,
-                        val_check_interval=2, inference_mode=False, callbacks=[*heap, where])
+                        val_check_interval=2, inference_mode=False, callbacks=[*heap, where, phase])
     data = SyntheticDataModule(batch_size=2, seq_len=64)
     if mode == "trim":
         trainer.fit(module, data)
@@ -92,6 +113,10 @@ def main(policy: str, mode: str | None) -> None:
     if mode == "validate":
         trainer.validate(module, data)
         print(json.dumps(where.probe))
+        return
+    if mode == "calls":
+        trainer.fit(module, data)
+        print(json.dumps({"mallopt": phase.calls}))
         return
     trainer.fit(module, data)  # a sanity validation before the first step, one after step 2
     opt = module.optimizers().optimizer
