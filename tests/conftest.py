@@ -65,6 +65,14 @@ def zygote(tmp_path_factory):
         stop_zygote(server, folder)
 
 
+@pytest.fixture(autouse=True)
+def real_interpreter(request, monkeypatch):
+    """A test marked real_interpreter (it shows what a fresh interpreter does: tests/test_fresh.py) starts its processes
+    on the real interpreter."""
+    if request.node.get_closest_marker("real_interpreter"):
+        monkeypatch.setattr(sys, "executable", REAL_PYTHON)
+
+
 @pytest.fixture(scope="session")
 def tiktoken_cache(tmp_path_factory):
     """tiktoken's own r50k_base loader, offline: TIKTOKEN_CACHE_DIR = a folder holding gpt_tp's shipped ranks file
@@ -152,6 +160,7 @@ def pytest_configure(config):
     ignored signal ignored, and a test that sends SIGINT would then test nothing."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    config.addinivalue_line("markers", "real_interpreter: its processes start on the real interpreter, not the zygote")
 
 
 def pytest_collection_modifyitems(config, items):

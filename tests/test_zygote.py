@@ -40,10 +40,11 @@ def one_thread(monkeypatch):
 @pytest.fixture(scope="module")
 def client(zygote, tmp_path_factory):
     """The session's zygote, or one of the test's own under GPT_TP_NO_ZYGOTE=1 (it is what is tested), serving."""
-    folder, server = Path(zygote).parent, None
+    server = None
     if zygote is None:
         folder = tmp_path_factory.mktemp("zygote_test")
         server, zygote = start_zygote(folder)
+    folder = Path(zygote).parent
     deadline = time.monotonic() + 300
     while not (folder / "socket").exists():
         assert time.monotonic() < deadline and "not serving" not in (folder / "server.log").read_text()
@@ -154,3 +155,15 @@ def test_another_session_or_the_switch_runs_the_real_interpreter(client):
     for flag in ("-I", "-Xfaulthandler"):  # flags it does not reproduce
         unknown = run(client, flag, "-c", "import sys; print(sys.flags.isolated, sys._xoptions, len(sys.modules) > 1000)")
         assert unknown.stdout == ("1 {} False\n" if flag == "-I" else "0 {'faulthandler': True} False\n")
+
+
+def test_the_environment_read_on_import(client):
+    """A variable a preloaded module read on import, changed: the real interpreter; one it did not read: served;
+    Lightning's rank for rank_zero_only, read from RANK/LOCAL_RANK on import: as a fresh process has it."""
+    code = "import sys; print(len(sys.modules) > 1000)"
+    assert run(client, "-c", code, env={**os.environ, "HF_HUB_OFFLINE": "1"}).stdout == "False\n"
+    assert run(client, "-c", code, env={**os.environ, "PL_GLOBAL_SEED": "3"}).stdout == "True\n"
+    code = "import lightning.pytorch; from lightning_utilities.core.rank_zero import rank_zero_only; print(rank_zero_only.rank)"
+    for env in ({"LOCAL_RANK": "1"}, {"RANK": "3", "LOCAL_RANK": "1"}, {}):
+        env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}, **env}
+        assert run(client, "-c", code, env=env).stdout == run(REAL_PYTHON, "-c", code, env=env).stdout, env

@@ -27,12 +27,14 @@ import struct
 import sys
 
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
-# environment read when an interpreter, the C runtime or a preloaded library starts: a client whose value differs from
-# the server's runs the real interpreter
+# environment read when the interpreter, the C runtime or a native library starts (beside what the preloaded Python
+# modules read on import, which the server records): a client whose value differs from the server's runs the real
+# interpreter. HANDLED_ENV: what the child sets up from the client's values.
 STARTUP_ENV = ("LD_", "MALLOC_", "GLIBC_", "PYTHON", "LC_", "LANG", "TORCH", "PYTORCH", "KMP_", "MKL_", "OMP_", "GOMP_",
-               "OPENBLAS_", "CUDA", "NCCL_", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TOKENIZERS", "MPL", "XDG_", "HOME",
-               "NUMEXPR", "TF_", "KINETO", "PL_", "LIGHTNING")
-HANDLED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS")
+               "OPENBLAS_", "CUDA", "NCCL_", "TQDM_")
+HANDLED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "TORCHELASTIC_", "TORCH_NCCL_",
+               "TMPDIR", "TEMP", "TMP")
+RANK_ENV = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")  # Lightning's rank_zero_only.rank on import
 FLAGS = {"u": "unbuffered", "B": "dont_write_bytecode", "s": "no_user_site", "E": "ignore_environment"}
 
 
@@ -111,7 +113,10 @@ def client(sock_path, real, server_sid):
     parsed = parse_flags(args)
     if parsed is None:
         real_python("flags")
-    if os.getsid(0) != server_sid:
+    # torchrun starts each worker as the leader of a session of its own and ends it with killpg: such a client's child
+    # leads a session of its own too, and the client's signals go to the child's process group
+    session = os.getsid(0) == os.getpid() and "TORCHELASTIC_RUN_ID" in os.environ
+    if os.getsid(0) != server_sid and not session:
         real_python("another session")
     forwarded = [getattr(signal, s) for s in FORWARDED]
     # a signal that arrives before the child's pid is known waits, then goes to the child
@@ -128,15 +133,16 @@ def client(sock_path, real, server_sid):
                and signal.getsignal(s) == signal.SIG_IGN]
     request = {"args": args, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask, "pgid": os.getpgid(0),
                "client": os.getpid(), "executable": sys.argv[0], "ignored": ignored, "mask": [int(s) for s in mask],
-               "affinity": sorted(os.sched_getaffinity(0)), "fds": fds}
+               "affinity": sorted(os.sched_getaffinity(0)), "fds": fds, "session": session}
     send(sock, request, fds)
     reply, _ = recv(sock)
     if reply is None or "fallback" in reply:
         sock.close()
         real_python(reply["fallback"] if reply else "server closed")
     child = reply["pid"]
+    kill = os.killpg if session else os.kill
     for s in forwarded:
-        signal.signal(s, lambda signum, frame: os.kill(child, signum))
+        signal.signal(s, lambda signum, frame: kill(child, signum))
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     while True:
         try:
@@ -186,6 +192,10 @@ class Server:
         pythonpath = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         self.base_path = [p for p in sys.path[1:] if p not in pythonpath]
         self.start_filters = list(warnings.filters)
+        # listening before the imports: a client that comes early waits for them instead of starting the real interpreter
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(sock_path)
+        self.sock.listen(256)
         self.preload()
         import gc
 
@@ -193,16 +203,35 @@ class Server:
         gc.freeze()  # the preloaded objects out of the children's collections: their pages stay shared
         self.import_filters = warnings.filters[:len(warnings.filters) - len(self.start_filters)]
         self.modules = {n: m.__file__ for n, m in list(sys.modules.items()) if "." not in n and getattr(m, "__file__", None)}
-        self.library_fds = _open_fds() - inherited  # opened by the preloaded modules: a fresh process has them too
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(sock_path)
-        self.sock.listen(64)
+        self.library_fds = _open_fds() - inherited - {self.sock.fileno()}  # the preloaded modules': a fresh process has them too
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.running = {}  # child pid -> [connection, client pid, stopped]
         self.conns = {}  # connection fd -> child pid
 
     def preload(self):
+        """Import what the suite's processes use, recording the environment variables read meanwhile."""
+        environ, self.read_env = os.environ, set()
+
+        class Recording(type(os.environ)):
+            def __getitem__(env, key):
+                self.read_env.add(key)
+                return super().__getitem__(key)
+
+            def __contains__(env, key):
+                self.read_env.add(key)
+                return super().__contains__(key)
+
+            def items(env):  # a scan for a prefix (tqdm's TQDM_*): STARTUP_ENV lists it
+                return [(k, environ[k]) for k in environ]
+
+        os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue, environ.decodevalue)
+        try:
+            self.import_modules()
+        finally:
+            os.environ = environ
+
+    def import_modules(self):
         import importlib
         import pkgutil
         import warnings
@@ -274,7 +303,7 @@ class Server:
         for fd in fds:
             os.close(fd)
         send(conn, {"pid": pid})
-        self.running[pid] = [conn, request["client"], False]
+        self.running[pid] = [conn, request["client"], False, os.killpg if request["session"] else os.kill]
         self.conns[conn.fileno()] = pid
         return None
 
@@ -292,9 +321,10 @@ class Server:
             return "-X option"
         env, ignore_env = request["env"], "ignore_environment" in parsed[0]
         for k in set(env) | set(self.start_env):
-            if env.get(k) != self.start_env.get(k) and k.startswith(STARTUP_ENV) and k not in HANDLED_ENV:
-                if not (ignore_env and k.startswith("PYTHON")):
-                    return f"{k} differs from the server's"
+            if env.get(k) == self.start_env.get(k) or k.startswith(HANDLED_ENV) or k in RANK_ENV:
+                continue
+            if (k.startswith(STARTUP_ENV) and not (ignore_env and k.startswith("PYTHON"))) or k in self.read_env:
+                return f"{k} differs from the server's"
         for d in child_path(request, parsed):
             try:
                 names = os.listdir(d or request["cwd"])
@@ -318,7 +348,7 @@ class Server:
         self.running[pid][0] = None
         conn.close()
         try:
-            os.kill(pid, signal.SIGKILL)
+            self.running[pid][3](pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -354,7 +384,7 @@ class Server:
             if stopped != entry[2]:
                 entry[2] = stopped
                 try:
-                    os.kill(pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+                    entry[3](pid, signal.SIGSTOP if stopped else signal.SIGCONT)
                 except ProcessLookupError:
                     pass
 
@@ -381,10 +411,10 @@ def become(server, request):
     parsed = parse_flags(request["args"])
     flags, warnopts, xopts, (kind, target, rest) = parsed
     env = request["env"]
-    try:
+    if request["session"]:
+        os.setsid()
+    else:
         os.setpgid(0, request["pgid"])
-    except OSError:
-        pass
     # file descriptors: the client's, at the same numbers; none of the server's connections
     moved = [os.dup(fd) for fd in request["received"]]
     for fd in request["received"]:
@@ -428,6 +458,10 @@ def become(server, request):
         warnings._processoptions(sys.warnoptions)
         warnings.filters[:0] = server.import_filters
         warnings._filters_mutated()
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    # as lightning.fabric.utilities.rank_zero sets it on import
+    rank_zero_only.rank = next((int(env[k]) for k in RANK_ENV if k in env), 0)
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()  # a fresh process seeds numpy's global generator from the OS
     first = child_path(request, parsed)
