@@ -34,6 +34,8 @@ STARTUP_ENV = ("LD_", "MALLOC_", "GLIBC_", "PYTHON", "LC_", "LANG", "TORCH", "PY
                "OPENBLAS_", "CUDA", "NCCL_", "TQDM_")
 HANDLED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "TORCHELASTIC_", "TORCH_NCCL_",
                "TMPDIR", "TEMP", "TMP")
+# read during the imports by calls whose result nothing keeps: argparse's help width, torch.testing's skip conditions
+CALL_TIME_ENV = ("COLUMNS", "LINES", "PYTEST_CURRENT_TEST")
 RANK_ENV = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")  # Lightning's rank_zero_only.rank on import
 FLAGS = {"u": "unbuffered", "B": "dont_write_bytecode", "s": "no_user_site", "E": "ignore_environment"}
 
@@ -321,7 +323,7 @@ class Server:
             return "-X option"
         env, ignore_env = request["env"], "ignore_environment" in parsed[0]
         for k in set(env) | set(self.start_env):
-            if env.get(k) == self.start_env.get(k) or k.startswith(HANDLED_ENV) or k in RANK_ENV:
+            if env.get(k) == self.start_env.get(k) or k.startswith(HANDLED_ENV) or k in RANK_ENV + CALL_TIME_ENV:
                 continue
             if (k.startswith(STARTUP_ENV) and not (ignore_env and k.startswith("PYTHON"))) or k in self.read_env:
                 return f"{k} differs from the server's"
