@@ -143,8 +143,15 @@ def client(sock_path, real, server_sid):
         real_python(reply["fallback"] if reply else "server closed")
     child = reply["pid"]
     kill = os.killpg if session else os.kill
+
+    def forward(signum, frame):
+        try:
+            kill(child, signum)
+        except OSError:  # the child has ended: its status is on its way
+            pass
+
     for s in forwarded:
-        signal.signal(s, lambda signum, frame: kill(child, signum))
+        signal.signal(s, forward)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     while True:
         try:
