@@ -32,7 +32,8 @@ def start_zygote(folder: Path) -> tuple[subprocess.Popen, str]:
     # OMP_NUM_THREADS=1 (as the suite's processes have it): with more, importing torch starts a thread and the server
     # must not fork; a process with another value runs the real interpreter
     server = subprocess.Popen([REAL_PYTHON, str(TOOLS / "zygote.py"), str(sock)], stdin=subprocess.DEVNULL, stdout=log,
-                              stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              stderr=subprocess.STDOUT,
+                              env={**{k: v for k, v in os.environ.items() if k != "GPT_TP_NO_ZYGOTE"}, "OMP_NUM_THREADS": "1"})
     log.close()
     sys.path.insert(0, str(TOOLS))
     from zygote import write_client

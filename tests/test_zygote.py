@@ -33,8 +33,9 @@ print("preloaded" if "torch" in sys.modules else "fresh", file=sys.stderr)
 
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
-    """OMP_NUM_THREADS=1, as the suite's processes have it and the server runs with."""
+    """OMP_NUM_THREADS=1, as the suite's processes have it and the server runs with; the zygote on."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("GPT_TP_NO_ZYGOTE", raising=False)
 
 
 @pytest.fixture(scope="module")
