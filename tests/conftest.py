@@ -19,7 +19,59 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "tests" / "workers"
+TOOLS = ROOT / "tests" / "tools"
+REAL_PYTHON = sys.executable  # the interpreter pytest runs on; sys.executable becomes the zygote's client
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"  # tiktoken's source of r50k_base
+
+
+def start_zygote(folder: Path) -> tuple[subprocess.Popen, str]:
+    """tests/tools/zygote.py's server on folder/socket (it serves once its imports are done; until then the client runs
+    the real interpreter) and its client, an executable standing in for REAL_PYTHON."""
+    sock = folder / "socket"
+    log = open(folder / "server.log", "w")
+    # OMP_NUM_THREADS=1 (as the suite's processes have it): with more, importing torch starts a thread and the server
+    # must not fork; a process with another value runs the real interpreter
+    server = subprocess.Popen([REAL_PYTHON, str(TOOLS / "zygote.py"), str(sock)], stdin=subprocess.DEVNULL, stdout=log,
+                              stderr=subprocess.STDOUT,
+                              env={**{k: v for k, v in os.environ.items() if k != "GPT_TP_NO_ZYGOTE"}, "OMP_NUM_THREADS": "1"})
+    log.close()
+    sys.path.insert(0, str(TOOLS))
+    from zygote import write_client
+
+    sys.path.remove(str(TOOLS))
+    return server, write_client(str(sock), str(folder / "python"), REAL_PYTHON)
+
+
+def stop_zygote(server: subprocess.Popen, folder: Path) -> None:
+    (folder / "socket").unlink(missing_ok=True)
+    server.terminate()
+    server.wait(timeout=60)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def zygote(tmp_path_factory):
+    """Every `[sys.executable, ...]` a test starts runs through tests/tools/zygote.py: a preloaded interpreter forks
+    it in milliseconds, as a fresh one would run it (or execs the real interpreter where it cannot). The client's path,
+    or None with GPT_TP_NO_ZYGOTE=1 (every process a real interpreter)."""
+    if os.environ.get("GPT_TP_NO_ZYGOTE") == "1":
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("zygote")
+    server, client = start_zygote(folder)
+    sys.executable = client
+    try:
+        yield client
+    finally:
+        sys.executable = REAL_PYTHON
+        stop_zygote(server, folder)
+
+
+@pytest.fixture(autouse=True)
+def real_interpreter(request, monkeypatch):
+    """A test marked real_interpreter (it shows what a fresh interpreter does: tests/test_fresh.py) starts its processes
+    on the real interpreter."""
+    if request.node.get_closest_marker("real_interpreter"):
+        monkeypatch.setattr(sys, "executable", REAL_PYTHON)
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +161,7 @@ def pytest_configure(config):
     ignored signal ignored, and a test that sends SIGINT would then test nothing."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    config.addinivalue_line("markers", "real_interpreter: its processes start on the real interpreter, not the zygote")
 
 
 def pytest_collection_modifyitems(config, items):

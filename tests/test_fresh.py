@@ -15,6 +15,8 @@ import pytest
 
 from gpt_tp.data import tokenizer
 
+pytestmark = pytest.mark.real_interpreter  # a bare machine's interpreter, not tests/tools/zygote.py's preloaded one
+
 REPO = Path(__file__).resolve().parents[1]
 HAMLET = REPO / "tests" / "fixtures" / "hamlet_gut.txt"
 NO_NETWORK = "http://127.0.0.1:9"  # the discard port: nothing listens, a request fails at once

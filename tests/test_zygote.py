@@ -1,0 +1,170 @@
+"""tests/tools/zygote.py: a process started through the preloaded server behaves as one of the real interpreter: the
+same state at start (argv, sys.path, environment, working directory, signal dispositions, standard streams), exit
+codes, tracebacks, death by signal, forwarded signals, stops; outside the server's session it is the real one."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REAL_PYTHON, ROOT, start_zygote, stop_zygote
+
+PROBE = r"""
+import json, os, signal, sys, warnings
+state = {
+    "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(), "name": __name__, "file": globals().get("__file__"),
+    "spec": repr(globals().get("__spec__")), "env": {k: os.environ.get(k) for k in ("ZY", "PYTHONPATH", "OMP_NUM_THREADS")},
+    "signals": {str(s): repr(signal.getsignal(s)) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)},
+    "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "umask": os.umask(0o22), "pgid": os.getpgid(0) == os.getpgid(os.getppid()) if "ZY_PG" in os.environ else None,
+    "stdout": [sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding, sys.stdout.errors],
+    "stderr": [sys.stderr.line_buffering, sys.stderr.write_through, sys.stderr.errors], "stdin": sys.stdin.read(),
+    "warnoptions": sys.warnoptions, "bytecode": sys.dont_write_bytecode, "xoptions": sys._xoptions,
+    "filters": [[a, getattr(m, "pattern", m), c.__name__, getattr(mod, "pattern", mod), n] for a, m, c, mod, n in warnings.filters],
+}
+print(json.dumps(state))
+print("preloaded" if "torch" in sys.modules else "fresh", file=sys.stderr)
+"""
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """OMP_NUM_THREADS=1, as the suite's processes have it and the server runs with; the zygote on."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("GPT_TP_NO_ZYGOTE", raising=False)
+
+
+@pytest.fixture(scope="module")
+def client(zygote, tmp_path_factory):
+    """The session's zygote, or one of the test's own under GPT_TP_NO_ZYGOTE=1 (it is what is tested), serving."""
+    server = None
+    if zygote is None:
+        folder = tmp_path_factory.mktemp("zygote_test")
+        server, zygote = start_zygote(folder)
+    folder = Path(zygote).parent
+    deadline = time.monotonic() + 300
+    while not (folder / "socket").exists():
+        assert time.monotonic() < deadline and "not serving" not in (folder / "server.log").read_text()
+        time.sleep(0.1)
+    yield zygote
+    if server is not None:
+        stop_zygote(server, folder)
+
+
+def run(python, *args, **kw):
+    kw.setdefault("cwd", ROOT)
+    return subprocess.run([python, *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+def probe_both(client, tmp_path, *flags, script=True, **kw):
+    """The probe's state through the zygote and from the real interpreter, with the same arguments."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    target = [str(tmp_path / "probe.py")] if script else ["-c", PROBE]
+    got = []
+    for python in (client, REAL_PYTHON):
+        proc = run(python, *flags, *target, "a", "--b", **kw)
+        assert proc.returncode == 0, proc.stderr
+        got.append((json.loads(proc.stdout), proc.stderr.strip().splitlines()[-1]))
+    assert got[0][1] == "preloaded" and got[1][1] == "fresh"
+    (zy, _), (real, _) = got
+    # the filters a fresh process starts with come last; the preloaded modules' own go before them, as on their import
+    assert zy["filters"][len(zy["filters"]) - len(real["filters"]):] == real["filters"]
+    zy["filters"] = real["filters"]
+    return zy, real
+
+
+def test_a_served_process_starts_as_a_fresh_one(client, tmp_path):
+    env = {**os.environ, "ZY": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}relative", "ZY_PG": "1"}
+    zy, real = probe_both(client, tmp_path, input="stdin text", env=env, cwd=tmp_path)
+    assert zy == real and zy["stdin"] == "stdin text" and zy["argv"][1:] == ["a", "--b"] and zy["pgid"]
+    assert zy["signals"][str(int(signal.SIGINT))] == repr(signal.default_int_handler)
+    zy, real = probe_both(client, tmp_path, "-u", "-B", "-W", "error::UserWarning", script=False,
+                          env={**env, "PYTHONWARNINGS": "ignore::FutureWarning"})
+    assert zy == real and zy["stdout"][1] and zy["bytecode"] and len(zy["warnoptions"]) == 2
+
+
+def test_ignored_sigint_stays_ignored(client):
+    code = "import signal, sys; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, len(sys.modules) > 1000)"
+    zy = subprocess.run(["sh", "-c", f"trap '' INT; {client} -c '{code}'"], capture_output=True, text=True)
+    assert zy.stdout == "True True\n", zy.stderr
+
+
+def test_module_and_exit_codes(client):
+    assert run(client, "-m", "json.tool", input='{"a": [1]}').stdout == run(REAL_PYTHON, "-m", "json.tool", input='{"a": [1]}').stdout
+    assert run(client, "-c", "import sys; sys.exit(3)").returncode == 3
+    for code in ("raise SystemExit('bye')", "def f():\n    raise KeyError('x')\nf()", "import nowhere_such_module",
+                 "raise KeyboardInterrupt", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"):
+        zy, real = run(client, "-c", code), run(REAL_PYTHON, "-c", code)
+        assert (zy.returncode, zy.stdout, zy.stderr) == (real.returncode, real.stdout, real.stderr), code
+    assert run(client, "-c", "raise KeyboardInterrupt").returncode == -signal.SIGINT
+    missing = run(client, "no_such_script.py")
+    assert missing.returncode == 2 and "can't open file" in missing.stderr
+
+
+def test_signals_reach_the_child_and_its_death_is_the_clients(client, tmp_path):
+    code = ("import signal, sys, time\nsignal.signal(signal.SIGUSR1, lambda *a: (print('usr1', flush=True), sys.exit(7)))\n"
+            "print('ready', flush=True)\ntime.sleep(60)")
+    for sig, want in ((signal.SIGUSR1, 7), (signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)):
+        proc = subprocess.Popen([client, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == want, err
+        assert ("usr1" in out) == (sig == signal.SIGUSR1) and ("KeyboardInterrupt" in err) == (sig == signal.SIGINT)
+
+
+def test_a_killed_or_stopped_client_kills_or_stops_its_child(client, tmp_path):
+    code = "import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)"
+    proc = subprocess.Popen([client, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    assert child != proc.pid
+
+    def state():
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            return None
+
+    def wait(cond):
+        deadline = time.monotonic() + 60
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return cond()
+
+    proc.send_signal(signal.SIGSTOP)
+    assert wait(lambda: state() == "T")
+    proc.send_signal(signal.SIGCONT)
+    assert wait(lambda: state() == "S")
+    proc.kill()
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert wait(lambda: state() is None)
+
+
+def test_another_session_or_the_switch_runs_the_real_interpreter(client):
+    code = "import os, sys; print(os.getpid(), 'torch' in sys.modules)"
+    proc = subprocess.Popen([client, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.communicate(timeout=120)[0] == f"{proc.pid} False\n"
+    proc = subprocess.Popen([client, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "GPT_TP_NO_ZYGOTE": "1"})
+    assert proc.communicate(timeout=120)[0] == f"{proc.pid} False\n"
+    served = run(client, "-c", code)
+    assert served.stdout.split()[1] == "True"
+    for flag in ("-I", "-Xfaulthandler"):  # flags it does not reproduce
+        unknown = run(client, flag, "-c", "import sys; print(sys.flags.isolated, sys._xoptions, len(sys.modules) > 1000)")
+        assert unknown.stdout == ("1 {} False\n" if flag == "-I" else "0 {'faulthandler': True} False\n")
+
+
+def test_the_environment_read_on_import(client):
+    """A variable a preloaded module read on import, changed: the real interpreter; one it did not read: served;
+    Lightning's rank for rank_zero_only, read from RANK/LOCAL_RANK on import: as a fresh process has it."""
+    code = "import sys; print(len(sys.modules) > 1000)"
+    assert run(client, "-c", code, env={**os.environ, "HF_HUB_OFFLINE": "1"}).stdout == "False\n"
+    assert run(client, "-c", code, env={**os.environ, "PL_GLOBAL_SEED": "3"}).stdout == "True\n"
+    code = "import lightning.pytorch; from lightning_utilities.core.rank_zero import rank_zero_only; print(rank_zero_only.rank)"
+    for env in ({"RANK": "3", "LOCAL_RANK": "1"}, {}):
+        env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}, **env}
+        assert run(client, "-c", code, env=env).stdout == run(REAL_PYTHON, "-c", code, env=env).stdout, env
