@@ -2,12 +2,14 @@
 `python cli.py fit` at TP=2 on CPU, on a model whose checkpoint is about 1 GB (configs/cpu.yaml with 6 blocks of
 768), saving every `--every` steps; and the resident memory each run peaked at (the staging copy's cost).
 
-    python -m benchmarks.async_save --steps 24 --every 6
+    python -m benchmarks.async_save --steps 24 --every 6 --repeat 3
 
-Each mode runs once (no saves, sync, async): lost per save end to end = (the run's time from its first step's end to
-its teardown) minus the same in the run without saves, over the number of saves; and the time the training loop
-spent blocked inside the strategy's save_checkpoint and finish_save (staging, waiting, committing), per save. On a
-CPU the background write shares the cores with training; on a GPU it does not. StepClock records the times."""
+Each round runs the three modes one after another (no saves, sync, async). The stall of a save is the time the
+training loop spent blocked inside the strategy's save_checkpoint and finish_save (staging, waiting, committing):
+the saves before the final step are the ones training waits for; the final step's save is waited for by both modes
+at the run's end, and is reported apart. Lost per save end to end = (the run's time from its first step's end to
+its teardown) minus the same in the run without saves, over the number of saves. On a CPU the background write
+shares the cores with training; on a GPU it does not. StepClock records the times."""
 
 import argparse
 import json
@@ -30,7 +32,7 @@ class StepClock(Callback):
     """Rank 0 appends the wall time of each optimizer step's end to `path` (JSON list, written at the run's end)."""
 
     def __init__(self, path: str):
-        self.path, self.times, self.blocked = path, [], 0.0
+        self.path, self.times, self.stalls = path, [], []  # stalls: [global_step, seconds] per outermost call
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         """Time the training loop spends inside the strategy's save and commit (the stall it sees)."""
@@ -42,7 +44,8 @@ class StepClock(Callback):
                     return _call(*args, **kwargs)
                 finally:
                     depth[0] -= 1
-                    self.blocked += 0.0 if depth[0] else time.perf_counter() - start  # the outermost call's
+                    if not depth[0]:  # the outermost call's
+                        self.stalls.append([trainer.global_step, time.perf_counter() - start])
             setattr(strategy, name, timed)
 
     def on_train_batch_end(self, trainer, *args) -> None:
@@ -52,7 +55,7 @@ class StepClock(Callback):
         self.times.append(time.perf_counter())  # after the final save, and its commit (the strategy's on_train_end)
         if trainer.is_global_zero:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            Path(self.path).write_text(json.dumps({"times": self.times, "peak_rss": peak, "blocked": self.blocked}))
+            Path(self.path).write_text(json.dumps({"times": self.times, "peak_rss": peak, "stalls": self.stalls}))
 
 
 def fit(tmp: Path, mode: str, steps: int, every: int) -> dict:
@@ -72,20 +75,41 @@ def fit(tmp: Path, mode: str, steps: int, every: int) -> dict:
     return json.loads(clock.read_text())
 
 
+def spread(xs: list[float], fmt: str = ".2f") -> str:
+    xs = sorted(xs)
+    return "/".join(format(x, fmt) for x in (xs[0], xs[len(xs) // 2], xs[-1]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--every", type=int, default=6)
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = {mode: fit(Path(tmp), mode, args.steps, args.every) for mode in ("none", "sync", "async")}
-    span = {m: r["times"][-1] - r["times"][0] for m, r in runs.items()}
-    saves = args.steps // args.every  # the first step's end is before any save; the final step is a periodic one
+    saves = args.steps // args.every  # the final step is a periodic one
+    if args.steps % args.every or saves < 2:
+        sys.exit("--steps must be a multiple of --every, with at least two saves")
+    rows = []
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = {mode: fit(Path(tmp), mode, args.steps, args.every) for mode in ("none", "sync", "async")}
+        row = {"span_none": runs["none"]["times"][-1] - runs["none"]["times"][0], "rss_none": runs["none"]["peak_rss"]}
+        for mode in ("sync", "async"):
+            r = runs[mode]
+            row[mode] = {"during": sum(t for s, t in r["stalls"] if s < args.steps) / (saves - 1),
+                         "final": sum(t for s, t in r["stalls"] if s >= args.steps),
+                         "lost": (r["times"][-1] - r["times"][0] - row["span_none"]) / saves, "rss": r["peak_rss"]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"{args.repeat} rounds, {saves} saves each (steps {args.steps}, every {args.every}), min/median/max:")
     for mode in ("sync", "async"):
-        print(f"{mode}: {(span[mode] - span['none']) / saves:.2f} s lost per save end to end ({saves} saves; run "
-              f"{span[mode]:.1f} s, without saves {span['none']:.1f} s); the loop blocked in saves and commits "
-              f"{runs[mode]['blocked'] / saves:.2f} s per save; rank 0 peak RSS {runs[mode]['peak_rss'] / 2**30:.2f} GiB "
-              f"(without saves {runs['none']['peak_rss'] / 2**30:.2f} GiB)")
+        print(f"  {mode}: training stalled {spread([r[mode]['during'] for r in rows])} s per save before the final "
+              f"step; the final save {spread([r[mode]['final'] for r in rows])} s; lost end to end "
+              f"{spread([r[mode]['lost'] for r in rows])} s per save; rank 0 peak RSS "
+              f"{spread([r[mode]['rss'] / 2**30 for r in rows])} GiB")
+    print(f"  without saves: rank 0 peak RSS {spread([r['rss_none'] / 2**30 for r in rows])} GiB")
+    print(f"  async stall / sync stall, per round: {spread([r['async']['during'] / r['sync']['during'] for r in rows], '.3f')}")
+
 
 if __name__ == "__main__":
     main()
