@@ -9,9 +9,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from conftest import ROOT, WORKERS
-from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
+from gpt_tp.entry import ArgumentParser, pick_device, run, torchrun_mesh
 from gpt_tp.errors import UserError
 
 
@@ -49,6 +50,13 @@ def test_bad_flag_and_launch_outside_torchrun_are_one_line(capsys, monkeypatch):
     with pytest.raises(UserError, match=r"^data-parallel 1 x tensor-parallel 2 = 2 processes, but torchrun started 4: "
                                         r"pass --nproc_per_node=2 or change the layout$"):
         torchrun_mesh(1, 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the mistake is --device cuda without CUDA")
+def test_device_cuda_without_cuda_is_one_line(capsys):
+    code, err = exit_code(lambda: pick_device("cuda"), capsys)
+    assert (code, err) == (2, "error: --device cuda: torch finds no CUDA device on this machine; use --device cpu, or "
+                              "auto (CUDA when present)\n")
 
 
 def test_a_warning_is_one_line_without_its_source():
