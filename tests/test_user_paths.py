@@ -126,8 +126,9 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
         torch.testing.assert_close(ours(x)[..., :50257], hf(x).logits, rtol=1e-4, atol=1e-4)
         assert (hf(x).logits - start(x).logits).abs().max() > 1e-2  # 10 steps of fine-tuning changed the model
 
-    # HellaSwag (configs/cpu.yaml's callback, on the fixture) by `cli.py validate`: the checkpoint and the exported folder
-    validate = ("cli.py", "validate", *one[:-2])
+    # HellaSwag on the fixture by `cli.py validate`: the checkpoint and its exported folder score alike
+    validate = ("cli.py", "validate", *one[:-2], "--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback",
+                "--trainer.callbacks.path", "tests/fixtures/hellaswag_small.jsonl")
     with ThreadPoolExecutor(2) as pool:
         scored = pool.map(lambda args: run(*args), [(*validate, "--ckpt_path", str(ckpt / "last.ckpt")),
                                                     (*validate, "--model.init_from", str(out))])

@@ -1,7 +1,6 @@
 """What a checkpoint holds, read in one place: Contents (its model, optimizer, step) and the model's full weights from a
 distributed checkpoint (load_consolidated). Lightning's key names of a checkpoint live here only."""
 
-import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -16,7 +15,6 @@ from gpt_tp.model import GPT, GPTConfig
 
 HPARAMS, WEIGHTS, STEP, CALLBACKS = "hyper_parameters", "state_dict", "global_step", "callbacks"  # Lightning's keys
 OPTIMIZERS = "optimizer_states"  # a checkpoint file's list of optimizer state dicts
-CONFIG = "config"  # export's model.pt: {"config": the GPTConfig fields, "state_dict": the single-device GPT's}
 
 
 @dataclass(frozen=True)
@@ -76,8 +74,3 @@ def load_consolidated(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, tor
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp_load(state, checkpoint_id=Path(path))  # in place: into gpt's own tensors
     return config, gpt.state_dict()
-
-
-def save_model(path: str | os.PathLike, config: GPTConfig, state: dict[str, torch.Tensor]) -> None:
-    """Write export's model.pt: the GPTConfig's fields and the single-device GPT state dict."""
-    torch.save({CONFIG: dataclasses.asdict(config), WEIGHTS: state}, path)

@@ -59,7 +59,7 @@ class GPTModule(L.LightningModule):
         if init_from is not None:
             self.config, hf_state = load_hf_dir(init_from, vocab_size=self.config.vocab_size)
         if init_from is not None or not isinstance(model, str):
-            # the model built (init_from's shape, vocab mask), plain for weights_only loads; export/HellaSwag use it
+            # the model built (init_from's shape, vocab mask), plain for weights_only loads; export uses it
             self.hparams["model"] = dataclasses.asdict(self.config)
         with torch.device("meta") if meta_init and hf_state is None else nullcontext():
             self.model = GPT(self.config)
