@@ -2,17 +2,14 @@
 a distributed process leaves through os._exit (docs/scale.md, "How a distributed command exits")."""
 
 import argparse
-import contextlib
 import errno
 import hashlib
 import logging
 import os
 import sys
-import tempfile
-import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -66,20 +63,20 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
 
 
 def _claim_once(message: str) -> bool:
-    """True for the first process of this run (per node) to report ``message``: it creates the marker file for both."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT")
-    if run is None:
+    """True for the first process of a distributed run to claim ``message`` under a key of the run's rendezvous store
+    (torchrun's agent, or rank 0's), which ends with the run; where no store answers, for rank 0."""
+    # the group's size first: Lightning's teardown, before this, removes WORLD_SIZE but keeps the group
+    world = dist.get_world_size() if dist.is_initialized() else os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS"))
+    if int(world or 1) < 2 or "MASTER_PORT" not in os.environ:
         return True
-    key = hashlib.sha1(f"{run}|{os.environ.get('MASTER_ADDR')}|{message}".encode()).hexdigest()[:20]
-    marker = Path(tempfile.gettempdir()) / f"gpt_tp-error-{key}"
-    with contextlib.suppress(OSError):  # a marker that cannot be made or read: print
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            if time.time() - marker.stat().st_mtime < 300:
-                return False  # another rank of this run printed it
-            marker.touch()  # a marker left by an earlier run on the same port
-    return True
+    key = "gpt_tp/error/" + hashlib.sha1(message.encode()).hexdigest()
+    try:
+        store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]),
+                              is_master=False, timeout=timedelta(seconds=5))
+        return store.add(key, 1) == 1
+    except (RuntimeError, OSError, ValueError):  # no store yet, or gone with rank 0 (who printed, if it had the error)
+        rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))
+        return int(rank) == 0
 
 
 def report(message: str) -> None:

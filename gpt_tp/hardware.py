@@ -15,18 +15,13 @@ PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL
               "A10": 125e12, "A40": 150e12, "A6000": 155e12, "3090": 71e12, "4090": 165e12}
 
 
-def peak_flops_of(name: str) -> float | None:
-    """The PEAK_FLOPS entry of a GPU by its name, matched word by word (an A10 is no A100); None if unknown."""
-    words = set(re.split(r"[^A-Z0-9]+", name.upper()))
-    return next((v for k, v in PEAK_FLOPS.items() if set(k.upper().split()) <= words), None)
-
-
 def detect_peak_flops(device: torch.device) -> float | None:
     """This CUDA device's peak FLOP/s; None on CPU, and on a GPU it does not know, with one line saying what to set."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    if (peak := peak_flops_of(name)) is None:
+    words = set(re.split(r"[^A-Z0-9]+", name.upper()))  # matched word by word: an A10 is no A100
+    if (peak := next((v for k, v in PEAK_FLOPS.items() if set(k.upper().split()) <= words), None)) is None:
         rank_zero_warn(f"MFU is not reported: gpt_tp has no peak FLOP/s for the {name}; set model.peak_flops (benchmarks: "
                        "--peak-flops) to its dense bf16 FLOP/s per device")
     return peak

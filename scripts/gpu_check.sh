@@ -8,7 +8,6 @@
 #              stopped after step 10 as a preemption would, saved at 10; HellaSwag (the fixture) at step 10
 #   resume     the same with --ckpt_path last: steps 11-20, saved at 20
 #   validate   cli.py validate from the last checkpoint (val loss, HellaSwag on the fixture), eager
-#   hellaswag  python -m gpt_tp.eval.hellaswag on the fixture from the last checkpoint (TP=2 under torchrun on 2 GPUs)
 #   bench      python -m benchmarks.bench: GPT-2 124M, DP=1 x TP=1, B=16, T=1024, bf16-mixed, compiled
 # OUT (default gpu_check_out) is emptied first; each stage writes OUT/<stage>.json as soon as it ends, so a check
 # stopped part-way keeps what it measured. It ends with one table (OUT/summary.md; compile s = the first step's time
@@ -20,7 +19,7 @@ OUT=${OUT:-gpu_check_out}
 LIMIT=540   # the whole check, seconds
 SETUP=15    # counting the GPUs, nvidia-smi, writing the configs and results
 KILL=5      # a stage past its limit gets SIGINT, then SIGKILL this much later
-STAGES="gpu-tests fit resume validate hellaswag bench"
+STAGES="gpu-tests fit resume validate bench"
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 [ -x "$PY" ] || { echo "error: gpu_check: no $PY: run bash scripts/setup.sh first" >&2; exit 2; }
@@ -30,7 +29,7 @@ if [ "$NGPU" -lt 1 ]; then
   exit 2
 fi
 TP=$((NGPU >= 2 ? 2 : 1))
-declare -A LIMITS=([gpu-tests]=$((TP == 2 ? 120 : 80)) [fit]=120 [resume]=80 [validate]=45 [hellaswag]=35 [bench]=80)
+declare -A LIMITS=([gpu-tests]=$((TP == 2 ? 120 : 80)) [fit]=120 [resume]=80 [validate]=45 [bench]=80)
 TOTAL=$SETUP
 SUM="setup $SETUP"
 for s in $STAGES; do TOTAL=$((TOTAL + LIMITS[$s] + KILL)); SUM="$SUM + $s ${LIMITS[$s]}+$KILL"; done
@@ -76,9 +75,6 @@ EOF
   echo "$OUT/$1.yaml"
 }
 FIT=(cli.py fit --config configs/tp2.yaml --trainer.strategy.init_args.tensor_parallel_size "$TP")
-HELLASWAG=(-m gpt_tp.eval.hellaswag --ckpt_path "$OUT/ckpt/last.ckpt" --path tests/fixtures/hellaswag_small.jsonl
-           --dtype bfloat16 --out "$OUT/hellaswag_result.json")
-[ "$TP" = 2 ] && HELLASWAG=(-m torch.distributed.run --standalone --nproc_per_node=2 "${HELLASWAG[@]}" --tp 2)
 
 FAILED=0
 stage() {  # stage NAME COMMAND...: run under its limit, output in OUT/NAME.log, then OUT/NAME.json at once
@@ -116,9 +112,6 @@ for key in ("val/loss", "hellaswag/acc_norm"):  # fit, resume, validate
     vals = [num(row, key) for row in rows if num(row, key) is not None]
     if vals:
         r["note"] = f"{r['note']} {key} {vals[-1]:.4f}".strip()
-hs = os.path.join(out, "hellaswag_result.json")
-if name == "hellaswag" and os.path.exists(hs):
-    r["note"] = f"acc_norm {json.load(open(hs))['acc_norm']:.4f} {r['note']}".strip()
 bench = os.path.join(out, "bench", "bench.json")
 if name == "bench" and os.path.exists(bench):
     for run in json.load(open(bench))["runs"][:1]:
@@ -148,7 +141,6 @@ stage fit "$PY" "${FIT[@]}" --config "$(stage_config fit 10)"
 stage resume "$PY" "${FIT[@]}" --config "$(stage_config resume)" --ckpt_path last
 stage validate "$PY" cli.py validate --config configs/tp2.yaml --config "$(stage_config validate)" \
   --trainer.strategy.init_args.tensor_parallel_size "$TP" --model.compile false --ckpt_path "$OUT/ckpt/last.ckpt"
-stage hellaswag "$PY" "${HELLASWAG[@]}"
 stage bench "$PY" -m benchmarks.bench --model gpt2 --layouts 1x1 --precision bf16-mixed --compile on --batch-size 16 \
   --seq-len 1024 --warmup 5 --steps 10 --timeout $((LIMITS[bench] - 10)) --out "$OUT/bench"
 

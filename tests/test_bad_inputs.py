@@ -142,10 +142,6 @@ def test_a_file_given_as_checkpoint_is_refused_and_kept(user_run, tmp_path):
     before = snapshot(garbage)
     line = user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, "--ckpt_path", str(garbage)))
     assert f"{garbage} is a file, not a distributed checkpoint folder" in line
-    from gpt_tp.eval.hellaswag import main as hellaswag_main
-
-    line = user_run(lambda: hellaswag_main(["--ckpt_path", str(garbage), "--path", "tests/fixtures/hellaswag_small.jsonl"]))
-    assert f"--ckpt_path {garbage} is not a readable checkpoint (UnpicklingError: invalid load key, 'n'.)" in line
     assert snapshot(garbage) == before
 
 
@@ -180,15 +176,12 @@ def test_distributed_checkpoint_under_a_one_file_strategy(user_run, ckpt):
 
 def test_checkpoint_folders_given_for_the_wrong_flag(user_run, ckpt):
     """The folder holding the checkpoints given as --ckpt_path names its last.ckpt; a checkpoint given where a
-    Hugging Face folder belongs (model.init_from, hellaswag --hf-dir) names --ckpt_path."""
-    from gpt_tp.eval.hellaswag import main as hellaswag_main
-
+    Hugging Face folder belongs (model.init_from) names --ckpt_path."""
     saved, _ = ckpt
     line = user_run(cli_main("validate", "--config", CPU, *ONE_DEVICE, "--ckpt_path", str(saved.parent)))
     assert line == f"error: {saved.parent} is a folder of checkpoints (1), not one: give {saved}, or 'last'"
     expected = f"error: {saved} is a gpt_tp checkpoint, not a Hugging Face folder: give it as --ckpt_path, or export it first"
     assert user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, "--model.init_from", str(saved))).startswith(expected)
-    assert user_run(lambda: hellaswag_main(["--hf-dir", str(saved), "--path", "tests/fixtures/hellaswag_small.jsonl"])).startswith(expected)
 
 
 def test_truncated_checkpoint_folder(user_run, ckpt, tmp_path):
@@ -204,7 +197,7 @@ def test_truncated_checkpoint_folder(user_run, ckpt, tmp_path):
     assert snapshot(broken) == before and not (tmp_path / "out").exists()
 
 
-# ---- Hugging Face folders (model.init_from, hellaswag --hf-dir) ---------------------------------------------------
+# ---- Hugging Face folders (model.init_from) ------------------------------------------------------------------
 def _edit_config(**fields):
     def edit(d: Path):
         cfg = json.loads((d / "config.json").read_text())
@@ -235,15 +228,12 @@ HF_FOLDERS = {
 
 @pytest.mark.parametrize("name", HF_FOLDERS)
 def test_bad_hugging_face_folder(user_run, ckpt, tmp_path, name):
-    from gpt_tp.eval.hellaswag import main as hellaswag_main
-
     edit, message = HF_FOLDERS[name]
     d = tmp_path / "hf"
     shutil.copytree(ckpt[1], d)
     edit(d)
     message = message.format(d=d)
     assert message in user_run(cli_main("fit", "--config", CPU, *ONE_DEVICE, "--model.init_from", str(d)))
-    assert message in user_run(lambda: hellaswag_main(["--hf-dir", str(d), "--path", "tests/fixtures/hellaswag_small.jsonl"]))
 
 
 # ---- cli.py predict: prompts and its output, before any rank starts -------------------------------------------------
@@ -348,7 +338,6 @@ def test_checkpoint_folder_under_a_file(user_run, tmp_path):
 
 # ---- an output that names a folder: refused, the folder unchanged ------------------------------------------------
 def test_outputs_naming_a_folder(user_run, tmp_path):
-    from gpt_tp.eval.hellaswag import main as hellaswag_main
     from gpt_tp.train.plot import main as plot_main
 
     folder = tmp_path / "results"
@@ -357,9 +346,6 @@ def test_outputs_naming_a_folder(user_run, tmp_path):
     before = snapshot(tmp_path)
     line = user_run(cli_main("predict", "--config", CPU, *ONE_DEVICE, "--prompt", "Hello", "--output", str(folder)))
     assert f"--output {folder} is a folder; give the name of a file" in line
-    line = user_run(lambda: hellaswag_main(["--path", "tests/fixtures/hellaswag_small.jsonl", "--out", str(folder)]))
-    assert f"--out {folder} is a folder; give the name of a file for the JSON result" in line
-    assert "--batch-size=0 must be >= 1" in user_run(lambda: hellaswag_main(["--path", "tests/fixtures/hellaswag_small.jsonl", "--batch-size", "0"]))
     metrics = tmp_path / "metrics.csv"
     metrics.write_text("epoch,step,train/loss\n0,0,10.5\n0,1,9.5\n")
     before[str(metrics)] = hashlib.sha1(metrics.read_bytes()).hexdigest()

@@ -54,7 +54,7 @@ def test_print_config():
         (["--data.seq_len", "256", "--model.total_batch_size", "null"], "data.seq_len=256 exceeds the model's block_size=128"),
         (["--data.data_dir", "no/such/dir"], "no/such/dir"),
         (["--model.model", "gpt5"], "unknown model size 'gpt5'"),
-        (["--model.init_from", "no/such/hf"], "no/such/hf: no such folder; model.init_from and --hf-dir take a Hugging Face GPT-2 folder"),
+        (["--model.init_from", "no/such/hf"], "no/such/hf: no such folder; model.init_from takes a Hugging Face GPT-2 folder"),
         (["--ckpt_path", "no/such/ckpt"], "--ckpt_path no/such/ckpt: no such checkpoint"),
         (["--model.async_tp", "true"], "unrecognized arguments: --model.async_tp true"),  # no async TP setting
         (["--trainer.precision", "16-mixed"], "trainer.precision=16-mixed: ModelParallelStrategy has no fp16 gradient scaler"),

@@ -81,11 +81,7 @@ def test_identical_within_tp_group_disjoint_across_dp(tmp_path, dp_size):
         assert all(not (vals[i] & vals[j]) for i in range(dp_size) for j in range(i + 1, dp_size))
         x1, y1 = batch_at(single, step)
         assert torch.equal(torch.cat(xs), x1) and torch.equal(torch.cat(ys), y1)
-    # without a trainer or overrides: rank 0 of 1; explicit dp_rank/dp_size override the trainer
-    assert GPTDataModule(tmp_path).data_parallel() == (0, 1)
-    dm = GPTDataModule(tmp_path, dp_rank=1, dp_size=dp_size)
-    dm.trainer = fake_trainer(0, 1)
-    assert dm.data_parallel() == (1, dp_size)
+    assert GPTDataModule(tmp_path).data_parallel() == (0, 1)  # without a trainer: rank 0 of 1
 
 
 def test_workers_give_the_same_stream(tmp_path):
@@ -103,7 +99,8 @@ def test_workers_give_the_same_stream(tmp_path):
 
 def test_validation_is_fixed_and_sharded(tmp_path):
     tokens = make_shards(tmp_path, [1000, 500])
-    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=10, val_batches=5, dp_rank=1, dp_size=2)
+    dm = GPTDataModule(tmp_path, batch_size=2, seq_len=10, val_batches=5)
+    dm.trainer = fake_trainer(1, 2)
     dm.setup("fit")
     v1, v2 = list(dm.val_dataloader()), list(dm.val_dataloader())
     assert len(v1) == 5 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(v1, v2))
@@ -229,8 +226,9 @@ def test_resume_that_keeps_the_tokens_per_step_is_exact(tmp_path):
     make_shards(tmp_path, [1000, 700])
 
     def resume(k: int, was: int, now: int, interval=None):
-        dm = GPTDataModule(tmp_path, batch_size=5, seq_len=10, val_batches=0, dp_rank=0, dp_size=1)
-        dm.trainer = SimpleNamespace(accumulate_grad_batches=now, val_check_interval=interval)
+        dm = GPTDataModule(tmp_path, batch_size=5, seq_len=10, val_batches=0)
+        dm.trainer = SimpleNamespace(accumulate_grad_batches=now, val_check_interval=interval,
+                                     strategy=fake_trainer(0, 1).strategy)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             dm.load_state_dict({"train_batches": k, "batch_size": 10, "seq_len": 10, "dp_size": 1, "seed": 1337,

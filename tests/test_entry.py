@@ -6,12 +6,15 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from conftest import ROOT, WORKERS
-from gpt_tp.entry import ArgumentParser, run, torchrun_mesh
+from gpt_tp.entry import ArgumentParser, pick_device, report, run, torchrun_mesh
 from gpt_tp.errors import UserError
 
 
@@ -49,6 +52,33 @@ def test_bad_flag_and_launch_outside_torchrun_are_one_line(capsys, monkeypatch):
     with pytest.raises(UserError, match=r"^data-parallel 1 x tensor-parallel 2 = 2 processes, but torchrun started 4: "
                                         r"pass --nproc_per_node=2 or change the layout$"):
         torchrun_mesh(1, 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the mistake is --device cuda without CUDA")
+def test_device_cuda_without_cuda_is_one_line(capsys):
+    code, err = exit_code(lambda: pick_device("cuda"), capsys)
+    assert (code, err) == (2, "error: --device cuda: torch finds no CUDA device on this machine; use --device cpu, or "
+                              "auto (CUDA when present)\n")
+
+
+def test_an_error_is_claimed_once_in_the_runs_store_and_leaves_no_file(tmp_path, monkeypatch, capsys):
+    """Ranks of one run print an error once: the first to add its key in the run's store (TCPStore, as torchrun's
+    agent or rank 0 serves it) prints; nothing is written to disk. With no store answering, only rank 0 prints."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": "2", "RANK": "1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for message in ("data.seq_len=9 is wrong", "data.seq_len=9 is wrong", "another"):
+        report(message)
+    assert capsys.readouterr().err == "error: data.seq_len=9 is wrong\nerror: another\n"
+    assert list(tmp_path.iterdir()) == []
+    port = store.port
+    del store  # the run's store is gone (rank 0 has left): rank 1 says nothing, rank 0 prints
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    report("after the store")
+    monkeypatch.setenv("RANK", "0")
+    report("after the store")
+    assert capsys.readouterr().err == "error: after the store\n"
 
 
 def test_a_warning_is_one_line_without_its_source():

@@ -1,22 +1,18 @@
-"""HellaSwag: file checks, download, the Lightning callback at TP=2 and the command line (scoring and TP/DP:
-tests/test_hellaswag_score.py)."""
+"""HellaSwag: file checks, download, the Lightning callback at TP=2 (scoring and TP/DP: tests/test_hellaswag_score.py)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, one_error_line, read_json, run_torchrun
-from gpt_tp.checkpoint import CheckpointError
+from conftest import ROOT, read_json, run_torchrun
+from gpt_tp.checkpoint import load_consolidated
 from gpt_tp.errors import DataError
 from gpt_tp.eval import hellaswag as hs
 from gpt_tp.eval import hellaswag_data as hd
 from gpt_tp.eval import hellaswag_score as score
-from gpt_tp.model import GPT, GPTConfig, hf_config_dict, to_hf_state_dict
+from gpt_tp.model import GPT, GPTConfig
 
 FIXTURE = ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl"
 
@@ -159,96 +155,13 @@ def test_callbacks_in_tp2_fit_match_single_device(tmp_path, monkeypatch):
     assert len(samples) == 4 and samples[-1] == f"step 4 sample 1: {res['single_samples'][1]}"
     png = plot_main([str(Path(res["metrics_csv"]).parent), "-o", str(tmp_path / "run.png")])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # the command line scores the TP=2 run's distributed checkpoint alone, in one process, the same way
+    # the TP=2 run's distributed checkpoint, loaded whole in one process, scores the same way
     assert Path(res["ckpt"]).is_dir()
-    got = hs.main(["--ckpt_path", res["ckpt"], "--path", str(FIXTURE)])
+    config, state = load_consolidated(res["ckpt"])
+    model = GPT(config).eval()
+    model.load_state_dict(state)
+    got = score.evaluate(model, hd.read_examples(FIXTURE), block_size=config.block_size)
     assert (got["correct"], got["correct_norm"], got["total"]) == (single["correct"], single["correct_norm"], 11)
-
-
-# ---- the command line ---------------------------------------------------------------------------------------
-
-
-def test_cli_hf_dir_and_ckpt_match_in_process(tmp_path, tiny, enc, monkeypatch):
-    """--hf-dir (vocab cut to 50257 and padded back with zero rows: the padded-id mask keeps the scores) and
-    --ckpt_path (a single-file Lightning checkpoint) score as the in-process model does."""
-    from safetensors.torch import save_file
-
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    examples = hd.read_examples(FIXTURE)
-    expected = score.evaluate(tiny, examples, block_size=128, enc=enc)
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    sd = to_hf_state_dict(tiny.state_dict(), tiny.config)
-    sd.pop("lm_head.weight")  # tied to wte, as Hugging Face stores GPT-2
-    save_file(sd, str(hf / "model.safetensors"))
-    cfg = hf_config_dict(tiny.config)
-    (hf / "config.json").write_text(json.dumps(cfg))
-    got = hs.main(["--hf-dir", str(hf), "--path", str(FIXTURE), "--out", str(tmp_path / "hf.json")])
-    assert (got["correct"], got["correct_norm"], got["total"]) == (expected["correct"], expected["correct_norm"], 11)
-    assert read_json(tmp_path / "hf.json")["acc_norm"] == expected["acc_norm"]
-
-    ckpt = tmp_path / "last.ckpt"
-    torch.save({"state_dict": {f"model.{k}": v for k, v in tiny.state_dict().items()}, "hyper_parameters": {"model": "tiny"}}, ckpt)
-    got = hs.main(["--ckpt_path", str(ckpt), "--path", str(FIXTURE), "--batch-size", "2"])
-    assert (got["correct"], got["correct_norm"]) == (expected["correct"], expected["correct_norm"])
-
-    (tmp_path / "dcp").mkdir()  # an empty folder is no distributed checkpoint
-    with pytest.raises(CheckpointError, match="dcp"):
-        hs.main(["--ckpt_path", str(tmp_path / "dcp"), "--path", str(FIXTURE)])
-    with pytest.raises(CheckpointError, match="not found"):
-        hs.main(["--ckpt_path", str(tmp_path / "nope.ckpt"), "--path", str(FIXTURE)])
-
-
-def test_weights_and_device_mistakes_come_first(user_run, ckpt, tmp_path, monkeypatch):
-    """Offline, a wrong --ckpt_path or --hf-dir is named, not the download; --device cuda without CUDA is one line;
-    an exported model.pt loads as --ckpt_path and scores as the same weights' Hugging Face folder."""
-    from gpt_tp.checkpoint.export import main as export_main
-
-    def offline(url, timeout=60.0):
-        raise OSError("Network is unreachable")
-
-    monkeypatch.setattr(hd, "fetch_url", offline)
-    cache = ("--cache-dir", str(tmp_path / "cache"))
-    line = user_run(lambda: hs.main(["--ckpt_path", str(tmp_path / "nope.ckpt"), *cache]))
-    assert line.startswith(f"error: --ckpt_path {tmp_path / 'nope.ckpt'} not found"), line
-    line = user_run(lambda: hs.main(["--hf-dir", str(tmp_path / "nohf"), *cache]))
-    assert str(tmp_path / "nohf") in line and "download" not in line, line
-    if not torch.cuda.is_available():
-        assert user_run(lambda: hs.main(["--device", "cuda", "--path", str(FIXTURE)])) == (
-            "error: --device cuda: torch finds no CUDA device on this machine; use --device cpu, or auto (CUDA when "
-            "present)")
-    assert export_main([str(ckpt[0]), "--out", str(tmp_path / "export"), "--format", "torch"]) == 0
-    got = hs.main(["--ckpt_path", str(tmp_path / "export" / "model.pt"), "--path", str(FIXTURE)])
-    expected = hs.main(["--hf-dir", str(ckpt[1]), "--path", str(FIXTURE)])
-    assert (got["correct"], got["correct_norm"], got["total"]) == (expected["correct"], expected["correct_norm"], 11)
-
-
-def test_cli_reports_bad_file_clearly(tmp_path, monkeypatch, capsys):
-    from gpt_tp.entry import run
-
-    for k in ("WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"ctx": "x", "endings": ["a", "b", "c", "d"], "label": 9}\n')
-    with pytest.raises(SystemExit) as e:  # what `python -m gpt_tp.eval.hellaswag` runs
-        run(lambda: hs.main(["--path", str(bad)]))
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("error: 1 malformed") and "Traceback" not in err
-    assert f"{bad}:1: 'label' must be an integer 0-3, got 9" in err
-
-
-@pytest.mark.slow
-def test_cli_bad_flag_is_one_error_line():
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RUN_ID", "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, "-m", "gpt_tp.eval.hellaswag", "--batch-size", "two"], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
-    assert one_error_line(proc) == ("error: argument --batch-size: invalid int value: 'two' "
-                                    "(see python -m gpt_tp.eval.hellaswag --help)")
-
-
-def test_cli_tp_without_torchrun_says_how_to_launch(user_run):
-    line = user_run(lambda: hs.main(["--tp", "2", "--path", str(FIXTURE)]))
-    assert line.startswith("error: run this command under torchrun, e.g. python -m torch.distributed.run")
 
 
 def test_token_ids_outside_the_model_vocabulary(tiny, enc):

@@ -218,8 +218,8 @@ def test_command_line(command_here):
     assert r.returncode == 0, r.stderr
     assert "DP=1 x TP=8" in r.stdout and "invalid: TP=8 does not divide n_head=12" in r.stdout
     assert "choice: data_parallel_size=8, tensor_parallel_size=1" in r.stdout
-    r = run("--config", str(Path("configs") / "cpu.yaml"), "--json")
-    assert r.returncode == 0 and '"choice"' in r.stdout
+    r = run("--config", str(Path("configs") / "cpu.yaml"))
+    assert r.returncode == 0 and "choice: data_parallel_size=1, tensor_parallel_size=2" in r.stdout
     r = run("--config", "configs/missing.yaml")
     assert r.returncode == 2 and "configs/missing.yaml: no such file" in r.stderr
     r = run("--model", "gpt2")
@@ -319,14 +319,6 @@ def test_auto_layout_takes_the_batch_that_adds_up():
                        r"x trainer.accumulate_grad_batches=1 needs data-parallel size 3, but the layouts that fit are "
                        r"DP=2 x TP=1, DP=1 x TP=2: set trainer.accumulate_grad_batches"):
         planner.resolve_layout(c, 2, 2, 1, 8, 128, total_batch_size=3072)
-
-
-def test_the_library_module_names_the_command():
-    r = subprocess.run([sys.executable, "-m", "gpt_tp.sizing.planner"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
-    assert one_error_line(r) == ("error: gpt_tp.sizing.planner is the planner's library; its command is python -m "
-                                 "gpt_tp.cli.planner (e.g. --config configs/tp2.yaml, or --model gpt2-xl "
-                                 "--devices-per-node 8; --help)")
 
 
 def test_planner_and_fit_auto_are_one_rule(user_run, capsys):

@@ -20,7 +20,6 @@ from conftest import ROOT, WORKERS
 
 from gpt_tp.checkpoint.export import ExportError
 from gpt_tp.checkpoint.export import main as export_main
-from gpt_tp.eval.hellaswag import main as hellaswag_main
 from gpt_tp.model import GPT, GPTConfig
 from gpt_tp.train.optim import get_lr
 
@@ -127,10 +126,14 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
         torch.testing.assert_close(ours(x)[..., :50257], hf(x).logits, rtol=1e-4, atol=1e-4)
         assert (hf(x).logits - start(x).logits).abs().max() > 1e-2  # 10 steps of fine-tuning changed the model
 
-    fixture = str(ROOT / "tests" / "fixtures" / "hellaswag_small.jsonl")  # python -m gpt_tp.eval.hellaswag, in this process
-    a = hellaswag_main(["--ckpt_path", str(ckpt / "last.ckpt"), "--path", fixture])
-    b = hellaswag_main(["--hf-dir", str(out), "--path", fixture])
-    assert a["total"] == 11 and (a["acc"], a["acc_norm"]) == (b["acc"], b["acc_norm"])
+    # HellaSwag on the fixture by `cli.py validate`: the checkpoint and its exported folder score alike
+    validate = ("cli.py", "validate", *one[:-2], "--trainer.callbacks", "gpt_tp.eval.hellaswag.HellaSwagCallback",
+                "--trainer.callbacks.path", "tests/fixtures/hellaswag_small.jsonl")
+    with ThreadPoolExecutor(2) as pool:
+        scored = pool.map(lambda args: run(*args), [(*validate, "--ckpt_path", str(ckpt / "last.ckpt")),
+                                                    (*validate, "--model.init_from", str(out))])
+    a, b = (re.search(r"HellaSwag acc_norm (\d+/\d+ = \S+), acc (\S+)", p.stdout).groups() for p in scored)
+    assert a == b and "/11 = " in a[0]
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
-"""What a checkpoint holds, read in one place: Contents (its model, optimizer, step) and the model's weights from any
-saved format (load_model). Lightning's key names of a checkpoint live here only."""
+"""What a checkpoint holds, read in one place: Contents (its model, optimizer, step) and the model's full weights from a
+distributed checkpoint (load_consolidated). Lightning's key names of a checkpoint live here only."""
 
-import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -16,7 +15,6 @@ from gpt_tp.model import GPT, GPTConfig
 
 HPARAMS, WEIGHTS, STEP, CALLBACKS = "hyper_parameters", "state_dict", "global_step", "callbacks"  # Lightning's keys
 OPTIMIZERS = "optimizer_states"  # a checkpoint file's list of optimizer state dicts
-CONFIG = "config"  # export's model.pt: {"config": the GPTConfig fields, "state_dict": the single-device GPT's}
 
 
 @dataclass(frozen=True)
@@ -76,29 +74,3 @@ def load_consolidated(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, tor
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp_load(state, checkpoint_id=Path(path))  # in place: into gpt's own tensors
     return config, gpt.state_dict()
-
-
-def load_model(path: str | os.PathLike) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """(GPTConfig, single-device GPT state dict) of a distributed checkpoint folder, a Lightning checkpoint file of
-    GPTModule, or export's model.pt."""
-    p = Path(path)
-    if p.is_dir():
-        return load_consolidated(p)
-    if not p.is_file():
-        raise CheckpointError(f"--ckpt_path {p} not found: give a Lightning checkpoint (.ckpt file or distributed "
-                              "checkpoint folder)")
-    try:
-        saved = torch.load(p, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the same mistake
-        raise CheckpointError(f"--ckpt_path {p} is not a readable checkpoint ({type(e).__name__}: {e})") from e
-    if not isinstance(saved, dict) or WEIGHTS not in saved:
-        raise CheckpointError(f"{p} has no '{WEIGHTS}': not a Lightning checkpoint of GPTModule or an exported model.pt")
-    if CONFIG in saved:
-        return GPTConfig(**saved[CONFIG]), saved[WEIGHTS]
-    config = Contents.of(saved).model or GPTConfig.resolve("gpt2")
-    return config, {k.removeprefix("model."): v for k, v in saved[WEIGHTS].items() if k.startswith("model.")}
-
-
-def save_model(path: str | os.PathLike, config: GPTConfig, state: dict[str, torch.Tensor]) -> None:
-    """Write export's model.pt: the GPTConfig's fields and the single-device GPT state dict, read by load_model."""
-    torch.save({CONFIG: dataclasses.asdict(config), WEIGHTS: state}, path)

@@ -5,15 +5,18 @@ hf: OUT_DIR/config.json + OUT_DIR/model.safetensors in Hugging Face GPT-2's layo
 Runs in one process on the CPU, whatever layout saved the checkpoint; an existing non-empty OUT_DIR is never
 overwritten (docs/train.md, "Checkpoints")."""
 
+import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
 
+import torch
+
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.errors import UserError
 from gpt_tp.model import hf_config_dict, to_hf_state_dict
-from gpt_tp.checkpoint.contents import load_consolidated, save_model
+from gpt_tp.checkpoint.contents import load_consolidated
 
 
 class ExportError(UserError):
@@ -34,7 +37,7 @@ def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
         raise ExportError(f"--out {out_dir}: cannot create it ({e.strerror}); choose a --out in a writable folder") from e
     try:
         if fmt in ("torch", "both"):
-            save_model(tmp / "model.pt", config, state)
+            torch.save({"config": dataclasses.asdict(config), "state_dict": state}, tmp / "model.pt")
         if fmt in ("hf", "both"):
             from safetensors.torch import save_file
             hf = to_hf_state_dict(state, config)

@@ -1,8 +1,5 @@
 """Command: the layout planner's table, for a named model or `python cli.py fit`'s arguments (docs/scale.md)."""
 
-import json
-from dataclasses import asdict
-
 from gpt_tp.entry import ArgumentParser, run
 from gpt_tp.hardware import detect_device_memory_gib
 from gpt_tp.model import SIZES, GPTConfig
@@ -41,10 +38,8 @@ def main(argv: list[str] | None = None) -> Plan:
     ap.add_argument("--batch-size", type=int, help="micro-batch per data-parallel rank (data.batch_size; default 16)")
     ap.add_argument("--seq-len", type=int, help="sequence length T (data.seq_len; default the model's block_size, at most 1024)")
     ap.add_argument("--precision", choices=list(PRECISIONS), help="trainer.precision (default bf16-mixed)")
-    ap.add_argument("--sdpa", choices=["flash", "math"], default="flash", help="attention kernel (math keeps T x T scores)")
     ap.add_argument("--ac", choices=AC_MODES, help="activation checkpointing per block (model.activation_checkpointing; default none)")
     ap.add_argument("--overhead-gib", type=float, default=1.5, help="CUDA context + NCCL + allocator slack per device")
-    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args, training = ap.parse_known_args(argv)
     if training and not training[0].startswith("-"):
         ap.error(f"unrecognized arguments: {' '.join(training)}")
@@ -63,15 +58,8 @@ def main(argv: list[str] | None = None) -> Plan:
     if settings["seq_len"] is None:
         settings["seq_len"] = min(1024, settings["config"].block_size)
     memory = args.memory_gib if args.memory_gib is not None else detect_device_memory_gib()
-    p = plan(settings.pop("config"), **settings, device_memory_gib=memory, sdpa=args.sdpa, overhead_gib=args.overhead_gib)
-    if args.json:
-        rows = [{"dp": lay.layout.dp, "tp": lay.layout.tp, "fits": lay.fits, "reason": lay.reason,
-                 "memory": None if lay.memory is None else {**asdict(lay.memory), "total": lay.memory.total}}
-                for lay in p.layouts]
-        choice = None if p.choice is None else {"dp": p.choice.layout.dp, "tp": p.choice.layout.tp}
-        print(json.dumps({"layouts": rows, "choice": choice, "notes": p.notes}, indent=1))
-    else:
-        print(format_plan(p))
+    p = plan(settings.pop("config"), **settings, device_memory_gib=memory, overhead_gib=args.overhead_gib)
+    print(format_plan(p))
     return p
 
 

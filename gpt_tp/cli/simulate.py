@@ -135,7 +135,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
     by_kind = {str(k).split(".")[-1]: v for k, v in next(iter(snapshot.values())).items()}
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
-    m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, "flash", 0.0, activation_checkpointing,
+    m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, 0.0, activation_checkpointing,
                           optimizer.kind, run.accumulate if run.sync_once else 1)
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"], planned["staging"] = sum(planned.values()), m.staging

@@ -98,7 +98,7 @@ def load_hf_dir(path: str, vocab_size: int = 50304) -> tuple[GPTConfig, dict[str
     p = Path(path)
     cfg_file, weights = p / "config.json", p / "model.safetensors"
     if not p.is_dir():
-        raise UserError(f"{p}: no such folder; model.init_from and --hf-dir take a Hugging Face GPT-2 folder "
+        raise UserError(f"{p}: no such folder; model.init_from takes a Hugging Face GPT-2 folder "
                         "(config.json + model.safetensors)")
     if not cfg_file.exists() and (p / ".metadata").is_file():
         raise UserError(f"{p} is a gpt_tp checkpoint, not a Hugging Face folder: give it as --ckpt_path, or export it "

@@ -51,7 +51,7 @@ def _activation_bytes_per_element(precision: str, dp: int) -> tuple[int, int, in
     return r, m, lsm, 0 if g == 2 else wcopy, g
 
 
-def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: int, m: int, sdpa: str, ac: str) -> int:
+def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: int, m: int, ac: str) -> int:
     """Bytes one block saves for backward under activation checkpointing mode `ac` (docs/scale.md)."""
     B, T, C, t = batch_size, seq_len, config.n_embd, tp
     lse = B * (config.n_head // t) * T * 4  # the attention logsumexp, fp32
@@ -59,19 +59,15 @@ def _layer_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, r: i
         return B * T * C * r // t
     if ac == "selective":  # input; qkv, attention output, c_fc (/ t); both row-parallel matmul outputs (full T)
         return B * T * C * r // t + 8 * B * T * C * m // t + 2 * B * T * C * m + lse
-    if sdpa == "math":
-        lse += 2 * B * (config.n_head // t) * T * T * m  # softmax probabilities and their dropout/cast copy
     per_layer = 2 * B * T * C * r // t + 14 * B * T * C * m // t
     return per_layer + 2 * 2 * (B * T // t) * 4 + lse  # + LayerNorm mean and rstd, fp32, on the sequence slice
 
 
 def activation_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, precision: str = "bf16-mixed",
-                     sdpa: str = "flash", dp: int = 1, ac: str = "none") -> dict[str, int]:
-    """Bytes saved for backward by one forward on one device. sdpa: "flash" (a logsumexp per query) or "math" (also
-    the (a/t) x T x T attention probabilities); ac: gpt_tp.parallel.apply_ac's mode."""
+                     dp: int = 1, ac: str = "none") -> dict[str, int]:
+    """Bytes saved for backward by one forward on one device, SDPA keeping a logsumexp per query (its flash and
+    memory-efficient kernels, the only ones GPT.forward meets); ac: gpt_tp.parallel.apply_ac's mode."""
     r, m, lsm, wcopy, _ = _activation_bytes_per_element(precision, dp)
-    if sdpa not in ("flash", "math"):
-        raise PlanError(f"sdpa={sdpa!r}: use 'flash' (GPU flash / memory-efficient kernels, CPU) or 'math'")
     if ac not in sizes.AC_MODES:
         raise PlanError(f"activation checkpointing {ac!r}: use one of {', '.join(sizes.AC_MODES)} (planner --ac)")
     B, T, C, t = batch_size, seq_len, config.n_embd, tp
@@ -84,31 +80,31 @@ def activation_bytes(config: GPTConfig, batch_size: int, seq_len: int, tp: int, 
     # autocast keeps its casts of the matmul weights (t = 1) through the forward, in every AC mode; at t > 1 the
     # column- and row-parallel layers keep the float32 shards and cast them again in backward (gpt_tp.parallel.sp)
     weights = 0 if tp > 1 else sizes.numel([p for p in sizes.local_params(config, tp) if p.matmul]) * wcopy
-    return {"layers": config.n_layer * _layer_bytes(config, B, T, t, r, m, sdpa, ac), "head": head, "weight_copies": weights}
+    return {"layers": config.n_layer * _layer_bytes(config, B, T, t, r, m, ac), "head": head, "weight_copies": weights}
 
 
 def transient_bytes(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed",
-                    sdpa: str = "flash", ac: str = "none") -> int:
+                    ac: str = "none") -> int:
     """Memory alive at the peak beyond the saved activations: the larger of the loss moment and a block's backward
     (with checkpointing, the block recomputed), plus the root unit FSDP2 keeps gathered (docs/scale.md)."""
     r, m, _, _, g = _activation_bytes_per_element(precision, dp)
     at_loss = batch_size * seq_len * (config.vocab_size // tp) * m  # the logits; their float32 shift is saved
-    backward = (_layer_bytes(config, batch_size, seq_len, tp, r, m, sdpa, "none")
-                - _layer_bytes(config, batch_size, seq_len, tp, r, m, sdpa, ac))
+    backward = (_layer_bytes(config, batch_size, seq_len, tp, r, m, "none")
+                - _layer_bytes(config, batch_size, seq_len, tp, r, m, ac))
     root = 0
     if dp > 1:  # two gathered blocks, one block's gradients and their fp32 reduce-scatter copy, the root's gradients
         root = sizes.numel(sizes.root_params(config, tp)) * g
         backward += sizes.numel(sizes.block_params(config, tp)) * (2 * g + g + 4) + root
-    backward -= activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)["head"]  # freed by then
+    backward -= activation_bytes(config, batch_size, seq_len, tp, precision, dp, ac)["head"]  # freed by then
     return root + max(at_loss, backward)
 
 
 def memory_per_device(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_len: int, precision: str = "bf16-mixed",
-                      sdpa: str = "flash", overhead_gib: float = 1.5, ac: str = "none",
-                      optimizer: str = "adamw", accumulate: int = 1, device_memory_gib: float | None = None) -> Memory:
+                      overhead_gib: float = 1.5, ac: str = "none", optimizer: str = "adamw", accumulate: int = 1,
+                      device_memory_gib: float | None = None) -> Memory:
     s = sizes.state_bytes(config, dp, tp, precision_bytes(precision)[0], optimizer)
-    a = activation_bytes(config, batch_size, seq_len, tp, precision, sdpa, dp, ac)
-    transient = transient_bytes(config, dp, tp, batch_size, seq_len, precision, sdpa, ac)
+    a = activation_bytes(config, batch_size, seq_len, tp, precision, dp, ac)
+    transient = transient_bytes(config, dp, tp, batch_size, seq_len, precision, ac)
     m = Memory(s["params"], s["grads"], s["optimizer"], sum(a.values()), transient, int(overhead_gib * GIB),
                staging=s["params"] + s["optimizer"])
     held = replace(m, grads=sizes.numel(sizes.local_params(config, tp)) * precision_bytes(precision)[0], sync_once=True)

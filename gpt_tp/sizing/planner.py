@@ -4,8 +4,6 @@ four times per layer on the critical path while FSDP2 overlaps its collectives (
 
 from dataclasses import dataclass, field
 
-from gpt_tp.entry import run
-from gpt_tp.errors import UserError
 from gpt_tp.hardware import GIB
 from gpt_tp.model import GPTConfig
 from gpt_tp.ranks import Layout
@@ -42,8 +40,8 @@ class Plan:
 
 
 def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_size: int = 16, seq_len: int = 1024,
-         device_memory_gib: float | None = None, precision: str = "bf16-mixed", sdpa: str = "flash",
-         overhead_gib: float = 1.5, ac: str = "none", dp: int | str = "auto", tp: int | str = "auto", accum: int = 1,
+         device_memory_gib: float | None = None, precision: str = "bf16-mixed", overhead_gib: float = 1.5,
+         ac: str = "none", dp: int | str = "auto", tp: int | str = "auto", accum: int = 1,
          total_batch_size: int | None = None, optimizer: str = "adamw") -> Plan:
     """Each layout's memory estimate, validity and fit, and the choice (all fit when device_memory_gib is None): the
     smallest TP that fits among the layouts with the given dp and tp (a number, or "auto") whose batch_size x seq_len
@@ -69,7 +67,7 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
     shapes = {"n_head": config.n_head, "n_embd": config.n_embd, "vocab_size": config.vocab_size, "seq_len": seq_len}
 
     def layout_memory(dp: int, tp: int) -> tuple[Memory, bool]:
-        m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, sdpa, overhead_gib, ac, optimizer, accum,
+        m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, overhead_gib, ac, optimizer, accum,
                               device_memory_gib)
         return m, fits(m, device_memory_gib)
 
@@ -199,12 +197,3 @@ def refusal(p: Plan) -> str:
     """Why a plan has no choice, in one line: what `cli.py fit` with `auto` sizes and the planner command both say."""
     return (f"no data_parallel_size x tensor_parallel_size layout of {p.world_size} devices works for this run: "
             f"{p.notes[-1]} (python -m gpt_tp.cli.planner with the same arguments shows the table)")
-
-
-def main() -> None:
-    raise UserError("gpt_tp.sizing.planner is the planner's library; its command is python -m gpt_tp.cli.planner "
-                    "(e.g. --config configs/tp2.yaml, or --model gpt2-xl --devices-per-node 8; --help)")
-
-
-if __name__ == "__main__":
-    run(main)

@@ -90,15 +90,12 @@ class GPTDataModule(L.LightningDataModule):
         val_batches: batches per validation run (the same each time); 0 disables validation data.
         seed: fixes the shard order and offset of every epoch after the first.
         num_workers: DataLoader worker processes (0 = load in the training process).
-        dp_rank: data-parallel rank; None = from the trainer's strategy (its data-parallel mesh), or 0.
-        dp_size: data-parallel size; None = from the trainer's strategy, or 1.
         pin_memory: pin batches for faster host-to-GPU copies.
         prompts: what ``predict`` continues (``cli.py predict`` links its --prompt ... --seed flags here).
     """
 
     def __init__(self, data_dir: str = "data/sample", batch_size: int = 16, seq_len: int = 1024,
-                 val_batches: int = 20, seed: int = 1337, num_workers: int = 0,
-                 dp_rank: int | None = None, dp_size: int | None = None, pin_memory: bool = False,
+                 val_batches: int = 20, seed: int = 1337, num_workers: int = 0, pin_memory: bool = False,
                  prompts: Prompts | None = None):
         super().__init__()
         if val_batches < 0 or num_workers < 0:
@@ -107,7 +104,6 @@ class GPTDataModule(L.LightningDataModule):
             raise DataError(f"data.batch_size={batch_size} and data.seq_len={seq_len} must be >= 1")
         self.data_dir, self.batch_size, self.seq_len, self.val_batches = data_dir, batch_size, seq_len, val_batches
         self.seed, self.num_workers, self.pin_memory = seed, num_workers, pin_memory
-        self.dp_rank, self.dp_size = dp_rank, dp_size
         self.prompts = prompts or Prompts()
         self.train_data = self.val_data = None  # TokenBatches once set up
         self._start = 0  # global train batches consumed when the train loader last started (or from a checkpoint)
@@ -115,9 +111,7 @@ class GPTDataModule(L.LightningDataModule):
         self._yielded = 0  # batches the train loader returned since then
 
     def data_parallel(self) -> tuple[int, int]:
-        """(rank, size) of this process among data-parallel replicas (TP ranks share a rank)."""
-        if self.dp_rank is not None or self.dp_size is not None:
-            return self.dp_rank or 0, self.dp_size or 1
+        """(rank, size) of this process among data-parallel replicas (TP ranks share a rank): the trainer's layout."""
         return (layout := layout_of(getattr(self, "trainer", None))).dp_rank, layout.dp
 
     def setup(self, stage: str | None = None) -> None:

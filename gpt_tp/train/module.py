@@ -59,18 +59,15 @@ class GPTModule(L.LightningModule):
         if init_from is not None:
             self.config, hf_state = load_hf_dir(init_from, vocab_size=self.config.vocab_size)
         if init_from is not None or not isinstance(model, str):
-            # the model built (init_from's shape, vocab mask), plain for weights_only loads; export/HellaSwag use it
+            # the model built (init_from's shape, vocab mask), plain for weights_only loads; export uses it
             self.hparams["model"] = dataclasses.asdict(self.config)
         with torch.device("meta") if meta_init and hf_state is None else nullcontext():
             self.model = GPT(self.config)
         if hf_state is not None:
             self.model.load_state_dict(hf_state)
         self.step_fn: TrainStep | None = None  # the training step, made with the optimizer
-        self.run: Run | None = None  # the resolved run: cli.py's (use_run), or resolved from the trainer at setup
-
-    def use_run(self, run: Run) -> None:
-        """The run as cli.py resolved and checked it before launch: setup then resolves nothing again."""
-        self.run = run
+        # the resolved run: cli.py's, set before launch (setup then resolves nothing again), or the trainer's at setup
+        self.run: Run | None = None
 
     def setup(self, stage: str) -> None:
         """A script's GPTModule and Trainer go through cli.py's resolve and checks (once); the schedule's length is
