@@ -183,7 +183,7 @@ def test_float32_matmul_precision_is_set_at_setup():
     from gpt_tp.train.run import resolve_run
 
     module = GPTModule("tiny", float32_matmul_precision="high")
-    module.run = resolve_run(module.config, 1, 1)
+    module.use_run(resolve_run(module.config, 1, 1))
     assert torch.get_float32_matmul_precision() == "highest"
     try:
         module.setup("validate")

@@ -84,7 +84,7 @@ class GPTCLI(TrainingCLI):
         cfg, trainer, fit = self.config[self.subcommand], self.trainer, self.subcommand == "fit"
         checks.set_threads(trainer)
         checks.check_launch(trainer)
-        self.model.run = run_of(cfg, self.subcommand, self.model.config, trainer.num_devices, trainer.num_nodes)
+        self.model.use_run(run_of(cfg, self.subcommand, self.model.config, trainer.num_devices, trainer.num_nodes))
         ckpt, folders = cfg.get("ckpt_path"), checks.checkpoint_folders(trainer)
         checks.recover_saves(folders, ckpt)
         checks.check_ckpt_path(ckpt)

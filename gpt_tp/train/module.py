@@ -66,8 +66,11 @@ class GPTModule(L.LightningModule):
         if hf_state is not None:
             self.model.load_state_dict(hf_state)
         self.step_fn: TrainStep | None = None  # the training step, made with the optimizer
-        # the resolved run: cli.py's, set before launch (setup then resolves nothing again), or the trainer's at setup
-        self.run: Run | None = None
+        self.run: Run | None = None  # the resolved run: cli.py's (use_run), or resolved from the trainer at setup
+
+    def use_run(self, run: Run) -> None:
+        """The run as cli.py resolved and checked it before launch: setup then resolves nothing again."""
+        self.run = run
 
     def setup(self, stage: str) -> None:
         """A script's GPTModule and Trainer go through cli.py's resolve and checks (once); the schedule's length is

@@ -1,5 +1,5 @@
 """One run's layout, model, precision and batch, resolved and checked once: by cli.py in each process before anything
-is built (GPTModule.run), or by a script's GPTModule from its Trainer at setup."""
+is built (GPTModule.use_run), or by a script's GPTModule from its Trainer at setup."""
 
 from dataclasses import dataclass
 from functools import cached_property
