@@ -164,13 +164,63 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "real_interpreter: its processes start on the real interpreter, not the zygote")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        work_units(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- the suite on two cores (README: `-n 2`; pyproject's addopts: pytest-xdist's --dist loadgroup, no reordering) --
+# A worker takes whole work units: a test file (its module fixtures are made once), or the files whose tests share one
+# of SHARED_RUNS (a session fixture's launch, made once, by the worker that runs them all). Units go out longest first,
+# by tests/durations.json (each test's seconds, setup and teardown included), so the two workers end together.
+SHARED_RUNS = ("lightning_runs", "parity_runs", "one_node_of_4")
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def work_units(items) -> None:
+    """Mark each item with its work unit (xdist_group) and order the items by unit, the longest unit first."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            name = parent[name]
+        return name
+
+    for item in items:
+        for run in SHARED_RUNS:
+            if run in item.fixturenames:
+                parent[root(item.path.name)] = root(run)
+    seconds = read_json(DURATIONS)
+    unit = {item.nodeid: root(item.path.name) for item in items}
+    total: dict[str, float] = {}
+    for item in items:
+        total[unit[item.nodeid]] = total.get(unit[item.nodeid], 0.0) + seconds.get(item.nodeid, 1.0)
+    items.sort(key=lambda item: (-total[unit[item.nodeid]], unit[item.nodeid]))  # stable: a unit keeps its order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(unit[item.nodeid]))
+
+
+def pytest_runtest_logreport(report):
+    """GPT_TP_DURATIONS=1: add each test's seconds (its setup, call and teardown) to tests/durations.json at the end."""
+    if os.environ.get("GPT_TP_DURATIONS") == "1" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        nodeid = report.nodeid.rsplit("@", 1)[0] if report.nodeid.rfind("@") > report.nodeid.rfind("]") else report.nodeid
+        MEASURED[nodeid] = MEASURED.get(nodeid, 0.0) + report.duration
+
+
+MEASURED: dict[str, float] = {}
+
+
+def pytest_sessionfinish(session):
+    if MEASURED:
+        old = read_json(DURATIONS)
+        DURATIONS.write_text(json.dumps({**old, **{k: round(v, 1) for k, v in MEASURED.items()}}, indent=0, sort_keys=True) + "\n")
 
 
 @pytest.fixture(scope="session")
