@@ -1,3 +1,4 @@
+import functools
 import hashlib
 import json
 import os
@@ -164,10 +165,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "real_interpreter: its processes start on the real interpreter, not the zygote")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        work_units(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker collects the same list: the order WorkUnits hands it out
+        seconds, total = read_json(DURATIONS), {}
+        for item in items:
+            total[unit_of(item.nodeid)] = total.get(unit_of(item.nodeid), 0.0) + seconds.get(item.nodeid, 1.0)
+        items.sort(key=lambda item: (-total[unit_of(item.nodeid)], unit_of(item.nodeid)))  # stable: a unit keeps its order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -176,16 +179,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# ---- the suite on two cores (README: `-n 2`; pyproject's addopts: pytest-xdist's --dist loadgroup, no reordering) --
-# A worker takes whole work units: a test file (its module fixtures are made once), or the files whose tests share one
-# of SHARED_RUNS (a session fixture's launch, made once, by the worker that runs them all). Units go out longest first,
+# ---- the suite on two cores (README: `-n 2`, pytest-xdist) -------------------------------------------------------
+# A worker takes whole work units: a test file (its module fixtures are made once), or the files that name one of
+# SHARED_RUNS (a session fixture's launch, made once by the one worker that runs them all). Units go out longest first
 # by tests/durations.json (each test's seconds, setup and teardown included), so the two workers end together.
 SHARED_RUNS = ("lightning_runs", "parity_runs", "one_node_of_4")
 DURATIONS = ROOT / "tests" / "durations.json"
 
 
-def work_units(items) -> None:
-    """Mark each item with its work unit (xdist_group) and order the items by unit, the longest unit first."""
+def unit_of(nodeid: str) -> str:
+    return work_units()[nodeid.split("::")[0]]
+
+
+@functools.cache
+def work_units() -> dict[str, str]:
+    """Each test file's work unit: the file, or one shared by all files that name one of SHARED_RUNS (linked through
+    the runs they name)."""
     parent: dict[str, str] = {}
 
     def root(name: str) -> str:
@@ -193,25 +202,31 @@ def work_units(items) -> None:
             name = parent[name]
         return name
 
-    for item in items:
+    files = {f"tests/{path.name}": path.read_text() for path in sorted((ROOT / "tests").glob("test_*.py"))}
+    for file, source in files.items():
         for run in SHARED_RUNS:
-            if run in item.fixturenames:
-                parent[root(item.path.name)] = root(run)
-    seconds = read_json(DURATIONS)
-    unit = {item.nodeid: root(item.path.name) for item in items}
-    total: dict[str, float] = {}
-    for item in items:
-        total[unit[item.nodeid]] = total.get(unit[item.nodeid], 0.0) + seconds.get(item.nodeid, 1.0)
-    items.sort(key=lambda item: (-total[unit[item.nodeid]], unit[item.nodeid]))  # stable: a unit keeps its order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(unit[item.nodeid]))
+            if run in source:
+                parent[root(file)] = root(run)
+    return {file: root(file) for file in files}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scope scheduler, its scope a work unit (unit_of), the units in collection order (pyproject's
+    addopts: --dist loadscope --no-loadscope-reorder)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return WorkUnits(config, log)
 
 
 def pytest_runtest_logreport(report):
     """GPT_TP_DURATIONS=1: add each test's seconds (its setup, call and teardown) to tests/durations.json at the end."""
     if os.environ.get("GPT_TP_DURATIONS") == "1" and not os.environ.get("PYTEST_XDIST_WORKER"):
-        nodeid = report.nodeid.rsplit("@", 1)[0] if report.nodeid.rfind("@") > report.nodeid.rfind("]") else report.nodeid
-        MEASURED[nodeid] = MEASURED.get(nodeid, 0.0) + report.duration
+        MEASURED[report.nodeid] = MEASURED.get(report.nodeid, 0.0) + report.duration
 
 
 MEASURED: dict[str, float] = {}

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # the rooms, lowest first, as docs/structure.md's first block draws them: "base (gpt_tp/*.py) -> model -> ..."
 FLOORS = [r.split()[0] for r in re.search(r"```\n(.*?)```", (ROOT / "docs" / "structure.md").read_text(), re.S)[1].split("->")]
-TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2"
 
 
 def text(path: Path) -> str:
