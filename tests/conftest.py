@@ -1,3 +1,4 @@
+import ast
 import functools
 import hashlib
 import json
@@ -180,7 +181,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---- the suite on two cores (README: `-n 2`, pytest-xdist) -------------------------------------------------------
-# A worker takes whole work units: a test file (its module fixtures are made once), or the files that name one of
+# A worker takes whole work units: a test file (its module fixtures are made once), or the files that take one of
 # SHARED_RUNS (a session fixture's launch, made once by the one worker that runs them all). Units go out longest first
 # by tests/durations.json (each test's seconds, setup and teardown included), so the two workers end together.
 SHARED_RUNS = ("lightning_runs", "parity_runs", "one_node_of_4")
@@ -193,8 +194,8 @@ def unit_of(nodeid: str) -> str:
 
 @functools.cache
 def work_units() -> dict[str, str]:
-    """Each test file's work unit: the file, or one shared by all files that name one of SHARED_RUNS (linked through
-    the runs they name)."""
+    """Each test file's work unit: the file, or one shared by all files whose functions take one of SHARED_RUNS
+    (linked through the runs they take)."""
     parent: dict[str, str] = {}
 
     def root(name: str) -> str:
@@ -202,11 +203,11 @@ def work_units() -> dict[str, str]:
             name = parent[name]
         return name
 
-    files = {f"tests/{path.name}": path.read_text() for path in sorted((ROOT / "tests").glob("test_*.py"))}
-    for file, source in files.items():
-        for run in SHARED_RUNS:
-            if run in source:
-                parent[root(file)] = root(run)
+    files = {f"tests/{path.name}": ast.parse(path.read_text()) for path in sorted((ROOT / "tests").glob("test_*.py"))}
+    for file, tree in files.items():
+        taken = {a.arg for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) for a in node.args.args}
+        for run in taken.intersection(SHARED_RUNS):
+            parent[root(file)] = root(run)
     return {file: root(file) for file in files}
 
 
