@@ -1,3 +1,5 @@
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -165,12 +167,76 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker collects the same list: the order WorkUnits hands it out
+        seconds, total = read_json(DURATIONS), {}
+        for item in items:
+            total[unit_of(item.nodeid)] = total.get(unit_of(item.nodeid), 0.0) + seconds.get(item.nodeid, 1.0)
+        items.sort(key=lambda item: (-total[unit_of(item.nodeid)], unit_of(item.nodeid)))  # stable: a unit keeps its order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- the suite on two cores (README: `-n 2`, pytest-xdist) -------------------------------------------------------
+# A worker takes whole work units: a test file (its module fixtures are made once), or the files that take one of
+# SHARED_RUNS (a session fixture's launch, made once by the one worker that runs them all). Units go out longest first
+# by tests/durations.json (each test's seconds, setup and teardown included), so the two workers end together.
+SHARED_RUNS = ("lightning_runs", "parity_runs", "one_node_of_4")
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def unit_of(nodeid: str) -> str:
+    return work_units()[nodeid.split("::")[0]]
+
+
+@functools.cache
+def work_units() -> dict[str, str]:
+    """Each test file's work unit: the file, or one shared by all files whose functions take one of SHARED_RUNS
+    (linked through the runs they take)."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            name = parent[name]
+        return name
+
+    files = {f"tests/{path.name}": ast.parse(path.read_text()) for path in sorted((ROOT / "tests").glob("test_*.py"))}
+    for file, tree in files.items():
+        taken = {a.arg for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) for a in node.args.args}
+        for run in taken.intersection(SHARED_RUNS):
+            parent[root(file)] = root(run)
+    return {file: root(file) for file in files}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scope scheduler, its scope a work unit (unit_of), the units in collection order (pyproject's
+    addopts: --dist loadscope --no-loadscope-reorder)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return WorkUnits(config, log)
+
+
+def pytest_runtest_logreport(report):
+    """GPT_TP_DURATIONS=1: add each test's seconds (its setup, call and teardown) to tests/durations.json at the end."""
+    if os.environ.get("GPT_TP_DURATIONS") == "1" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        MEASURED[report.nodeid] = MEASURED.get(report.nodeid, 0.0) + report.duration
+
+
+MEASURED: dict[str, float] = {}
+
+
+def pytest_sessionfinish(session):
+    if MEASURED:
+        old = read_json(DURATIONS)
+        DURATIONS.write_text(json.dumps({**old, **{k: round(v, 1) for k, v in MEASURED.items()}}, indent=0, sort_keys=True) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # the rooms, lowest first, as docs/structure.md's first block draws them: "base (gpt_tp/*.py) -> model -> ..."
 FLOORS = [r.split()[0] for r in re.search(r"```\n(.*?)```", (ROOT / "docs" / "structure.md").read_text(), re.S)[1].split("->")]
-TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2"
 
 
 def text(path: Path) -> str:
@@ -141,3 +141,15 @@ def test_scale_md_states_modelparallels_process_group_timeout():
     assert inspect.signature(ModelParallel.__init__).parameters["timeout"].default == timedelta(minutes=30)
     row = next(line for line in text(ROOT / "docs" / "scale.md").splitlines() if line.startswith("| bound |"))
     assert row.count("(default 30 min)") == 2 and "10 min" not in row
+
+
+def test_files_sharing_a_session_run_are_one_work_unit():
+    """`-n 2`'s work units (conftest.work_units): a session run's files go to one worker, linked through the runs their
+    tests take (test_ac.py takes lightning_runs only, test_muon.py parity_runs only, test_tp_parity.py both); any other
+    file, this one too (it names them only in text), is a unit of its own."""
+    from conftest import work_units
+
+    units = work_units()
+    assert units["tests/test_ac.py"] == units["tests/test_muon.py"] == units["tests/test_tp_parity.py"] == units["tests/test_ddp.py"]
+    assert units["tests/test_multinode.py"] == units["tests/test_slurm.py"] != units["tests/test_ac.py"]
+    assert units["tests/test_docs.py"] == "tests/test_docs.py" and units["tests/test_model.py"] == "tests/test_model.py"
