@@ -99,9 +99,11 @@ def test_full_disk_during_async_write_is_one_line(tmp_path, tmpfs):
 
 
 @pytest.mark.slow
-def test_sigterm_waits_for_the_save_in_flight(tmp_path):
-    """SIGTERM to the process group while the step-3 save is being written (3 s late): the run saves the step
-    reached, waits for both writes and commits them before it leaves (exit 143), the closing line naming that step."""
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "Ctrl-C"])
+def test_sigterm_or_ctrl_c_waits_for_the_save_in_flight(tmp_path, sig, rc):
+    """SIGTERM, or Ctrl-C (SIGINT to the process group, as a terminal sends it), while the step-3 save is being
+    written (3 s late): the run saves the step reached, waits for both writes and commits them before it leaves
+    (exit 143 / 130), the closing line naming that step."""
     ck, log = tmp_path / "ck", tmp_path / "seen.jsonl"
     proc = launch("--config", checkpointing(ck), "--trainer.max_steps", "400", *ASYNC, *slow(log),
                   start_new_session=True)
@@ -110,13 +112,13 @@ def test_sigterm_waits_for_the_save_in_flight(tmp_path):
         while not (ck / "step0000003.ckpt.partial").is_dir():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
             time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGTERM)
-        rc, out = finished(proc, timeout=120)
+        os.killpg(proc.pid, sig)
+        code, out = finished(proc, timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert rc == 143, out[-3000:]
-    stop = re.search(r"gpt_tp fit: stopped by SIGTERM at step (\d+); saved checkpoints in \S+ \(last\.ckpt -> "
+    assert code == rc, out[-3000:]
+    stop = re.search(rf"gpt_tp fit: stopped by {sig.name} at step (\d+); saved checkpoints in \S+ \(last\.ckpt -> "
                      r"(step\d+\.ckpt)\); resume with --ckpt_path last", out)
     assert stop, out[-3000:]
     step = int(stop[1])
