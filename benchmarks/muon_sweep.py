@@ -27,11 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 256, "vocab_size": 50304}
 
 
-def fit_config(args, optimizer: str, lr: float, run_dir: Path, dp: int = 1) -> dict:
-    """The cli.py fit config of one run on 2 processes, DP=dp x TP=2/dp (JSON is YAML: cli.py --config reads it)."""
+def fit_config(args, optimizer: str, lr: float, run_dir: Path, dp: int = 1, spec: dict | None = None) -> dict:
+    """The cli.py fit config of one run on 2 processes, DP=dp x TP=2/dp (JSON is YAML: cli.py --config reads it);
+    spec: another Muon class's --model.optimizer (class_path, init_args) in place of gpt_tp's Muon at `lr`."""
     model = {"model": MODEL, "total_batch_size": None, "warmup_steps": args.steps // 10}
     model |= {"max_lr": lr, "min_lr": lr / 10} if optimizer == "adamw" else {
-        "optimizer": {"class_path": "gpt_tp.train.optim.Muon", "init_args": {"lr": lr}},
+        "optimizer": spec or {"class_path": "gpt_tp.train.optim.Muon", "init_args": {"lr": lr}},
         "max_lr": args.muon_adamw_lr, "min_lr": args.muon_adamw_lr / 10}
     return {
         "seed_everything": 1337,
@@ -51,11 +52,11 @@ def fit_config(args, optimizer: str, lr: float, run_dir: Path, dp: int = 1) -> d
     }
 
 
-def fit_once(args, optimizer: str, lr: float, run_dir: Path, dp: int = 1) -> dict:
+def fit_once(args, optimizer: str, lr: float, run_dir: Path, dp: int = 1, spec: dict | None = None) -> dict:
     """One `python cli.py fit` run: its val losses by step, its step times (s, by step) and their median."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / "config.yaml"
-    config.write_text(json.dumps(fit_config(args, optimizer, lr, run_dir, dp), indent=1))
+    config.write_text(json.dumps(fit_config(args, optimizer, lr, run_dir, dp, spec), indent=1))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     with (run_dir / "output.txt").open("w") as log:
         proc = subprocess.run([sys.executable, str(ROOT / "cli.py"), "fit", "--config", str(config)], cwd=ROOT,
@@ -107,19 +108,28 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser("python -m benchmarks.muon_sweep", __doc__)
-    ap.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
-    ap.add_argument("--val-every", type=int, default=30, help="validate every this many steps")
+def run_arguments(ap: ArgumentParser, steps: int, val_every: int) -> None:
+    """The flags of a sweep's runs (fit_config reads them)."""
+    ap.add_argument("--steps", type=int, default=steps, help="optimizer steps per run")
+    ap.add_argument("--val-every", type=int, default=val_every, help="validate every this many steps")
     ap.add_argument("--batch-size", type=int, default=4, help="micro-batch rows (T is 256)")
-    ap.add_argument("--adamw-lrs", type=float, nargs=3, default=[1e-3, 3e-3, 1e-2], help="AdamW's max_lr sweep")
-    ap.add_argument("--muon-lrs", type=float, nargs=3, default=[0.01, 0.02, 0.05], help="Muon's lr sweep (model.optimizer.lr)")
     ap.add_argument("--muon-adamw-lr", type=float, default=3e-3, help="max_lr of AdamW's part in the Muon runs")
-    ap.add_argument("--out", default="muon_out", help="folder for the runs' configs, logs and muon_sweep.json")
-    args = ap.parse_args(argv)
+
+
+def checked(args):
     if args.steps < 2 or args.batch_size < 1 or not 1 <= args.val_every <= args.steps:
         raise UserError(f"--steps={args.steps} (>= 2), --batch-size={args.batch_size} (>= 1), --val-every="
                         f"{args.val_every} (1..steps): out of range")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser("python -m benchmarks.muon_sweep", __doc__)
+    run_arguments(ap, steps=120, val_every=30)
+    ap.add_argument("--adamw-lrs", type=float, nargs=3, default=[1e-3, 3e-3, 1e-2], help="AdamW's max_lr sweep")
+    ap.add_argument("--muon-lrs", type=float, nargs=3, default=[0.01, 0.02, 0.05], help="Muon's lr sweep (model.optimizer.lr)")
+    ap.add_argument("--out", default="muon_out", help="folder for the runs' configs, logs and muon_sweep.json")
+    args = checked(ap.parse_args(argv))
     res = measure(args)
     Path(args.out, "muon_sweep.json").write_text(json.dumps(res, indent=1))
     print(markdown(res))
