@@ -11,7 +11,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
+
+# One thread per process: two pytest-xdist workers share the 2 cores, and a process started with the variable set as
+# the zygote's server has it is forked from it; with another value (or none) it runs the real interpreter, ~10 s more.
+# Set before torch is imported, so the workers' own torch runs one thread too. Tests of cli.py's own thread choice
+# remove it for their processes (test_cli, test_user_paths, test_io_faults).
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import torch  # noqa: E402
 
 from gpt_tp.data.tokenizer import get_encoding
 from gpt_tp.model import GPT, GPTConfig

@@ -95,6 +95,10 @@ def test_ignored_sigint_stays_ignored(client):
 
 def test_module_and_exit_codes(client):
     assert run(client, "-m", "json.tool", input='{"a": [1]}').stdout == run(REAL_PYTHON, "-m", "json.tool", input='{"a": [1]}').stdout
+    # a module the server preloaded (every gpt_tp module) runs as __main__ as in a fresh interpreter: no runpy warning
+    zy, real = (run(python, "-m", "gpt_tp.train.plot", "no/such/run") for python in (client, REAL_PYTHON))
+    assert (zy.returncode, zy.stdout, zy.stderr) == (real.returncode, real.stdout, real.stderr) == (2, "", zy.stderr)
+    assert zy.stderr.startswith("error: ") and len(zy.stderr.splitlines()) == 1, zy.stderr
     assert run(client, "-c", "import sys; sys.exit(3)").returncode == 3
     for code in ("raise SystemExit('bye')", "def f():\n    raise KeyError('x')\nf()", "import nowhere_such_module",
                  "raise KeyboardInterrupt", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"):

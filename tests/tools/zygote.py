@@ -505,6 +505,8 @@ def run_main(kind, target, rest, cwd):
     try:
         if kind == "module":
             sys.argv[:] = ["-m", *rest]
+            # preloaded here, but a fresh interpreter imports the target only as __main__ (else runpy warns)
+            sys.modules.pop(target, None)
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             sys.argv[:] = ["-c" if kind == "code" else target, *rest]
