@@ -9,7 +9,9 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc")
+# glibc and /proc; a fresh interpreter's heap (a process forked from tests/tools/zygote.py's inherits the server's)
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc"),
+              pytest.mark.real_interpreter]
 
 
 def where(policy: str, *mode: str) -> dict:

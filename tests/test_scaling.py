@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.real_interpreter  # peak RSS of fresh processes (a zygote child carries the server's preloaded pages)
 def test_runs_cli_fit_side_by_side_and_pairs_the_ratios(tmp_path):
     """TP=1 and two TP=2 variants, one pair: each ratio is the TP=2 run over the TP=1 run of the same allocator
     (@glibc), each run's step time comes from its logged tokens/s, its peak RSS from its processes, and the
