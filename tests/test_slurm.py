@@ -57,6 +57,9 @@ def _submit(slurm: LocalSlurm, work: Path, *args: str, env: dict | None = None, 
     return out.stdout.strip().split(";")[0]
 
 
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
 def _wait_state(slurm, job_id, states, timeout):
     return wait_for(lambda: (j := slurm.job(job_id))["JobState"] in states and j, timeout, f"job {job_id} in {states}", 1)
 
@@ -85,7 +88,7 @@ def test_sbatch_trains_with_slurm_ranks_and_preemption_requeues_and_resumes(slur
     log_path = tmp_path / f"slurm-gpt_tp_cpu-{job}.out"
     wait_for(lambda: log_path.exists() and "[gpt_tp] rank 0: step 3" in log_path.read_text(), 300, "step 3 of the job")
     slurm.run("scancel", "--signal=USR1", job)
-    info = _wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 420)
+    info = _wait_state(slurm, job, ENDED, 420)
     log = log_path.read_text()
     assert info["JobState"] == "COMPLETED", log[-6000:]
     assert int(info.get("Restarts", "0")) == 1, info
@@ -127,7 +130,8 @@ def test_sigterm_saves_at_a_step_and_ends(slurm, tmp_path, how):
         slurm.run("scancel", job)
     else:
         slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=1")
-    wait_for(lambda: slurm.job(job)["JobState"] not in ("RUNNING", "COMPLETING"), 120, f"job {job} to end")
+    # an end state, not merely "not RUNNING": the --signal=URG@1 warning shows the job as SIGNALING while it runs on
+    _wait_state(slurm, job, ENDED, 180)
     wait_for(lambda: slurm.run("squeue", "-h", "-t", "CG", "-j", job, check=False).stdout.strip() == "", 60, "the tasks to end")
     log = log_path.read_text()
     info = slurm.job(job)
@@ -158,7 +162,7 @@ def test_two_nodes_under_sbatch(slurm_two_nodes, tmp_path, one_node_of_4):
     job = slurm.run("sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", f"--chdir={tmp_path}",
                     f"--export={exports}", "--output=slurm-%j.out", "--wrap",
                     f"srun --kill-on-bad-exit=1 --cpus-per-task=1 {worker}").stdout.strip().split(";")[0]
-    info = _wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}, 300)
+    info = _wait_state(slurm, job, ENDED, 300)
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["NodeList"] == "n[1-2]", (info, log[-6000:])
     two = read_json(tmp_path / "two.json")
