@@ -172,3 +172,13 @@ def test_the_environment_read_on_import(client):
     for env in ({"RANK": "3", "LOCAL_RANK": "1"}, {}):
         env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}, **env}
         assert run(client, "-c", code, env=env).stdout == run(REAL_PYTHON, "-c", code, env=env).stdout, env
+
+
+def test_the_thread_count_is_a_fresh_processs(client):
+    """OMP_NUM_THREADS is read by libgomp and torch at start, not by Python. Unset, the served child runs the intra-op
+    thread count a fresh process has (the server runs 1); another count (torch caps it by the cores): the real one."""
+    code = "import sys; served = 'torch' in sys.modules; import torch; print(served, torch.get_num_threads())"
+    unset = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    zy, real = (run(python, "-c", code, env=unset).stdout.split() for python in (client, REAL_PYTHON))
+    assert zy[0] == "True" and real[0] == "False" and zy[1] == real[1], (zy, real)
+    assert run(client, "-c", code, env={**unset, "OMP_NUM_THREADS": "3"}).stdout.split()[0] == "False"

@@ -196,7 +196,15 @@ class Server:
     def __init__(self, sock_path):
         import warnings
 
+        import subprocess
+
         self.start_env = dict(os.environ)
+        # torch's thread count in a fresh process without OMP_NUM_THREADS, measured beside the imports: a client without
+        # the variable is served, its child setting that count (threads_of)
+        unset = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        probe = subprocess.Popen([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=unset,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.start_affinity = sorted(os.sched_getaffinity(0))
         inherited = _open_fds()
         pythonpath = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         self.base_path = [p for p in sys.path[1:] if p not in pythonpath]
@@ -206,6 +214,8 @@ class Server:
         self.sock.bind(sock_path)
         self.sock.listen(256)
         self.preload()
+        out = probe.communicate()[0].strip()
+        self.default_threads = int(out) if probe.returncode == 0 and out.isdigit() else None
         import gc
 
         gc.collect()
@@ -332,6 +342,8 @@ class Server:
         for k in set(env) | set(self.start_env):
             if env.get(k) == self.start_env.get(k) or k.startswith(HANDLED_ENV) or k in RANK_ENV + CALL_TIME_ENV:
                 continue
+            if k == "OMP_NUM_THREADS" and self.threads_of(request) is not None:
+                continue
             if (k.startswith(STARTUP_ENV) and not (ignore_env and k.startswith("PYTHON"))) or k in self.read_env:
                 return f"{k} differs from the server's"
         for d in child_path(request, parsed):
@@ -349,6 +361,14 @@ class Server:
                 if os.path.exists(p) and os.path.realpath(p) != os.path.realpath(file):
                     return f"{p} shadows the preloaded {top}"
         return None
+
+    def threads_of(self, request):
+        """torch's intra-op thread count in a fresh process the client starts without OMP_NUM_THREADS: the count
+        measured at start, on the server's CPUs only (torch derives it from the cores and caps a set value by them,
+        so another value is not mirrored); None where it is not known."""
+        if "OMP_NUM_THREADS" in request["env"] or request["affinity"] != self.start_affinity:
+            return None
+        return self.default_threads
 
     def client_gone(self, fd):
         """A client closed its connection (it died): its child dies the same way."""
@@ -467,6 +487,11 @@ def become(server, request):
         warnings._processoptions(sys.warnoptions)
         warnings.filters[:0] = server.import_filters
         warnings._filters_mutated()
+    import torch
+
+    threads = server.threads_of(request)
+    if threads is not None and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)  # as torch sets it at start without OMP_NUM_THREADS (the server's is 1)
     from lightning_utilities.core.rank_zero import rank_zero_only
 
     # as lightning.fabric.utilities.rank_zero sets it on import
