@@ -40,8 +40,8 @@ def tmpfs(tmp_path):
 
 
 def fit(tmp_path, dirpath, *args, logs=None, checkpoints="lightning.pytorch.callbacks.ModelCheckpoint", **kwargs):
-    """configs/cpu.yaml at TP=2 for 9 steps, a checkpoint every 3 into dirpath (2 kept, last.ckpt a link), metrics
-    into `logs` (default tmp_path/logs) through gpt_tp's HeldCSVLogger."""
+    """configs/cpu.yaml at TP=2 for 9 steps of 2 sequences, a checkpoint every 3 into dirpath (2 kept, last.ckpt a
+    link), metrics into `logs` (default tmp_path/logs) through gpt_tp's HeldCSVLogger."""
     (tmp_path / "run.yaml").write_text(f"""
 trainer:
   max_steps: 9
@@ -56,6 +56,9 @@ trainer:
                 save_top_k: 2, monitor: step, mode: max, save_last: link}}
 data:
   val_batches: 2
+  batch_size: 2   # 256-token steps: what these tests show is the I/O, not the batch
+model:
+  total_batch_size: 256
 """)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("OMP_NUM_THREADS", None)

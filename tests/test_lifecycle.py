@@ -28,13 +28,14 @@ from gpt_tp.errors import UserError
 
 
 def checkpointing(dirpath: Path, *, every: int = 3) -> str:
-    """A config file (JSON is YAML) replacing configs/cpu.yaml's callbacks: its ModelCheckpoint into dirpath only."""
+    """A config file (JSON is YAML) replacing configs/cpu.yaml's callbacks: its ModelCheckpoint into dirpath only; steps
+    of 2 sequences (what these tests show is the run's lifecycle, not the batch)."""
     path = dirpath.parent / f"{dirpath.name}.yaml"
     path.write_text(f"""{{"trainer": {{"logger": false, "enable_progress_bar": false, "callbacks": [
         {{"class_path": "gpt_tp.checkpoint.AtomicModelCheckpoint", "init_args": {{"dirpath": "{dirpath}",
           "filename": "step{{step:07d}}", "auto_insert_metric_name": false, "every_n_train_steps": {every},
           "save_top_k": 2, "monitor": "step", "mode": "max", "save_last": "link"}}}}]}},
-        "data": {{"val_batches": 0}}}}""")
+        "data": {{"val_batches": 0, "batch_size": 2}}, "model": {{"total_batch_size": 256}}}}""")
     return str(path)
 
 

@@ -66,7 +66,8 @@ def test_hugging_face_fine_tune_resume_export_hellaswag(tmp_path):
                 "dirpath": str(ckpt), "filename": "step{step:04d}", "auto_insert_metric_name": False,
                 "every_n_train_steps": 4, "save_top_k": -1, "save_last": "link"}}],
         },
-        "model": {"warmup_steps": 4},
+        "model": {"warmup_steps": 4, "total_batch_size": 256},
+        "data": {"batch_size": 2},  # 256-token steps: what this test shows is the path, not the batch
     }))
     fit = ("cli.py", "fit", "--config", "configs/cpu.yaml", "--config", str(tmp_path / "run.yaml"))
     first_run = run(*fit, "--trainer.max_steps", "4", "--model.init_from", str(hf_dir))
