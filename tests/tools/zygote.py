@@ -12,7 +12,8 @@ and exits as the child did (killed by signal N: it kills itself with N). The ser
 dies and stops/continues it with the client. Anything the zygote cannot reproduce exactly runs the real interpreter
 instead (os.execv): an unknown interpreter flag, a client in another session than the server (a test that starts its
 process in a new session needs real process groups), an environment variable read at interpreter or library start
-that differs from the server's, a path entry that would shadow a preloaded module, GPT_TP_NO_ZYGOTE=1, or no server.
+that differs from the server's (but for OMP_NUM_THREADS unset: the child takes torch's default thread count), a path
+entry that would shadow a preloaded module, GPT_TP_NO_ZYGOTE=1, or no server.
 
     python tests/tools/zygote.py /tmp/z.sock &       # the server
     python tests/tools/zygote.py --client /tmp/z.sock /tmp/python   # writes the client
