@@ -15,7 +15,8 @@ import pytest
 # One thread per process: two pytest-xdist workers share the 2 cores. The zygote's server runs with this value; a process
 # started with it, or without the variable (its child takes torch's default count), is forked from the server; with
 # another value it runs the real interpreter, ~10 s more. Set before torch is imported, so the workers' own torch runs
-# one thread too. Tests of what users run remove it for their processes (test_cli, test_user_paths, test_io_faults).
+# one thread too. Tests of what users run remove it for their processes (test_cli, test_user_paths, test_io_faults,
+# test_bad_inputs).
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import torch  # noqa: E402

@@ -174,7 +174,7 @@ def test_the_environment_read_on_import(client):
         assert run(client, "-c", code, env=env).stdout == run(REAL_PYTHON, "-c", code, env=env).stdout, env
 
 
-def test_the_thread_count_is_a_fresh_processs(client):
+def test_the_thread_count_is_that_of_a_fresh_process(client):
     """OMP_NUM_THREADS is read by libgomp and torch at start, not by Python. Unset, the served child runs the intra-op
     thread count a fresh process has (the server runs 1); another count (torch caps it by the cores): the real one."""
     code = "import sys; served = 'torch' in sys.modules; import torch; print(served, torch.get_num_threads())"

@@ -195,9 +195,8 @@ def write_client(sock_path, path, real=sys.executable):
 # ---- server ------------------------------------------------------------------------------------------------------------
 class Server:
     def __init__(self, sock_path):
-        import warnings
-
         import subprocess
+        import warnings
 
         self.start_env = dict(os.environ)
         # torch's thread count in a fresh process without OMP_NUM_THREADS, measured beside the imports: a client without
