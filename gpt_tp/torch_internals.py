@@ -1,6 +1,6 @@
 """The one place gpt_tp uses torch internals (no public API does their job), checked on the versions in CHECKED by
 tests/test_torch_internals.py: sequence parallelism's functional collectives (traced by torch.compile), --simulate's
-fake tensors, dispatch mode and memory trackers."""
+fake tensors, dispatch mode and memory trackers, the CPU's bf16 matmul hardware."""
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
@@ -30,3 +30,9 @@ def shard_slices(p, rank: int) -> tuple[slice, ...]:
         coordinate = (p.device_mesh.mesh == rank).nonzero()[0].tolist()
         shape, offset = _compute_local_shape_and_global_offset(p.shape, p.device_mesh.shape, coordinate, p.placements)
     return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+
+
+def cpu_bf16_matmul_is_native() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX512-BF16): there a bf16 matmul is faster
+    than a float32 one; elsewhere torch emulates it, many times slower (docs/performance.md, "Muon")."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()

@@ -2,8 +2,11 @@
 here, by name, before it breaks sequence parallelism or --simulate."""
 
 import inspect
+import platform
 from contextlib import contextmanager
+from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -120,3 +123,13 @@ def test_shard_slices_tile_the_tensor_by_dtensors_own_arithmetic():
                 count[rows, cols] += 1
             assert count.eq(1).all(), (placements, blocks)
             assert tuple(s.stop - s.start for s in blocks[3]) == tuple(p.to_local().shape), (placements, blocks)
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists() or platform.machine() != "x86_64", reason="reads x86 flags")
+def test_native_bf16_matmul_is_what_the_cpu_flags_say():
+    """cpu_bf16_matmul_is_native (ShardedMuon's choice of Newton-Schulz's matmul dtype on CPU) is true exactly where
+    the kernel lists AMX's bf16 tiles or AVX512-BF16 for this CPU."""
+    from gpt_tp.torch_internals import cpu_bf16_matmul_is_native
+
+    flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split())
+    assert cpu_bf16_matmul_is_native() is bool(flags & {"amx_bf16", "avx512_bf16"})

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
 from gpt_tp.sizing.sizes import muon_costs, muon_owners, muon_scheme
-from gpt_tp.torch_internals import shard_slices
+from gpt_tp.torch_internals import cpu_bf16_matmul_is_native, shard_slices
 
 _MUON = inspect.signature(torch.optim.Muon).parameters
 NS_COEFFICIENTS, NS_STEPS, NS_EPS = (_MUON[k].default for k in ("ns_coefficients", "ns_steps", "eps"))
@@ -92,8 +92,8 @@ def newton_schulz(xs: list[torch.Tensor], keys: list, dtype: torch.dtype, mm: to
     ||X||_F and each iteration's Gram X X^T = sum_r X_r X_r^T are summed over each matrix's ranks (`keys`, None:
     not split) in float32, one all-reduce per key; B = b A + c A A is then the same on every rank, and
     X_r <- a X_r + B X_r is local. mm None: unsplit matrices run exactly torch's bf16 arithmetic; else the products
-    run in mm (float32 on CPUs, whose bf16 matmuls are ~20x slower), each rounded to dtype as a bf16 matmul's float32
-    sums are (bf16 products are exact in float32; the order of the sums may differ)."""
+    run in mm (float32 on CPUs that emulate bf16 matmuls, many times slower), each rounded to dtype as a bf16 matmul's
+    float32 sums are (bf16 products are exact in float32; the order of the sums may differ)."""
     a, b, c = NS_COEFFICIENTS
     mm = mm or dtype
     xs = [x.to(dtype, copy=True) for x in xs]
@@ -128,8 +128,9 @@ class ShardedMuon(torch.optim.AdamW):
         self.layouts = {p: _Layout(p, torch.finfo(ns_dtype).bits // 8, scheme) for p in matrices}
         owned = [p for p in matrices if self.layouts[p].scheme == "owner"]
         self.owners = dict(zip(owned, muon_owners([p.numel() for p in owned], dist.get_world_size()))) if owned else {}
-        cpu = any(p.device.type == "cpu" for p in matrices) and ns_dtype == torch.bfloat16
-        self.mm = torch.float32 if cpu and any(lay.scheme != "local" for lay in self.layouts.values()) else None
+        cpu = any(p.device.type == "cpu" for p in matrices)
+        emulated = ns_dtype == torch.bfloat16 and cpu and not cpu_bf16_matmul_is_native()
+        self.mm = torch.float32 if emulated and any(lay.scheme != "local" for lay in self.layouts.values()) else None
 
     def describe(self, names: dict) -> str:
         """The run's line about Muon (names: parameter -> name): each kind of matrix's scheme, the bytes the busiest
