@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,6 +46,11 @@ def start_zygote(folder: Path) -> tuple[subprocess.Popen, str]:
                               stderr=subprocess.STDOUT,
                               env={**{k: v for k, v in os.environ.items() if k != "GPT_TP_NO_ZYGOTE"}, "OMP_NUM_THREADS": "1"})
     log.close()
+    # it listens within a second, before its imports: with the socket there, the first test's clients wait for the
+    # imports instead of starting the real interpreter
+    deadline = time.monotonic() + 60
+    while not sock.exists() and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     sys.path.insert(0, str(TOOLS))
     from zygote import write_client
 

@@ -132,6 +132,7 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.real_interpreter  # it finds the ranks with ps --ppid and pgrep -s, which see a zygote child's client only
 @pytest.mark.parametrize("launch, target", [("lightning", "group"), ("lightning", "rank0"), ("lightning", "rank1"),
                                             ("torchrun", "group")])
 def test_sigterm_saves_the_step_reached_and_stops_every_rank(tmp_path, launch, target):
@@ -209,6 +210,7 @@ def test_ctrl_c_saves_the_step_reached_and_a_second_one_keeps_the_checkpoints(tm
 
 
 @pytest.mark.slow
+@pytest.mark.real_interpreter  # it finds rank 1 with ps --ppid
 def test_a_rank_killed_leaves_one_line_naming_it(tmp_path):
     """SIGKILL to rank 1 (a kill -9, the kernel's OOM killer) after the step-3 save: rank 0's next collective fails, and
     instead of gloo's traceback it prints one line naming rank 1 and how it ended, and exits with code 75."""

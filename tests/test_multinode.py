@@ -58,6 +58,7 @@ def test_two_nodes_tp_inside_dp_across(tmp_path, one_node_of_4):
 
 
 @pytest.mark.slow
+@pytest.mark.real_interpreter  # it counts node 1's processes with pgrep -s, which sees a zygote child's client only
 def test_cli_node_started_first_waits_for_node_0():
     """`cli.py fit` on 2 "nodes" of 2 processes through Lightning's launcher (no Slurm, no torchrun), node 0 started
     35 s after node 1 has spawned its second process (past gpt_tp.cli.checks' 30 s rendezvous probe): node 1 waits in

@@ -1,6 +1,7 @@
 """tests/tools/zygote.py: a process started through the preloaded server behaves as one of the real interpreter: the
 same state at start (argv, sys.path, environment, working directory, signal dispositions, standard streams), exit
-codes, tracebacks, death by signal, forwarded signals, stops; outside the server's session it is the real one."""
+codes, tracebacks, death by signal, forwarded signals, stops; outside the server's session it leads a session of its
+own and signals to the client's process group reach it and the processes it started."""
 
 import json
 import os
@@ -149,10 +150,45 @@ def test_a_killed_or_stopped_client_kills_or_stops_its_child(client, tmp_path):
     assert wait(lambda: state() is None)
 
 
-def test_another_session_or_the_switch_runs_the_real_interpreter(client):
+SESSION = r"""
+import os, signal, subprocess, sys, time
+name = sys.argv[1]
+signal.signal(signal.SIGTERM, lambda *a: (os.write(1, f"{name} SIGTERM\n".encode()), os._exit(3)))  # one write
+print(name, "leads its session" if os.getsid(0) == os.getpid() else "in its parent's session",
+      "preloaded" if "torch" in sys.modules else "fresh", flush=True)
+if name == "child":
+    subprocess.Popen([sys.executable, __file__, "grandchild"])
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("interpreter", ["served", "real"])
+def test_another_session_gets_a_session_of_its_own_and_its_group_signals(client, tmp_path, interpreter):
+    """A client started in a new session (start_new_session, torchrun's workers, Slurm's tasks) is served: its child
+    leads a session of its own, as does the child of a process that child starts. SIGTERM to the client's process
+    group reaches both, as it does on the real interpreter (GPT_TP_NO_ZYGOTE=1), where the grandchild stays in the
+    child's session; the client exits as the child did."""
+    script = tmp_path / "session.py"
+    script.write_text(SESSION)
+    env = {**os.environ, **({"GPT_TP_NO_ZYGOTE": "1"} if interpreter == "real" else {})}
+    proc = subprocess.Popen([client, str(script), "child"], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        lines = [proc.stdout.readline().strip() for _ in range(2)]
+        os.killpg(proc.pid, signal.SIGTERM)
+        rest = proc.stdout.read().split("\n")  # until the grandchild, which holds the pipe too, has ended
+        assert proc.wait(timeout=60) == 3
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    how = "preloaded" if interpreter == "served" else "fresh"
+    assert lines == ["child leads its session " + how,
+                     "grandchild " + ("leads its session " if interpreter == "served" else "in its parent's session ") + how]
+    assert sorted(filter(None, rest)) == ["child SIGTERM", "grandchild SIGTERM"]
+
+
+def test_the_switch_runs_the_real_interpreter(client):
     code = "import os, sys; print(os.getpid(), 'torch' in sys.modules)"
-    proc = subprocess.Popen([client, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.communicate(timeout=120)[0] == f"{proc.pid} False\n"
     proc = subprocess.Popen([client, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "GPT_TP_NO_ZYGOTE": "1"})
     assert proc.communicate(timeout=120)[0] == f"{proc.pid} False\n"
     served = run(client, "-c", code)
@@ -162,12 +198,22 @@ def test_another_session_or_the_switch_runs_the_real_interpreter(client):
         assert unknown.stdout == ("1 {} False\n" if flag == "-I" else "0 {'faulthandler': True} False\n")
 
 
+def test_a_sitecustomize_on_the_path_runs_the_real_interpreter(client, tmp_path):
+    """site imports a sitecustomize found on sys.path at start, which the server's child would not: the real one."""
+    (tmp_path / "sitecustomize.py").write_text("print('site ran')\n")
+    code, env = "import sys; print(len(sys.modules) > 1000)", {**os.environ, "PYTHONPATH": str(tmp_path)}
+    assert run(client, "-c", code, env=env).stdout == run(REAL_PYTHON, "-c", code, env=env).stdout == "site ran\nFalse\n"
+
+
 def test_the_environment_read_on_import(client):
-    """A variable a preloaded module read on import, changed: the real interpreter; one it did not read: served;
+    """A variable a preloaded module read on import, changed: the real interpreter; one it did not read, or read only
+    in a scan of the whole environment (fsspec's for FSSPEC_*): served;
     Lightning's rank for rank_zero_only, read from RANK/LOCAL_RANK on import: as a fresh process has it."""
     code = "import sys; print(len(sys.modules) > 1000)"
     assert run(client, "-c", code, env={**os.environ, "HF_HUB_OFFLINE": "1"}).stdout == "False\n"
     assert run(client, "-c", code, env={**os.environ, "PL_GLOBAL_SEED": "3"}).stdout == "True\n"
+    if "PYTEST_XDIST_WORKER" in os.environ:  # in the server's environment, read on import only by scans of all of it
+        assert run(client, "-c", code, env={**os.environ, "PYTEST_XDIST_WORKER": "other"}).stdout == "True\n"
     code = "import lightning.pytorch; from lightning_utilities.core.rank_zero import rank_zero_only; print(rank_zero_only.rank)"
     for env in ({"RANK": "3", "LOCAL_RANK": "1"}, {}):
         env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}, **env}

@@ -8,12 +8,15 @@ For each it forks; the child takes on that state and runs the script, `-m` modul
 
 The client (write_client: an executable whose shebang is the real interpreter with -S) forwards its argv, environment,
 working directory and file descriptors, forwards SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 and SIGQUIT to the child,
-and exits as the child did (killed by signal N: it kills itself with N). The server kills the child when the client
-dies and stops/continues it with the client. Anything the zygote cannot reproduce exactly runs the real interpreter
-instead (os.execv): an unknown interpreter flag, a client in another session than the server (a test that starts its
-process in a new session needs real process groups), an environment variable read at interpreter or library start
-that differs from the server's (but for OMP_NUM_THREADS unset: the child takes torch's default thread count), a path
-entry that would shadow a preloaded module, GPT_TP_NO_ZYGOTE=1, or no server.
+and exits as the child did (killed by signal N: it kills itself with N). A client in another session than the
+server's gets a child that leads a session of its own, and forwards signals to the child's process group: a signal
+sent to the client's group reaches every process of the child's group, one sent to the client alone does too, and
+`ps --ppid`/`pgrep -s` on the client find none of them (a test that looks there is marked real_interpreter). The
+server kills the child when the client dies and stops/continues it with the client. Anything the zygote cannot
+reproduce exactly runs the real interpreter instead (os.execv): an unknown interpreter flag, an environment variable
+read at interpreter or library start that differs from the server's (but for OMP_NUM_THREADS unset: the child takes
+torch's default thread count), a path entry that would shadow a preloaded module or holds a sitecustomize,
+GPT_TP_NO_ZYGOTE=1, or no server.
 
     python tests/tools/zygote.py /tmp/z.sock &       # the server
     python tests/tools/zygote.py --client /tmp/z.sock /tmp/python   # writes the client
@@ -32,7 +35,7 @@ FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
 # modules read on import, which the server records): a client whose value differs from the server's runs the real
 # interpreter. HANDLED_ENV: what the child sets up from the client's values.
 STARTUP_ENV = ("LD_", "MALLOC_", "GLIBC_", "PYTHON", "LC_", "LANG", "TORCH", "PYTORCH", "KMP_", "MKL_", "OMP_", "GOMP_",
-               "OPENBLAS_", "CUDA", "NCCL_", "TQDM_")
+               "OPENBLAS_", "CUDA", "NCCL_", "TQDM_", "FSSPEC_")
 HANDLED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "TORCHELASTIC_", "TORCH_NCCL_",
                "TMPDIR", "TEMP", "TMP")
 # read during the imports by calls whose result nothing keeps: argparse's help width, torch.testing's skip conditions
@@ -116,11 +119,10 @@ def client(sock_path, real, server_sid):
     parsed = parse_flags(args)
     if parsed is None:
         real_python("flags")
-    # torchrun starts each worker as the leader of a session of its own and ends it with killpg: such a client's child
-    # leads a session of its own too, and the client's signals go to the child's process group
-    session = os.getsid(0) == os.getpid() and "TORCHELASTIC_RUN_ID" in os.environ
-    if os.getsid(0) != server_sid and not session:
-        real_python("another session")
+    # a client in another session than the server's (started with start_new_session, by torchrun or by Slurm, or a
+    # child of such a client's child): the child cannot join that session's process group, so it leads a session of
+    # its own, and the client's signals go to the child's process group, where the child's own clients get them
+    session = os.getsid(0) != server_sid
     forwarded = [getattr(signal, s) for s in FORWARDED]
     # a signal that arrives before the child's pid is known waits, then goes to the child
     signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
@@ -229,26 +231,28 @@ class Server:
         self.conns = {}  # connection fd -> child pid
 
     def preload(self):
-        """Import what the suite's processes use, recording the environment variables read meanwhile."""
-        environ, self.read_env = os.environ, set()
+        """Import what the suite's processes use, recording the environment variables read meanwhile by name, not
+        those only a scan of the whole environment read (fsspec's `dict(os.environ)` looking for FSSPEC_*, tqdm's
+        for TQDM_*: prefixes in STARTUP_ENV). A scan reads every variable once, so a variable read no more often than
+        the least read one was read by the scans alone."""
+        environ, reads, present = os.environ, {}, set(os.environ)  # (set during the imports: not by every scan)
 
         class Recording(type(os.environ)):
             def __getitem__(env, key):
-                self.read_env.add(key)
+                reads[key] = reads.get(key, 0) + 1
                 return super().__getitem__(key)
 
             def __contains__(env, key):
-                self.read_env.add(key)
+                reads[key] = reads.get(key, 0) + 1
                 return super().__contains__(key)
-
-            def items(env):  # a scan for a prefix (tqdm's TQDM_*): STARTUP_ENV lists it
-                return [(k, environ[k]) for k in environ]
 
         os.environ = Recording(environ._data, environ.encodekey, environ.decodekey, environ.encodevalue, environ.decodevalue)
         try:
             self.import_modules()
         finally:
             os.environ = environ
+        scans = min((reads.get(k, 0) for k in present), default=0)
+        self.read_env = {k for k, n in reads.items() if k not in present or n > scans}
 
     def import_modules(self):
         import importlib
@@ -353,6 +357,8 @@ class Server:
                 continue
             for name in names:
                 top = name[:-3] if name.endswith(".py") else name.partition(".")[0]
+                if top in ("sitecustomize", "usercustomize") and top not in self.modules:
+                    return f"{os.path.join(d or request['cwd'], name)} runs at start"  # site imports it
                 file = self.modules.get(top)
                 if not file:
                     continue
