@@ -5,7 +5,7 @@ the peak of the memory allocated on the rank during one micro-batch of training.
 The peak: the bytes of every tensor alive before a micro-batch (parameters, gradients of the micro-batch before it,
 as under gradient accumulation, AdamW state, the batch), plus the largest rise above that during the micro-batch's
 forward and backward, summed from the allocation and free records of the torch profiler (profile_memory); the least
-such peak of three micro-batches.
+such peak of six micro-batches.
 
 Run under torchrun with nproc = dp * tp: one --case DP,TP,PRECISION,AC, or several whose DP x TP are all the number of
 processes, measured one after another (what a case made is freed before the next; the meshes of the cases before
@@ -104,15 +104,15 @@ def measure(mesh, dp: int, tp: int, precision: str, ac: str, layers: int, n_embd
         states = measure_state_bytes(model, opt)
         opt.zero_grad(set_to_none=True)
         peaks = []
-        for window in ("first", "peak1", "peak2", "peak3"):  # micro-batches of one accumulation: all but the first
-            before = alive_bytes(model)                       # see the gradients of the ones before
+        for window in ("first", *(f"peak{i}" for i in range(1, 7))):  # micro-batches of one accumulation: all but the
+            before = alive_bytes(model)                                    # first see the gradients of the ones before
             peaks.append((before, window))
             with record_function(window):
                 with cast:
                     loss = cross_entropy(model(x), y)
                 loss.backward()
                 del loss
-    # the least of three micro-batches: a free on one of gloo's threads goes unrecorded and only ever adds
+    # the least of six micro-batches: a free on one of gloo's threads goes unrecorded and only ever adds
     peak = min(before + rise_in(prof, window) for before, window in peaks[1:])
 
     planned_act = memory.activation_bytes(config, B, T, tp, precision, dp=dp, ac=ac)
