@@ -235,7 +235,7 @@ class Server:
         those only a scan of the whole environment read (fsspec's `dict(os.environ)` looking for FSSPEC_*, tqdm's
         for TQDM_*: prefixes in STARTUP_ENV). A scan reads every variable once, so a variable read no more often than
         the least read one was read by the scans alone."""
-        environ, reads, present = os.environ, {}, set(os.environ)  # (set during the imports: not by every scan)
+        environ, reads, present = os.environ, {}, set(os.environ)  # a variable set during the imports misses scans
 
         class Recording(type(os.environ)):
             def __getitem__(env, key):
