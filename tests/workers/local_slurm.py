@@ -6,6 +6,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -135,4 +136,9 @@ def skip_reason() -> str | None:
         return f"Slurm is not installed ({', '.join(missing)} missing): {APT}"
     if os.geteuid() != 0:
         return "the local Slurm runs its daemons as root (SlurmUser=root) and munged as the munge user: run as root"
+    # the cluster's folder is made in the temp folder (pytest's tmp root is private to root), where munged, running as
+    # the munge user, must reach its key: a private TMPDIR (e.g. mode 0700) keeps it out
+    tmp = tempfile.gettempdir()
+    if subprocess.run(["runuser", "-u", "munge", "--", "test", "-x", tmp], capture_output=True).returncode:
+        return f"the munge user cannot reach the temp folder {tmp}: set TMPDIR to a folder others can enter"
     return None
