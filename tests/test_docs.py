@@ -125,6 +125,16 @@ def test_imports_go_only_downward():
     assert wrong == []
 
 
+def test_files_and_rooms_stay_small():
+    """No file of the package over 350 lines, no room over 30% of it (docs/structure.md): a room that grows past
+    that holds two jobs."""
+    lines = {p: len(text(p).splitlines()) for p in (ROOT / "gpt_tp").rglob("*.py")}
+    assert {str(p.relative_to(ROOT)): n for p, n in lines.items() if n > 350} == {}
+    total = sum(lines.values())
+    rooms = {r: sum(n for p, n in lines.items() if p.parent.name == r) for r in FLOORS[1:]}
+    assert {r: f"{n / total:.0%}" for r, n in rooms.items() if n > 0.30 * total} == {}
+
+
 def test_benchmarks_stand_beside_the_package():
     """benchmarks/ uses the package (and its own modules); the package is importable without it."""
     used = {name.split(".")[0] for path in (ROOT / "benchmarks").glob("*.py") for name in imports(path)}
