@@ -40,7 +40,7 @@ from gpt_tp.errors import UserError
 from gpt_tp.model import MLP
 from gpt_tp.parallel import TP_PLAN, SequenceReplicated
 from gpt_tp.parallel.sp import (
-    LocalStyle, RowwiseLinear, VocabParallelEmbedding, _local, all_gather_rows, autocast_dtype_of, cast_for_matmul,
+    LocalStyle, RowwiseLinear, VocabParallelEmbedding, _local, all_gather_rows, cast_for_matmul,
     colwise, reduce_scatter_rows, to_sequence_order, to_token_major,
 )
 
@@ -246,8 +246,8 @@ class ChunkedMLPForward(MLP):
         B, t, C = x.shape
         params = [self.c_fc.weight.to_local(), self.c_fc.bias.to_local(), self.c_proj.weight.to_local(),
                   self.c_proj.bias.to_local()]
-        dtype = autocast_dtype_of(x)
-        if dtype is not None:  # run the chunks in the autocast dtype, as the matmuls would
+        if torch.is_autocast_enabled(x.device.type):  # run the chunks in the autocast dtype, as the matmuls would
+            dtype = torch.get_autocast_dtype(x.device.type)
             x, params = x.to(dtype), [p.to(dtype) for p in params]
         with torch.autocast(x.device.type, enabled=False):
             y = _ChunkedMLP.apply(x.reshape(B * t, C), *params, self.chunks, self.group)  # (B t, C)

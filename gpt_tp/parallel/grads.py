@@ -7,23 +7,22 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from gpt_tp.parallel.plan import is_sequence_partial
+from gpt_tp.parallel.plan import SEQUENCE_PARTIAL
 
 
 @torch.no_grad()
-def sync_grads(model: nn.Module) -> int:
+def sync_grads(model: nn.Module) -> None:
     """The step's gradient sync: sum the sequence-partial gradients (SequenceReplicated: LayerNorms, wpe) over TP in
     one flat all-reduce, in place. Run once per optimizer step, right after the last micro-batch's backward (and, at
     DP > 1, FSDP2's reduce-scatter, so each rank sums only its DP shard): from then on every gradient is the model's
-    true one, as its Replicate placement says. A second run would add the sums again. Returns the number reduced."""
-    params = [p for m in model.modules() if is_sequence_partial(m) for p in m.parameters(recurse=False)]
+    true one, as its Replicate placement says. A second run would add the sums again."""
+    params = [p for m in model.modules() if isinstance(m, SEQUENCE_PARTIAL) for p in m.parameters(recurse=False)]
     grads = [p.grad.to_local() for p in params if p.grad is not None]
     if grads:
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=params[0].device_mesh.get_group("tensor_parallel"))
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))
-    return len(grads)
 
 
 def grad_norm(model: nn.Module, carry: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,8 +18,7 @@ def mask_padded_vocab(logits: torch.Tensor, limit: int | None, offset: int = 0) 
     n = logits.shape[-1]
     if limit is None or offset + n <= limit:
         return logits
-    ids = torch.arange(offset, offset + n, device=logits.device)  # (n,)
-    return logits.masked_fill(ids >= limit, float("-inf"))
+    return logits.masked_fill(torch.arange(offset, offset + n, device=logits.device) >= limit, float("-inf"))
 
 
 def vocab_shard_offset(logits: DTensor) -> int:

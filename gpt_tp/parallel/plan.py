@@ -26,6 +26,7 @@ class _LocalEmbedding(nn.Embedding):
 
 
 _LOCAL = {nn.LayerNorm: _LocalLayerNorm, nn.Embedding: _LocalEmbedding}
+SEQUENCE_PARTIAL = tuple(_LOCAL.values())  # modules whose weight gradients are per-rank partial sums over TP
 
 
 class SequenceReplicated(ParallelStyle):
@@ -44,11 +45,6 @@ class SequenceReplicated(ParallelStyle):
             n, r = device_mesh.size(), device_mesh.get_local_rank()
             module.register_forward_pre_hook(lambda mod, args: tuple(a.chunk(n)[r] for a in args))
         return module
-
-
-def is_sequence_partial(module: nn.Module) -> bool:
-    """A module whose weight gradients are per-rank partial sums over the TP group (SequenceReplicated)."""
-    return isinstance(module, tuple(_LOCAL.values()))
 
 
 # The plan, keyed by module path. Order within the dict does not matter: each entry parallelizes its own module.

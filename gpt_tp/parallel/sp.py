@@ -35,16 +35,11 @@ def to_sequence_order(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.reshape(n, B, t, *x.shape[2:]).transpose(0, 1).reshape(B, n * t, *x.shape[2:])  # copy
 
 
-def autocast_dtype_of(x: torch.Tensor) -> torch.dtype | None:
-    """The dtype the next matmul runs in under autocast (None outside autocast)."""
-    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
-
-
 def cast_for_matmul(x: torch.Tensor) -> torch.Tensor:
     """Under autocast, LayerNorm outputs float32 but the matmul after it runs in bf16: cast before an all-gather,
     so the gather (and its backward reduce-scatter) moves 2-byte elements. Same forward numbers."""
-    dtype = autocast_dtype_of(x)
-    return x.to(dtype) if dtype is not None and x.is_floating_point() else x
+    on = torch.is_autocast_enabled(x.device.type) and x.is_floating_point()
+    return x.to(torch.get_autocast_dtype(x.device.type)) if on else x
 
 
 class _TP:

@@ -8,7 +8,7 @@ from gpt_tp.ranks import Layout
 
 
 class LayoutError(UserError):
-    """A layout that cannot work; ``quantities`` names what is at fault ("tp", "dp", "world_size", "n_head",
+    """A layout that cannot work; ``quantities`` names what is at fault ("tp", "dp", "world_size", "devices", "n_head",
     "n_embd", "vocab_size", "seq_len") for a command to name its own flags."""
 
     def __init__(self, message: str, quantities: tuple[str, ...] = ()):
@@ -31,9 +31,8 @@ def fitting_layouts(config: GPTConfig, world_size: int, seq_len: int | None = No
 
 
 def _layouts_text(config: GPTConfig, world_size: int, seq_len: int | None) -> str:
-    fits = fitting_layouts(config, world_size, seq_len)
-    s = ", ".join(str(Layout(dp, tp)) for dp, tp in fits)
-    return f"Layouts that fit {world_size} devices: {s}." if fits else f"No DP x TP layout fits {world_size} devices."
+    s = ", ".join(str(Layout(dp, tp)) for dp, tp in fitting_layouts(config, world_size, seq_len))
+    return f"Layouts that fit {world_size} devices: {s}." if s else f"No DP x TP layout fits {world_size} devices."
 
 
 def validate_layout(config: GPTConfig, tp: int, dp: int = 1, world_size: int | None = None,
@@ -86,8 +85,7 @@ def check_total_batch(total: int | None, B: int, T: int, dp: int, accum: int) ->
 def check_run(config: GPTConfig, tp: int, dp: int, seq_len: int | None, batch_size: int | None = None,
               accum: int = 1, total_batch_size: int | None = None, world_size: int | None = None,
               devices_per_node: int | None = None) -> None:
-    """The one check of a run's shapes (gpt_tp.train.run.resolve_run's, before anything is built); devices_per_node
-    None: a TP group's node is not checked."""
+    """The one check of a run's shapes, before anything is built (resolve_run); devices_per_node None: no node check."""
     if seq_len is not None and seq_len > config.block_size:
         raise UserError(f"data.seq_len={seq_len} exceeds the model's block_size={config.block_size}: lower data.seq_len")
     validate_layout(config, tp=tp, dp=dp, world_size=world_size, seq_len=seq_len)

@@ -110,11 +110,10 @@ def plan(config: GPTConfig, devices_per_node: int, num_nodes: int = 1, batch_siz
                 out.notes.append(f"TP={t} would split whole heads with " + ", ".join(needs))
     given = [lay for lay in in_memory if "the run gives" not in lay.reason]
     if out.choice is None and given:  # the tokens per step rule out every layout that fits
-        per_dp = batch_size * seq_len * accum
         out.notes.append(
             f"model.total_batch_size={total_batch_size} tokens with data.batch_size={batch_size} x "
             f"data.seq_len={seq_len} x trainer.accumulate_grad_batches={accum} needs data-parallel size "
-            f"{total_batch_size / per_dp:g}, but the layouts that fit are "
+            f"{total_batch_size / (batch_size * seq_len * accum):g}, but the layouts that fit are "
             f"{', '.join(str(lay.layout) for lay in given)}: set "
             "trainer.accumulate_grad_batches or model.total_batch_size for one of them")
     elif out.choice is None and in_memory:  # the run's own sizes rule them out
@@ -162,11 +161,10 @@ def format_plan(p: Plan) -> str:
         f"{'layout':<14}{'params':>8}{'grads':>8}{'adamw':>8}{'activ.':>8}{'transient':>10}{'overhead':>9}{'total GiB':>11}  status",
     ]
     for lay in p.layouts:
-        name = str(lay.layout)
-        if lay.memory is None:
+        name, m = str(lay.layout), lay.memory
+        if m is None:
             lines.append(f"{name:<14}{'-':>62}  invalid: {lay.reason}")
             continue
-        m = lay.memory
         g = [x / GIB for x in (m.params, m.grads, m.optimizer, m.activations, m.transient, m.overhead, m.total)]
         status = ("fits" if lay.fits else lay.reason) + ("  <- chosen" if lay is p.choice else "")
         lines.append(f"{name:<14}{g[0]:8.2f}{g[1]:8.2f}{g[2]:8.2f}{g[3]:8.2f}{g[4]:10.2f}{g[5]:9.2f}{g[6]:11.2f}  {status}")
@@ -180,8 +178,7 @@ def resolve_layout(config: GPTConfig, world_size: int, devices_per_node: int, nu
                    seq_len: int, device_memory_gib: float | None = None, precision: str = "bf16-mixed",
                    dp: int | str = "auto", tp: int | str = "auto", ac: str = "none", accum: int = 1,
                    total_batch_size: int | None = None, optimizer: str = "adamw") -> tuple[int, int]:
-    """(dp, tp) when either size is "auto" (docs/scale.md): plan()'s choice; a LayoutError with its reason (refusal)
-    when it has none."""
+    """(dp, tp) when either size is "auto" (docs/scale.md): plan()'s choice, or a LayoutError with its refusal."""
     if world_size != devices_per_node * num_nodes:
         raise LayoutError(f"world_size={world_size} != devices_per_node={devices_per_node} x num_nodes={num_nodes}")
     if dp != "auto" and tp != "auto":
