@@ -23,7 +23,7 @@ from gpt_tp.model.hf import read_hf_config
 from gpt_tp.sizing import LayoutError
 from gpt_tp.sizing.planner import resolve_layout
 from gpt_tp.train.optim import optimizer_from
-from gpt_tp.train.run import Run, layout_flags, resolve_run
+from gpt_tp.train.run import Run, resolve_run
 from gpt_tp.train.datamodule import GPTDataModule
 from gpt_tp.train.module import GPTModule
 from gpt_tp.infer.predict import PROMPT_FLAGS, Prompts, PromptWriter
@@ -284,12 +284,17 @@ def run_of(cfg, subcommand: str, config: GPTConfig, devices: int, nodes: int) ->
     model = cfg.model
     source = (f"model.init_from={model.init_from}" if model.init_from is not None
               else f"model.model={model.model}" if isinstance(model.model, str) else None)
+    init = "trainer.strategy.init_args"  # cli.py's names for LayoutError's quantities (the shape's: its source's)
+    flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
+             "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}",
+             "devices": f"trainer.devices={devices}", "seq_len": f"data.seq_len={seq_len}"}
+    for q in ("n_head", "n_embd", "vocab_size"):
+        flags[q] = f"{source} ({q}={getattr(config, q)})" if source else f"model.model.{q}={getattr(config, q)}"
     return resolve_run(config, dp, tp, str(cfg.trainer.precision), model.activation_checkpointing, model.compile,
                        seq_len, cfg.data.batch_size if fit else None,
                        1 if (acc := cfg.trainer.accumulate_grad_batches) is None else acc,
                        model.total_batch_size if fit else None,
-                       world_size=devices * nodes, devices_per_node=devices,
-                       flags=layout_flags(dp, tp, devices, nodes, seq_len, config, source))
+                       world_size=devices * nodes, devices_per_node=devices, flags=flags)
 
 
 @dataclass

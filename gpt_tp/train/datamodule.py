@@ -21,13 +21,12 @@ class TokenBatches(IterableDataset):
     batches, or forever over epochs; worker ``w`` of ``W`` makes batches ``start + w, start + w + W, ...``."""
 
     def __init__(self, paths, batch_size: int, seq_len: int, dp_rank: int = 0, dp_size: int = 1,
-                 seed: int = 1337, start: int = 0, num_batches: int | None = None, split: str = "train",
-                 vocab_size: int = GPT2_VOCAB):
+                 seed: int = 1337, num_batches: int | None = None, split: str = "train", vocab_size: int = GPT2_VOCAB):
         if not 0 <= dp_rank < dp_size:
             raise DataError(f"need 0 <= dp_rank < dp_size, got dp_rank={dp_rank} dp_size={dp_size}")
         self.stream = TokenStream(paths, vocab_size)
         self.batch_size, self.seq_len, self.seed, self.split = batch_size, seq_len, seed, split
-        self.dp_rank, self.dp_size, self.start, self.num_batches = dp_rank, dp_size, start, num_batches
+        self.dp_rank, self.dp_size, self.start, self.num_batches = dp_rank, dp_size, 0, num_batches
         self.rank_tokens = batch_size * seq_len
         self.span = self.rank_tokens * dp_size  # tokens one global batch advances
         n = len(self.stream)
@@ -189,8 +188,7 @@ class GPTDataModule(L.LightningDataModule):
             rank_zero_warn(f"trainer.val_check_interval={interval} counts micro-batches: with "
                            f"trainer.accumulate_grad_batches={now} (was {was}) validation comes every "
                            f"{interval / now:g} optimizer steps, not every {interval / was:g}; set "
-                           "trainer.val_check_interval="
-                           f"{interval * now / was:g} to keep the steps it validates at")
+                           f"trainer.val_check_interval={interval * now / was:g} to keep the steps it validates at")
         if state_dict.get("seed", self.seed) != self.seed:
             rank_zero_warn(f"checkpoint data seed {state_dict['seed']} differs from seed {self.seed}: "
                            "later epochs will be ordered differently")

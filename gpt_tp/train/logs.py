@@ -56,15 +56,13 @@ class HeldTensorBoardLogger(HeldWrites, LightningTensorBoardLogger):
     file = "the TensorBoard event file"
 
 
-# Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
-QUIET_INFO = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
-              "Trainer already configured with model summary callbacks")  # the last: cli.py adds GPTSummary
-
-
 def quiet_lightning() -> None:
     """Silence Lightning's lines a gpt_tp user can do nothing about; every rank runs this (gpt_tp.cli.main)."""
+    # Lightning's info lines that say nothing about a gpt_tp run, or that the closing line says instead
+    quiet = ("💡 Tip: For seamless cloud", "`Trainer.fit` stopped:",
+             "Trainer already configured with model summary callbacks")  # the last: cli.py adds GPTSummary
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: not record.getMessage().startswith(QUIET_INFO))
+        lambda record: not record.getMessage().startswith(quiet))
     previous = threading.excepthook
 
     def hook(args) -> None:  # an OSError in TensorBoard's writer thread comes back at the logger's next write

@@ -1,12 +1,15 @@
 """The LightningModule: GPT-2 trained the build-nanogpt way, tensor-parallel under ModelParallelStrategy."""
 
 import dataclasses
+import math
+import time
 from contextlib import nullcontext
 
 import lightning as L
 import torch
 
 from gpt_tp.errors import UserError
+from gpt_tp.hardware import GIB, detect_peak_flops, mfu
 from gpt_tp.parallel.loss import cross_entropy
 from gpt_tp.model import GPT, GPTConfig, load_hf_dir
 from gpt_tp.train.optim import AdamW, Muon, Schedule, optimizer_from
@@ -16,7 +19,6 @@ from gpt_tp.infer.predict import continue_prompt
 from gpt_tp.train.rng import RNGStates
 from gpt_tp.train.run import Run, resolve_run
 from gpt_tp.train.step import TrainStep
-from gpt_tp.train.throughput import StepThroughput
 
 
 class GPTModule(L.LightningModule):
@@ -54,8 +56,7 @@ class GPTModule(L.LightningModule):
                             "CUDA) or medium")
         optimizer = optimizer_from(optimizer).hparam()  # hparams as plain data: checkpoints load with weights_only
         self.save_hyperparameters()
-        self.config = GPTConfig.resolve(model)  # a checkpoint's hyper-parameters hold the fields as a dict
-        hf_state = None
+        self.config, hf_state = GPTConfig.resolve(model), None  # a checkpoint's hparams hold the fields as a dict
         if init_from is not None:
             self.config, hf_state = load_hf_dir(init_from, vocab_size=self.config.vocab_size)
         if init_from is not None or not isinstance(model, str):
@@ -78,13 +79,11 @@ class GPTModule(L.LightningModule):
         if self.hparams.float32_matmul_precision is not None:
             torch.set_float32_matmul_precision(self.hparams.float32_matmul_precision)
         if self.run is None:
-            dp, tp = (layout := layout_of(self.trainer, self)).dp, layout.tp
-            data, fit = self.trainer.datamodule, stage == "fit"
-            self.run = resolve_run(self.config, dp, tp, str(self.trainer.precision), self.hparams.activation_checkpointing,
-                                   self.hparams.compile, getattr(data, "seq_len", None),
-                                   getattr(data, "batch_size", None) if fit else None,
-                                   self.trainer.accumulate_grad_batches, self.hparams.total_batch_size if fit else None,
-                                   world_size=self.trainer.world_size)
+            layout, data, h, fit = layout_of(self.trainer, self), self.trainer.datamodule, self.hparams, stage == "fit"
+            batch, total = (getattr(data, "batch_size", None), h.total_batch_size) if fit else (None, None)
+            self.run = resolve_run(self.config, layout.dp, layout.tp, str(self.trainer.precision),
+                                   h.activation_checkpointing, h.compile, getattr(data, "seq_len", None), batch,
+                                   self.trainer.accumulate_grad_batches, total, world_size=self.trainer.world_size)
         if stage != "fit":
             return
         steps, own = self.trainer.max_steps, self.hparams.max_steps
@@ -174,4 +173,32 @@ class GPTModule(L.LightningModule):
         loss = cross_entropy(self.model(x), y)
         # sync_dist averages over all ranks: TP ranks hold equal copies, so this is the mean over DP ranks
         self.log("val/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
-        return loss
+
+
+class StepThroughput(L.Callback):
+    """Tokens/s and MFU per optimizer step (GPTModule.configure_callbacks adds it), not Lightning's ThroughputMonitor
+    (docs/train.md says why). No sync of its own: GPTModule reads the loss to the host once a step."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._step, self._t, self._tokens = trainer.global_step, None, 0
+        self._peak = pl_module.hparams.peak_flops or detect_peak_flops(pl_module.device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        x = batch[0]  # (B, T) token ids
+        if self._t is None:
+            self._t = time.perf_counter()
+        self._tokens += x.numel()
+        self._seq_len = x.shape[1]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step:  # inside an accumulation window
+            return
+        now = time.perf_counter()
+        tok_s = self._tokens * layout_of(trainer).dp / (now - self._t)
+        step_mfu = mfu(pl_module.config.flops_per_token(self._seq_len), tok_s, self._peak, trainer.world_size)
+        logged = {"train/tokens_per_sec": tok_s, "train/mfu": math.nan if step_mfu is None else step_mfu}
+        if pl_module.device.type == "cuda":  # rank 0's high-water mark so far
+            logged["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(pl_module.device) / GIB
+        pl_module.log_dict(logged, on_step=True, on_epoch=False, rank_zero_only=True)
+        pl_module.log("tok/s", tok_s, prog_bar=True, logger=False, on_step=True, rank_zero_only=True)
+        self._step, self._t, self._tokens = trainer.global_step, now, 0

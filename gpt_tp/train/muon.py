@@ -171,8 +171,7 @@ class ShardedMuon(torch.optim.AdamW):
         shards = {}
         for group, p in todo:
             grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            state = self.state[p]
-            if "momentum_buffer" not in state:
+            if "momentum_buffer" not in (state := self.state[p]):
                 state["momentum_buffer"] = torch.zeros_like(p.grad)
             buf = state["momentum_buffer"]
             buf = buf.to_local() if isinstance(buf, DTensor) else buf

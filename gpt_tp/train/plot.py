@@ -83,8 +83,7 @@ def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
         out: dict[str, list[tuple[int, float]]] = {k: [] for k in SERIES if k in reader.fieldnames}
         for lineno, row in enumerate(reader, start=2):
             for k in out:
-                v = (row.get(k) or "").strip()
-                if not v:
+                if not (v := (row.get(k) or "").strip()):
                     continue
                 try:
                     out[k].append((int(float(row["step"])), float(v)))

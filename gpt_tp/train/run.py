@@ -44,7 +44,7 @@ def resolve_run(model: GPTConfig, dp: int, tp: int, precision: str = "32-true", 
                 flags: dict[str, str] | None = None) -> Run:
     """The Run of these settings, or one UserError naming the setting at fault. world_size: the processes launched
     (dp x tp must equal it); devices_per_node: a TP group must fit in one node; flags: how each of
-    LayoutError.quantities is named to the user, as flag=value (layout_flags)."""
+    LayoutError.quantities is named to the user, as flag=value (cli.config.run_of)."""
     check_ac_mode(activation_checkpointing)
     try:
         check_run(model, tp, dp, seq_len, batch_size, accumulate, total_batch_size, world_size=world_size,
@@ -56,14 +56,3 @@ def resolve_run(model: GPTConfig, dp: int, tp: int, precision: str = "32-true", 
     return Run(model, Layout(dp, tp), precision, activation_checkpointing, compile, seq_len, batch_size,
                accumulate, total_batch_size)
 
-
-def layout_flags(dp: int, tp: int, devices: int, nodes: int, seq_len: int | None, config: GPTConfig,
-                 source: str | None) -> dict[str, str]:
-    """cli.py's names for LayoutError's quantities; source: the setting the model's shape came from, if named."""
-    init = "trainer.strategy.init_args"
-    flags = {"tp": f"{init}.tensor_parallel_size={tp}", "dp": f"{init}.data_parallel_size={dp}",
-             "world_size": f"trainer.devices={devices} x trainer.num_nodes={nodes}", "devices": f"trainer.devices={devices}",
-             "seq_len": f"data.seq_len={seq_len}"}
-    for q in ("n_head", "n_embd", "vocab_size"):
-        flags[q] = f"{source} ({q}={getattr(config, q)})" if source else f"model.model.{q}={getattr(config, q)}"
-    return flags
