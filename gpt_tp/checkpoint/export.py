@@ -7,7 +7,6 @@ overwritten (docs/train.md, "Checkpoints")."""
 
 import dataclasses
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -44,9 +43,7 @@ def export(checkpoint: str, out: str, fmt: str = "both") -> Path:
             hf.pop("lm_head.weight")  # tied to wte (tie_word_embeddings); safetensors refuses shared storage
             save_file({k: v.detach().clone().contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             (tmp / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2))
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp / "model.safetensors", 0o666 & ~umask)  # safetensors writes 0600; the others get the umask
+            shutil.copymode(tmp / "config.json", tmp / "model.safetensors")  # safetensors writes 0600: the umask's
     except BaseException as e:  # a full disk, an interrupt: never a half-written export left
         full = shutil.disk_usage(tmp.parent).free < 2**20  # torch's zip writer reports a full disk with no errno
         shutil.rmtree(tmp, ignore_errors=True)

@@ -27,14 +27,12 @@ class FinalStep(Callback):
     `<name>-v1.ckpt`. cli.py adds it to every run."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        for cb in trainer.checkpoint_callbacks:
-            if isinstance(cb, LightningModelCheckpoint):
-                replace_same_names(cb)
+        for cb in (c for c in trainer.checkpoint_callbacks if isinstance(c, LightningModelCheckpoint)):
+            replace_same_names(cb)
 
     def on_train_end(self, trainer, pl_module) -> None:  # before the ModelCheckpoints' own (Lightning puts them last)
-        for cb in trainer.checkpoint_callbacks:
-            if isinstance(cb, LightningModelCheckpoint):
-                save_step(cb, trainer)
+        for cb in (c for c in trainer.checkpoint_callbacks if isinstance(c, LightningModelCheckpoint)):
+            save_step(cb, trainer)
 
 
 def latest_checkpoint(*dirs: str) -> str | None:

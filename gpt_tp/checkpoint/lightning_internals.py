@@ -77,20 +77,18 @@ class AtomicModelCheckpoint(LightningModelCheckpoint):
 
     @staticmethod
     def _link_checkpoint(trainer, filepath: str, linkpath: str) -> None:
-        link = lambda: AtomicModelCheckpoint._link_now(trainer, filepath, linkpath)  # noqa: E731
-        getattr(trainer.strategy, "when_committed", lambda act: act())(link)  # an asynchronous save: once committed
+        def link() -> None:
+            if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+                new = linkpath + ".new"
+                if os.path.lexists(new):  # a killed run's leftover
+                    os.remove(new)
+                os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), new)
+                if os.path.isdir(linkpath) and not os.path.islink(linkpath):
+                    os.rename(linkpath, linkpath + ".old")
+                    os.replace(new, linkpath)
+                    shutil.rmtree(linkpath + ".old")
+                else:
+                    os.replace(new, linkpath)  # atomic: a link renamed over a link (or a file)
+            trainer.strategy.barrier()
 
-    @staticmethod
-    def _link_now(trainer, filepath: str, linkpath: str) -> None:
-        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            new = linkpath + ".new"
-            if os.path.lexists(new):  # a killed run's leftover
-                os.remove(new)
-            os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), new)
-            if os.path.isdir(linkpath) and not os.path.islink(linkpath):
-                os.rename(linkpath, linkpath + ".old")
-                os.replace(new, linkpath)
-                shutil.rmtree(linkpath + ".old")
-            else:
-                os.replace(new, linkpath)  # atomic: a link renamed over a link (or a file)
-        trainer.strategy.barrier()
+        getattr(trainer.strategy, "when_committed", lambda act: act())(link)  # an asynchronous save: once committed

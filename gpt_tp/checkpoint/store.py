@@ -21,14 +21,13 @@ PARTIAL = ".partial"
 OLD = ".old"  # a checkpoint being replaced under its name
 SUMS = "crc32.json"  # each file's CRC-32, recorded at save and checked at load
 
-SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SPACE_TEXTS = ("No space left on device", "Disk quota exceeded", f"[Errno {errno.ENOSPC}]", f"[Errno {errno.EDQUOT}]")
 
 
 def is_space_error(e: BaseException | None) -> bool:
     """A full disk or quota anywhere in the chain (DCP wraps each rank's OSError, so its text counts too)."""
     while e is not None:
-        if getattr(e, "errno", None) in SPACE_ERRNOS or any(t in str(e) for t in SPACE_TEXTS):
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(t in str(e) for t in SPACE_TEXTS):
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -56,10 +55,6 @@ def checkpoint_space(folder: str | os.PathLike, config) -> tuple[int, int]:
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used; the message names the path or parameters and what to do."""
-
-
-class CheckpointSpaceError(CheckpointError):
-    """A checkpoint save ran out of space (ENOSPC or EDQUOT) on some rank: every rank stops with it, exit code 2."""
 
 
 def check_checkpoint(path: str | os.PathLike, expected_shapes: dict[str, tuple[int, ...]] | None = None, part=slice(0)) -> None:

@@ -102,8 +102,7 @@ class PromptWriter(BasePredictionWriter):
                 raise UserError(f"--output {output} exists; give a new file, or pass --overwrite_output to replace it")
             make_writable(Path(output).absolute().parent, "its folder", f"--output {output}",
                           "give a file in a writable folder")
-        self.output = output
-        self.rows: list[dict] = []
+        self.output, self.rows = output, []
 
     def on_predict_start(self, trainer, pl_module) -> None:
         self.rows = []

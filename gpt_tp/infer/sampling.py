@@ -76,8 +76,7 @@ class StepCallback(Callback):
         if every_n_steps < 0:
             raise UserError(f"{type(self).__name__} every_n_steps={every_n_steps} must be >= 0 "
                             "(0: only at the end of fit)")
-        self.every_n_steps, self.at_end = every_n_steps, at_end
-        self._last_step = -1
+        self.every_n_steps, self.at_end, self._last_step = every_n_steps, at_end, -1
 
     def compute(self, trainer, pl_module):
         raise NotImplementedError
