@@ -62,27 +62,23 @@ def torchrun_mesh(dp: int, tp: int, device: str = "auto"):
     return build_mesh(Layout(dp, tp), dev.type), dev
 
 
-def _claim_once(message: str) -> bool:
-    """True for the first process of a distributed run to claim ``message`` under a key of the run's rendezvous store
-    (torchrun's agent, or rank 0's), which ends with the run; where no store answers, for rank 0."""
+def report(message: str) -> None:
+    """Print ``error: message`` on stderr once per run: by the first process to claim it under a key of the run's
+    rendezvous store (torchrun's agent, or rank 0's), which ends with the run; where no store answers, by rank 0."""
     # the group's size first: Lightning's teardown, before this, removes WORLD_SIZE but keeps the group
     world = dist.get_world_size() if dist.is_initialized() else os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS"))
-    if int(world or 1) < 2 or "MASTER_PORT" not in os.environ:
-        return True
-    key = "gpt_tp/error/" + hashlib.sha1(message.encode()).hexdigest()
-    try:
-        store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]),
-                              is_master=False, timeout=timedelta(seconds=5))
-        return store.add(key, 1) == 1
-    except (RuntimeError, OSError, ValueError):  # no store yet, or gone with rank 0 (who printed, if it had the error)
+    if int(world or 1) > 1 and "MASTER_PORT" in os.environ:
+        key = "gpt_tp/error/" + hashlib.sha1(message.encode()).hexdigest()
         rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))
-        return int(rank) == 0
-
-
-def report(message: str) -> None:
-    """Print ``error: message`` on stderr, once per run."""
-    if _claim_once(message):
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        try:
+            store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]),
+                                  is_master=False, timeout=timedelta(seconds=5))
+            first = store.add(key, 1) == 1
+        except (RuntimeError, OSError, ValueError):  # no store yet, or gone with rank 0 (who printed, if it had it)
+            first = int(rank) == 0
+        if not first:
+            return
+    print(f"error: {message}", file=sys.stderr, flush=True)
 
 
 USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)

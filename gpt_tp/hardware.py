@@ -1,5 +1,4 @@
-"""Dense bf16 peak FLOP/s per device (for MFU and the cost model), the detection of the device this process runs on,
-and MFU."""
+"""Dense bf16 peak FLOP/s per device (for MFU and the cost model), the detection of this process's device, and MFU."""
 
 import re
 

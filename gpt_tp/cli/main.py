@@ -1,7 +1,6 @@
 """cli.py's launcher: GPTCLI, TrainingCLI whose hooks run gpt_tp.cli.checks in order in the launching process (errors
 print once), add gpt_tp's callbacks to the Trainer and print each command's closing line."""
 
-import dataclasses
 import sys
 import warnings
 

@@ -23,11 +23,9 @@ from gpt_tp.train.step import TrainStep
 
 KINDS = ("params", "grads", "optimizer", "activations", "temporaries")
 # FSDPMemTracker's (MemTracker's at DP=1) kinds by gpt_tp's; unsharded parameters, collectives' buffers: temporaries
-TRACKER_KINDS = {
-    "params": ("SHARDED_PARAM", "PARAM", "BUFFER"), "grads": ("SHARDED_GRAD", "UNSHARDED_GRAD", "GRAD"),
-    "optimizer": ("OPT",), "activations": ("ACT", "INP"),
-    "temporaries": ("TEMP", "UNSHARDED_PARAM", "ALL_GATHER", "REDUCE_SCATTER"),
-}
+TRACKER_KINDS = {"params": ("SHARDED_PARAM", "PARAM", "BUFFER"), "grads": ("SHARDED_GRAD", "UNSHARDED_GRAD", "GRAD"),
+                 "optimizer": ("OPT",), "activations": ("ACT", "INP"),
+                 "temporaries": ("TEMP", "UNSHARDED_PARAM", "ALL_GATHER", "REDUCE_SCATTER")}
 # c10d's ops (FSDP2's, the loss's) and functional collectives (DTensor's, sequence parallelism's) by a common name
 COLLECTIVE_NAMES = {"_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather", "allreduce_": "all_reduce",
                     "all_reduce": "all_reduce", "_reduce_scatter_base_": "reduce_scatter",
@@ -85,7 +83,6 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
     second's peak memory measured (AdamW's moments exist by then). With accumulation that step takes two micro-batches,
     the second (like every later one) holding the first's gradients (FSDP2 reduces each backward's)."""
     config, dp, tp, precision = run.model, run.dp, run.tp, run.precision
-    batch_size, seq_len, activation_checkpointing = run.batch_size, run.seq_len, run.activation_checkpointing
     device = "cuda" if torch.cuda.is_available() else "cpu"
     notes = [] if device == "cuda" else ["this torch has no CUDA: fake tensors on 'cpu' at the config's precision "
                                          "(FSDP2 asks torch.cuda.current_device() for 'cuda')"]
@@ -98,7 +95,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
         with torch.device("meta"):
             model = GPT(config)
         parallelize(model, mesh, compile=False, param_dtype=torch.bfloat16 if precision == "bf16-mixed" else None,
-                    activation_checkpointing=activation_checkpointing)
+                    activation_checkpointing=run.activation_checkpointing)
         autocast = partial(torch.autocast, device, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext
         with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
             # the token ids need no gradient, so torch notes that FSDP2's backward hooks see module outputs only
@@ -111,7 +108,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
             train_step = TrainStep(model, optimizer, schedule)
 
             def step(micro_batches: int, tracker=None) -> None:
-                x = torch.randint(0, config.vocab_size, (batch_size, seq_len), device=device)  # (B, T)
+                x = torch.randint(0, config.vocab_size, (run.batch_size, run.seq_len), device=device)  # (B, T)
                 forwards = iter(range(micro_batches))
 
                 def phase(name: str):
@@ -126,8 +123,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
             labels |= {mesh.get_group(d).group_name: d for d in mesh.mesh_dim_names}  # a dimension spanning the world
             with CollectiveCounts(labels, device) as comms:
                 step(1)
-            tracker = memory_tracker(model, train_step.optimizer, fsdp=dp > 1)
-            with tracker:
+            with memory_tracker(model, train_step.optimizer, fsdp=dp > 1) as tracker:
                 step(min(run.accumulate, 2), tracker)
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
@@ -135,7 +131,7 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
     by_kind = {str(k).split(".")[-1]: v for k, v in next(iter(snapshot.values())).items()}
     peak = {kind: sum(by_kind.get(k, 0) for k in keys) for kind, keys in TRACKER_KINDS.items()}
     peak["total"] = sum(peak.values())
-    m = memory_per_device(config, dp, tp, batch_size, seq_len, precision, 0.0, activation_checkpointing,
+    m = memory_per_device(config, dp, tp, run.batch_size, run.seq_len, precision, 0.0, run.activation_checkpointing,
                           optimizer.kind, run.accumulate if run.sync_once else 1)
     planned = dict(zip(KINDS, (m.params, m.grads, m.optimizer, m.activations, m.transient)))
     planned["total"], planned["staging"] = sum(planned.values()), m.staging
@@ -146,7 +142,6 @@ def simulate(run: Run, rank: int = 0, optimizer: AdamW = AdamW(), schedule: Sche
 
 
 def format_simulation(s: Simulation, memory_gib: float | None) -> str:
-    """The table `--simulate` prints."""
     lines = [f"simulated rank {s.rank} of {s.layout.world} ({s.layout}) on fake '{s.device}' tensors",
              f"{'':<12}" + "".join(f"{k:>12}" for k in (*KINDS, "total GiB"))]
     lines += [f"{name:<12}" + "".join(f"{row[k] / GIB:12.2f}" for k in (*KINDS, "total"))

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt_tp.data.shards import (
-    GPT2_VOCAB, SHARD_RE, DataError, _SHARD_LIKE_RE, atomic_file, check_token_ids, shard_header, shard_name, write_shard
-)
+from gpt_tp.data.shards import (GPT2_VOCAB, SHARD_RE, DataError, _SHARD_LIKE_RE, atomic_file, check_token_ids,
+                                shard_header, shard_name, write_shard)
 from gpt_tp.data.sources import load_rows, local_files, texts_of
 from gpt_tp.data.tokenizer import ENCODING, get_encoding
 from gpt_tp.entry import ArgumentParser, run
@@ -117,8 +116,7 @@ def default_out(local, prefix: bool = False) -> str:
 
 
 def prepare(out_dir=None, dataset=None, config=None, split="train", local=None, text_column="text",
-            shard_size=DEFAULT_SHARD_SIZE, prefix=None, workers=None, encoding=ENCODING,
-            progress=True) -> dict:
+            shard_size=DEFAULT_SHARD_SIZE, prefix=None, workers=None, encoding=ENCODING, progress=True) -> dict:
     """Tokenize ``local`` files/folders, or else the Hugging Face ``dataset`` / ``config`` / ``split`` (streamed;
     default FineWeb-Edu sample-10BT), into ``prefix`` shards under ``out_dir`` (None: default_out's); return the state."""
     prefix = default_out(local, prefix=True) if prefix is None else prefix

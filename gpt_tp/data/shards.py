@@ -241,8 +241,7 @@ class TokenStream:
             lo = pos - int(self.starts[i])
             n = min(stop - pos, size - lo)
             if n > 0:
-                m = np.memmap(self.paths[i], dtype=np.uint16, mode="r", offset=offset + 2 * lo, shape=(n,))
-                out[pos - start : pos - start + n] = m
-                del m
+                out[pos - start : pos - start + n] = np.memmap(self.paths[i], dtype=np.uint16, mode="r",
+                                                               offset=offset + 2 * lo, shape=(n,))
             pos, i = pos + n, i + 1
         return out

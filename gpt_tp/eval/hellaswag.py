@@ -54,12 +54,11 @@ class HellaSwagCallback(StepCallback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
                 logger.save()
-
-        one_does(write, doer=trainer.global_rank == 0)  # rank 0 writes; its failure ends every rank with it
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
-        if trainer.global_rank == 0:
             print(f"step {step}: HellaSwag acc_norm {res['correct_norm']}/{res['total']} = {res['acc_norm']:.4f}, "
                   f"acc {res['acc']:.4f}" + (f" ({res['truncated']} truncated to block_size)" if res["truncated"] else ""), flush=True)
+
+        one_does(write, doer=trainer.global_rank == 0)  # rank 0 writes and prints; its failure ends every rank with it
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
         return res
 
     def on_validation_end(self, trainer, pl_module) -> None:

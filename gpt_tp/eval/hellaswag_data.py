@@ -27,14 +27,12 @@ def check_record(rec) -> str | None:
         return f"missing key(s) {', '.join(map(repr, missing))}"
     if not isinstance(rec["ctx"], str):
         return f"'ctx' must be a string, got {type(rec['ctx']).__name__}"
-    endings = rec["endings"]
-    if not isinstance(endings, list) or len(endings) != 4:
+    if not isinstance(endings := rec["endings"], list) or len(endings) != 4:
         n = len(endings) if isinstance(endings, list) else type(endings).__name__
         return f"'endings' must be a list of 4 strings, got {n}" + (" endings" if isinstance(endings, list) else "")
     if not all(isinstance(e, str) and e.strip() for e in endings):
         return "'endings' must hold 4 non-empty strings"
-    label = rec["label"]
-    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label <= 3:
+    if isinstance(label := rec["label"], bool) or not isinstance(label, int) or not 0 <= label <= 3:
         return f"'label' must be an integer 0-3, got {reprlib.repr(label)}"
     return None
 

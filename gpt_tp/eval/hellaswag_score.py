@@ -26,10 +26,8 @@ def pad_batch(rows: list[list[int]], masks: list[list[int]], multiple: int, max_
     """Right-pad to one length, rounded up to `multiple` (sequence parallelism needs T % tp == 0) and at most
     max_len. Padding is token 0 with mask 0: a causal model's earlier positions cannot see it."""
     T = min(math.ceil(max(len(r) for r in rows) / multiple) * multiple, max_len)
-    tokens, mask = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T, dtype=torch.long)
-    for i, (r, m) in enumerate(zip(rows, masks)):
-        tokens[i, : len(r)], mask[i, : len(m)] = torch.tensor(r), torch.tensor(m)
-    return tokens, mask
+    return tuple(torch.tensor([[*x] + [0] * (T - len(x)) for x in xs], dtype=torch.long)  # (R, T) each
+                 for xs in (rows, masks))
 
 
 def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor,
@@ -38,17 +36,16 @@ def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
     DTensor sharded on the vocabulary; position t predicts token t + 1; ids >= vocab_limit are left out."""
     target = torch.full_like(tokens, -100)  # (R, T): -100 = ignored
     target[:, :-1] = torch.where(mask[:, 1:].bool(), tokens[:, 1:], -100)
-    logits = logits.float()
+    logits, flat = logits.float(), target.flatten()  # flat: (R * T,)
     if isinstance(logits, DTensor):
         local = mask_padded_vocab(logits.to_local(), vocab_limit, vocab_shard_offset(logits))  # (R, T, V / tp)
         logits = DTensor.from_local(local, logits.device_mesh, logits.placements, run_check=False,
                                     shape=logits.shape, stride=logits.stride())
-    else:
-        logits = mask_padded_vocab(logits, vocab_limit)
-    with loss_parallel() if isinstance(logits, DTensor) else nullcontext():
-        losses = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")  # (R * T,)
-    if isinstance(losses, DTensor):
+        with loss_parallel():
+            losses = F.cross_entropy(logits.flatten(0, 1), flat, reduction="none")  # (R * T,)
         losses = losses.full_tensor()  # replicated over TP: no communication
+    else:
+        losses = F.cross_entropy(mask_padded_vocab(logits, vocab_limit).flatten(0, 1), flat, reduction="none")  # (R*T,)
     sum_loss = losses.view(tokens.shape).sum(dim=1)
     return sum_loss, sum_loss / (target != -100).sum(dim=1).clamp_min(1)
 
@@ -93,9 +90,8 @@ def evaluate(model, examples: list[dict], *, block_size: int, batch_size: int = 
     out = []
     for b in range(n_batches):
         idx = mine[b * batch_size : (b + 1) * batch_size]
-        n = len(idx)  # examples this batch counts
-        if not idx:  # this rank ran out: repeat a batch for the collectives, count nothing
-            idx = [mine[0] if mine else 0]
+        n = len(idx)  # examples this batch counts; none: this rank ran out, so it repeats one for the collectives
+        idx = idx or [mine[0] if mine else 0]
         rows, masks, labels, cuts = [], [], [], []
         for i in idx:
             r, m, label = render_example(examples[i], enc)

@@ -177,11 +177,7 @@ class GPT(nn.Module):
 
         def init(param: torch.Tensor, std: float | None = None, const: float | torch.Tensor = 0.0) -> None:
             full = torch.empty(param.shape, device="cpu")  # float32 draws, then cast: same numbers in any dtype
-            if std is None:
-                full.copy_(torch.as_tensor(const))
-            else:
-                full.normal_(0.0, std, generator=gen)
-            fill(param, full)
+            fill(param, full.copy_(torch.as_tensor(const)) if std is None else full.normal_(0.0, std, generator=gen))
 
         for module in self.modules():
             if isinstance(module, nn.Linear):
