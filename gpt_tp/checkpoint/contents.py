@@ -35,9 +35,13 @@ class Contents:
         return GPTConfig.resolve(self.hparams["model"]) if "model" in self.hparams else None
 
     @property
-    def optimizer(self) -> str:  # the class of model.optimizer ({"class_path": ...}; none: AdamW), whose state it holds
-        optimizer = self.hparams.get("optimizer")
-        return optimizer["class_path"].rpartition(".")[2] if isinstance(optimizer, dict) else "AdamW"
+    def optimizer(self) -> str:  # the class of model.optimizer, whose state it holds
+        return optimizer_name(self.hparams.get("optimizer"))
+
+
+def optimizer_name(optimizer) -> str:
+    """The optimizer class of a model.optimizer hyper-parameter ({"class_path": ...}; none: AdamW)."""
+    return optimizer["class_path"].rpartition(".")[2] if isinstance(optimizer, dict) else "AdamW"
 
 
 def read_contents(path: str | os.PathLike) -> Contents:

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.constants import default_pg_timeout
 
 from gpt_tp.checkpoint.lightning_internals import META, mark_saved, setup_with_mesh
-from gpt_tp.checkpoint.contents import OPTIMIZERS, WEIGHTS, Contents, read_contents
+from gpt_tp.checkpoint.contents import OPTIMIZERS, WEIGHTS, Contents, optimizer_name, read_contents
 from gpt_tp.checkpoint.store import (CheckpointError, PARTIAL, check_checkpoint, checkpoint_space, checksums,
                                      human_bytes, is_space_error, publish, recover_interrupted_saves, root_cause)
 from gpt_tp.collective import one_does
@@ -215,7 +215,7 @@ class ModelParallel(ModelParallelStrategy):
             state = self.lightning_module.state_dict()  # global (unsharded) shapes, DTensor or not
             shapes = {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)}  # each rank checks its share
             one_does(lambda: check_checkpoint(path, shapes, self._share), doer=True)
-        saved, optimizer = read_contents(path).optimizer, Contents(self.lightning_module.hparams, None, {}).optimizer
+        saved, optimizer = read_contents(path).optimizer, optimizer_name(self.lightning_module.hparams.get("optimizer"))
         if saved != optimizer:  # AdamW's moments are not Muon's buffers
             raise CheckpointError(f"checkpoint {path} holds model.optimizer={saved}'s state, but this run has "
                                   f"model.optimizer={optimizer}: resume with --model.optimizer {saved}, or start a new run")

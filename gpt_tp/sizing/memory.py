@@ -91,8 +91,9 @@ def transient_bytes(config: GPTConfig, dp: int, tp: int, batch_size: int, seq_le
     at_loss = batch_size * seq_len * (config.vocab_size // tp) * m  # the logits; their float32 shift is saved
     backward = (_layer_bytes(config, batch_size, seq_len, tp, r, m, "none")
                 - _layer_bytes(config, batch_size, seq_len, tp, r, m, ac))
-    root = sizes.numel(sizes.root_params(config, tp)) * g if dp > 1 else 0
+    root = 0
     if dp > 1:  # two gathered blocks, one block's gradients and their fp32 reduce-scatter copy, the root's gradients
+        root = sizes.numel(sizes.root_params(config, tp)) * g
         backward += sizes.numel(sizes.block_params(config, tp)) * (2 * g + g + 4) + root
     backward -= activation_bytes(config, batch_size, seq_len, tp, precision, dp, ac)["head"]  # freed by then
     return root + max(at_loss, backward)
